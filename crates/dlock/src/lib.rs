@@ -1,0 +1,29 @@
+//! # dlock — distributed locks, semaphores and leader election
+//!
+//! What Apache Curator's recipes are to Java, for Rust, on ZooKeeper, etcd
+//! and an embedded in-process store — wire-compatible with Curator 5.4 on
+//! ZooKeeper, with a fencing token and a lost signal on every acquisition.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+//! let session = dlock::connect("embedded").await?;
+//! let mutex = dlock::Mutex::new(&session, "/locks/doc-example")?;
+//! let guard = mutex.acquire().await?;
+//! println!("holding {} with fencing token {}", guard.node(), guard.token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+pub mod endpoint;
+pub mod error;
+pub mod path;
+pub mod recipes;
+pub mod session;
+pub mod store;
+
+pub use endpoint::{connect, connect_endpoint, connect_with, Credentials, Endpoint};
+pub use error::{Error, Result};
+pub use recipes::mutex::{Mutex, MutexGuard};
+pub use session::{RetryPolicy, Session, SessionOptions};
+pub use store::{FencingToken, SessionState};

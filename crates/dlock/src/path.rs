@@ -1,0 +1,126 @@
+//! Store paths: ZooKeeper's rules, checked before anything reaches a store.
+
+use crate::error::{Error, Result};
+
+/// Checks `path` against ZooKeeper's path rules, exactly as ZooKeeper's and
+/// Curator's `PathUtils.validatePath` do: absolute, no trailing slash (except
+/// the root), no empty, `.` or `..` segments, no NUL and none of the
+/// character ranges ZooKeeper forbids.
+///
+/// ```
+/// use dlock::path::validate;
+/// assert!(validate("/locks/a").is_ok());
+/// assert!(validate("locks").is_err());
+/// assert!(validate("/a//b").is_err());
+/// assert!(validate("/a/").is_err());
+/// ```
+pub fn validate(path: &str) -> Result<()> {
+    let fail = |reason: &str| {
+        Err(Error::InvalidPath {
+            path: path.to_string(),
+            reason: reason.to_string(),
+        })
+    };
+    if path.is_empty() {
+        return fail("path must not be empty");
+    }
+    if !path.starts_with('/') {
+        return fail("path must start with /");
+    }
+    if path == "/" {
+        return Ok(());
+    }
+    if path.ends_with('/') {
+        return fail("path must not end with /");
+    }
+    for segment in path[1..].split('/') {
+        match segment {
+            "" => return fail("empty node name (double slash)"),
+            "." | ".." => return fail("relative segments . and .. are not allowed"),
+            _ => {}
+        }
+    }
+    for (i, c) in path.chars().enumerate() {
+        let u = c as u32;
+        // The bounds are exclusive, as ZooKeeper codes them.
+        let forbidden = u == 0
+            || (0x00 < u && u < 0x1f)
+            || (0x7f < u && u < 0x9f)
+            || (0xd800 < u && u < 0xf8ff)
+            || (0xfff0 < u && u < 0xffff);
+        if forbidden {
+            return fail(&format!("invalid character U+{u:04X} at index {i}"));
+        }
+    }
+    Ok(())
+}
+
+/// Joins a parent path and a child name with exactly one slash.
+///
+/// ```
+/// assert_eq!(dlock::path::join("/a", "b"), "/a/b");
+/// assert_eq!(dlock::path::join("/", "b"), "/b");
+/// ```
+pub fn join(parent: &str, child: &str) -> String {
+    if parent.ends_with('/') {
+        format!("{parent}{child}")
+    } else {
+        format!("{parent}/{child}")
+    }
+}
+
+/// The last segment of a path.
+///
+/// ```
+/// assert_eq!(dlock::path::node_name("/a/b"), "b");
+/// ```
+pub fn node_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// The parent of a path (`/` for top-level nodes and the root).
+///
+/// ```
+/// assert_eq!(dlock::path::parent("/a/b"), "/a");
+/// assert_eq!(dlock::path::parent("/a"), "/");
+/// ```
+pub fn parent(path: &str) -> &str {
+    match path.rfind('/') {
+        Some(0) | None => "/",
+        Some(i) => &path[..i],
+    }
+}
+
+/// The ancestors of a path, outermost first, without the root and the path.
+pub(crate) fn ancestors(path: &str) -> impl Iterator<Item = &str> {
+    path.char_indices()
+        .skip(1)
+        .filter(|&(_, c)| c == '/')
+        .map(move |(i, _)| &path[..i])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zookeeper_rules() {
+        for ok in ["/", "/a", "/a/b.c", "/a/..b", "/ä", "/a b"] {
+            assert!(validate(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "a", "/a/", "//", "/a/./b", "/a/../b", "/.", "/a\u{0}b", "/a\u{1}", "/\u{80}x", "/\u{e000}"] {
+            let err = validate(bad).unwrap_err();
+            assert!(matches!(err, Error::InvalidPath { .. }), "{bad:?} gave {err}");
+        }
+        // Exclusive bounds, exactly as ZooKeeper codes them.
+        assert!(validate("/\u{1f}").is_ok());
+        assert!(validate("/\u{9f}").is_ok());
+    }
+
+    #[test]
+    fn ancestors_outermost_first() {
+        let v: Vec<_> = ancestors("/a/b/c").collect();
+        assert_eq!(v, ["/a", "/a/b"]);
+        assert_eq!(ancestors("/a").count(), 0);
+    }
+}

@@ -1,0 +1,4 @@
+//! The recipes, each written once over the store contract.
+
+pub mod mutex;
+pub(crate) mod queue;

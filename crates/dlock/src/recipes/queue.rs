@@ -1,0 +1,346 @@
+//! The one wait queue every queueing recipe shares (Curator's
+//! `LockInternals`): a participant creates an ephemeral-sequential node in a
+//! directory, and waits until a per-recipe [`Predicate`] over the sorted
+//! siblings says it holds. It watches only what the predicate names (its
+//! predecessor, normally), so a release wakes exactly one waiter.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::path;
+use crate::session::Session;
+use crate::store::{sort_sequenced, Child, CreateMode, Created, Watch};
+
+/// What a recipe's predicate decides for one participant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The participant holds.
+    Acquired,
+    /// Wait until this sibling (by name) changes or goes.
+    WatchNode(String),
+    /// Wait until the set of siblings changes.
+    WatchChildren,
+}
+
+/// A recipe's rule for "do I hold?", given the siblings in queue order.
+pub(crate) trait Predicate: Send + Sync {
+    /// Decides for our node `ours` (a name among `sorted`). Errors with
+    /// `NoNode` if our node is not there (its session was lost).
+    fn check(&self, sorted: &[Child], ours: &str) -> Result<Verdict>;
+}
+
+/// Curator's standard driver: the first `max_leases` participants hold; a
+/// waiter watches the participant `max_leases` places ahead of it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FirstN(pub usize);
+
+impl Predicate for FirstN {
+    fn check(&self, sorted: &[Child], ours: &str) -> Result<Verdict> {
+        let index = position(sorted, ours)?;
+        Ok(if index < self.0 {
+            Verdict::Acquired
+        } else {
+            Verdict::WatchNode(sorted[index - self.0].name.clone())
+        })
+    }
+}
+
+/// Our node's place in the queue, or `NoNode` if it is gone (Curator's
+/// `validateOurIndex`: "Sequential path not found").
+pub(crate) fn position(sorted: &[Child], ours: &str) -> Result<usize> {
+    sorted
+        .iter()
+        .position(|c| c.name == ours)
+        .ok_or_else(|| Error::NoNode {
+            path: format!("sequential node {ours} not found"),
+        })
+}
+
+/// A directory of sequenced participants.
+#[derive(Debug, Clone)]
+pub(crate) struct WaitQueue {
+    pub session: Session,
+    pub dir: String,
+    /// The recipe's node name (`lock-`, `lease-`, `latch-`, ...).
+    pub lock_name: &'static str,
+    /// Lock names stripped, in turn, to find the sort key.
+    pub sort_names: &'static [&'static str],
+}
+
+/// A node in the queue that is deleted (in the background) unless
+/// [`disarm`](Self::disarm)ed: makes acquisition cancellation-safe — a
+/// dropped, timed-out or failed acquire leaves nothing behind.
+pub(crate) struct PendingNode {
+    session: Session,
+    dir: String,
+    prefix: String,
+    path: Option<String>,
+    armed: bool,
+}
+
+impl PendingNode {
+    pub fn disarm(mut self) {
+        self.armed = false;
+    }
+
+    /// Deletes the node now (retrying), instead of in the background.
+    pub async fn delete(mut self) -> Result<()> {
+        self.armed = false;
+        match self.path.take() {
+            Some(path) => self.session.delete_guaranteed(&path).await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for PendingNode {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        match self.path.take() {
+            Some(path) => self.session.delete_in_background(path),
+            // The create may have been applied with its reply unseen.
+            None => self
+                .session
+                .find_and_delete_in_background(&self.dir, std::mem::take(&mut self.prefix)),
+        }
+    }
+}
+
+/// How a wait ended without acquiring.
+#[derive(Debug)]
+pub(crate) enum Stop {
+    TimedOut,
+    Failed(Error),
+}
+
+impl WaitQueue {
+    pub fn new(
+        session: &Session,
+        dir: &str,
+        lock_name: &'static str,
+        sort_names: &'static [&'static str],
+    ) -> Result<Self> {
+        path::validate(dir)?;
+        if dir == "/" {
+            return Err(Error::InvalidPath {
+                path: dir.into(),
+                reason: "a recipe cannot live at the root".into(),
+            });
+        }
+        Ok(WaitQueue {
+            session: session.clone(),
+            dir: dir.to_string(),
+            lock_name,
+            sort_names,
+        })
+    }
+
+    pub fn node_path(&self, name: &str) -> String {
+        path::join(&self.dir, name)
+    }
+
+    /// The children in queue order (empty if the directory is gone).
+    pub async fn sorted_children(&self, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
+        let store = self.session.store();
+        match self.session.retrying(|| store.children(&self.dir, watch)).await {
+            Ok((mut children, w)) => {
+                sort_sequenced(&mut children, self.sort_names);
+                Ok((children, w))
+            }
+            Err(Error::NoNode { .. }) => Ok((Vec::new(), None)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Acquires: creates our node and waits until `predicate` says we hold,
+    /// up to `deadline`. Returns `Ok(None)` on timeout. If our node vanishes
+    /// while waiting (its session was lost), starts over with a new node, as
+    /// Curator does, within the retry policy.
+    pub async fn acquire(
+        &self,
+        data: &[u8],
+        mode: CreateMode,
+        predicate: &dyn Predicate,
+        deadline: Option<Instant>,
+        wake: Option<&Notify>,
+    ) -> Result<Option<Created>> {
+        let mut retry = 0;
+        loop {
+            let (pending, created, children) = self.enter(data, mode).await?;
+            match self.wait(&created, children, predicate, deadline, wake).await {
+                Ok(()) => {
+                    pending.disarm();
+                    return Ok(Some(created));
+                }
+                Err(Stop::TimedOut) => {
+                    pending.delete().await?;
+                    return Ok(None);
+                }
+                Err(Stop::Failed(Error::NoNode { .. }))
+                    if retry < self.session.options().retry.max_retries =>
+                {
+                    // Our node is gone: the session was lost meanwhile.
+                    retry += 1;
+                    pending.disarm();
+                }
+                Err(Stop::Failed(e)) => {
+                    // Keep the primary error; the node goes in the background.
+                    drop(pending);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Creates our node (protected, parents as containers) and lists the
+    /// queue, in one round trip where the backend can.
+    pub async fn enter(&self, data: &[u8], mode: CreateMode) -> Result<(PendingNode, Created, Vec<Child>)> {
+        let prefix = format!("_c_{}-", uuid::Uuid::new_v4());
+        let mut pending = PendingNode {
+            session: self.session.clone(),
+            dir: self.dir.clone(),
+            prefix: prefix.clone(),
+            path: None,
+            armed: true,
+        };
+        let (created, children) = self
+            .session
+            .create_protected(&self.dir, &prefix, self.lock_name, data, mode, true)
+            .await?;
+        pending.path = Some(created.path.clone());
+        let mut children = children.unwrap_or_default();
+        sort_sequenced(&mut children, self.sort_names);
+        Ok((pending, created, children))
+    }
+
+    /// Waits until `predicate` says our node holds. `children` is a fresh
+    /// sorted listing to start from. Wakes on the watched node or siblings,
+    /// on any session event, and on `wake` (a recipe's own trigger, such as
+    /// a changed semaphore limit).
+    pub async fn wait(
+        &self,
+        ours: &Created,
+        mut children: Vec<Child>,
+        predicate: &dyn Predicate,
+        deadline: Option<Instant>,
+        wake: Option<&Notify>,
+    ) -> Result<(), Stop> {
+        let ours = ours.name().to_string();
+        let mut children_watch: Option<Watch> = None;
+        loop {
+            let watch = match predicate.check(&children, &ours).map_err(Stop::Failed)? {
+                Verdict::Acquired => return Ok(()),
+                Verdict::WatchNode(name) => {
+                    let store = self.session.store();
+                    let node = self.node_path(&name);
+                    match self.session.retrying(|| store.get_data(&node, true)).await {
+                        Ok((_, _, watch)) => watch.expect("watch requested"),
+                        // Already gone: look again at once.
+                        Err(Error::NoNode { .. }) => {
+                            children = self.sorted_children(false).await.map_err(Stop::Failed)?.0;
+                            continue;
+                        }
+                        Err(e) => return Err(Stop::Failed(e)),
+                    }
+                }
+                Verdict::WatchChildren => match children_watch.take() {
+                    Some(watch) => watch,
+                    None => {
+                        let (fresh, watch) = self.sorted_children(true).await.map_err(Stop::Failed)?;
+                        children = fresh;
+                        children_watch = watch;
+                        if children_watch.is_none() {
+                            // The directory is gone, and our node with it.
+                            return Err(Stop::Failed(Error::NoNode { path: self.dir.clone() }));
+                        }
+                        continue;
+                    }
+                },
+            };
+            let woke = tokio::select! {
+                _ = watch.changed() => true,
+                _ = wait_notify(wake) => true,
+                _ = sleep_until(deadline) => false,
+            };
+            if !woke {
+                return Err(Stop::TimedOut);
+            }
+            children = self.sorted_children(false).await.map_err(Stop::Failed)?.0;
+        }
+    }
+}
+
+async fn wait_notify(wake: Option<&Notify>) {
+    match wake {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A deadline `timeout` from now; `None` waits forever.
+pub(crate) fn deadline(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.map(|t| Instant::now() + t)
+}
+
+/// Shared state of a held node: what guards point at.
+#[derive(Debug)]
+pub(crate) struct HeldNode {
+    pub session: Session,
+    pub recipe_path: String,
+    pub what: &'static str,
+    pub created: Created,
+    pub session_id: crate::store::SessionId,
+}
+
+impl HeldNode {
+    pub fn new(session: &Session, recipe_path: &str, what: &'static str, created: Created) -> Arc<Self> {
+        Arc::new(HeldNode {
+            session: session.clone(),
+            recipe_path: recipe_path.to_string(),
+            what,
+            session_id: session.session_id(),
+            created,
+        })
+    }
+
+    /// Whether the session that created the node is over.
+    pub fn is_lost(&self) -> bool {
+        let s = self.session.status();
+        s.session_id != self.session_id
+            || matches!(
+                s.state,
+                crate::store::SessionState::Lost | crate::store::SessionState::Closed
+            )
+    }
+
+    pub fn lost_error(&self) -> Error {
+        Error::Lost {
+            what: self.what,
+            path: self.recipe_path.clone(),
+        }
+    }
+
+    /// Deletes the node; reports [`Error::Lost`] if it was lost before.
+    pub async fn release(&self) -> Result<()> {
+        let lost = self.is_lost();
+        self.session.delete_guaranteed(&self.created.path).await?;
+        if lost {
+            Err(self.lost_error())
+        } else {
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,565 @@
+//! [`Session`]: a client's handle on a coordination store, shared by every
+//! recipe built on it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::error::{Error, Result};
+use crate::path;
+use crate::store::{
+    BackendKind, Child, CreateMode, CreateOptions, Created, Faults, Op, OpResult, SessionId,
+    SessionState, SessionStatus, Stat, Store, Watch,
+};
+
+/// How operations that failed with a lost connection are retried:
+/// exponential backoff with jitter, bounded (Curator's
+/// `BoundedExponentialBackoffRetry`).
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock::RetryPolicy;
+/// let p = RetryPolicy { base_sleep: Duration::from_millis(10), max_sleep: Duration::from_millis(80), max_retries: 5 };
+/// assert!(p.sleep_for(0) <= Duration::from_millis(20));
+/// assert!(p.sleep_for(10) <= Duration::from_millis(80));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// The first sleep (before jitter).
+    pub base_sleep: Duration,
+    /// No sleep is longer than this.
+    pub max_sleep: Duration,
+    /// How many times an operation is retried before its error is returned.
+    pub max_retries: u32,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            base_sleep: Duration::from_millis(50),
+            max_sleep: Duration::from_secs(2),
+            max_retries: 10,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The sleep before retry number `retry` (from 0): `base × random(1 ..=
+    /// 2^(retry+1))`, at most `max_sleep`.
+    pub fn sleep_for(&self, retry: u32) -> Duration {
+        let span = 1u64 << (retry + 1).min(30);
+        let factor = 1 + (uuid::Uuid::new_v4().as_u128() as u64) % span;
+        self.base_sleep
+            .saturating_mul(factor.min(u32::MAX as u64) as u32)
+            .min(self.max_sleep)
+    }
+}
+
+/// Settings of a session.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock::SessionOptions;
+/// let opts = SessionOptions::default().with_session_timeout(Duration::from_secs(5));
+/// assert_eq!(opts.session_timeout, Duration::from_secs(5));
+/// assert!(SessionOptions::default().with_session_timeout(Duration::ZERO).validate().is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionOptions {
+    /// How long the server keeps the session (and its ephemeral nodes) alive
+    /// without hearing from the client. Default 10 s.
+    pub session_timeout: Duration,
+    /// Retries of operations that lost their connection.
+    pub retry: RetryPolicy,
+    /// Data stored in lock and lease nodes when a recipe is given none.
+    /// Default: this host's IP address as text, as Curator stores.
+    pub default_data: Vec<u8>,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            session_timeout: Duration::from_secs(10),
+            retry: RetryPolicy::default(),
+            default_data: local_address().to_vec(),
+        }
+    }
+}
+
+impl SessionOptions {
+    /// Sets the session timeout.
+    pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// Sets the default node data.
+    pub fn with_default_data(mut self, data: impl Into<Vec<u8>>) -> Self {
+        self.default_data = data.into();
+        self
+    }
+
+    /// Sets the retry policy.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<()> {
+        if self.session_timeout < Duration::from_millis(1) {
+            return Err(Error::InvalidArgument(format!(
+                "session timeout must be positive, got {:?}",
+                self.session_timeout
+            )));
+        }
+        if self.retry.base_sleep.is_zero() && self.retry.max_retries > 0 {
+            return Err(Error::InvalidArgument(
+                "retry base sleep must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// This host's address as Curator writes it into lock nodes by default
+/// (`InetAddress.getLocalHost().getHostAddress()`), or empty if unknown.
+fn local_address() -> &'static [u8] {
+    static ADDRESS: OnceLock<Vec<u8>> = OnceLock::new();
+    ADDRESS.get_or_init(|| {
+        use std::net::ToSocketAddrs;
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+            .unwrap_or_default();
+        let host = host.trim();
+        if host.is_empty() {
+            return Vec::new();
+        }
+        (host, 0)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut addrs| addrs.find(|a| a.is_ipv4()).or_else(|| addrs.next()))
+            .map(|a| a.ip().to_string().into_bytes())
+            .unwrap_or_default()
+    })
+}
+
+/// A client session on a coordination store: the handle every recipe is
+/// built on. Cheap to clone; clones share the session. When the last clone
+/// is dropped the session is closed.
+///
+/// Connect one with [`connect`](crate::connect) (by endpoint URL) or from a
+/// backend directly, e.g. [`EmbeddedServer::connect`](crate::store::embedded::EmbeddedServer::connect).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// use dlock::store::{CreateMode, CreateOptions};
+/// let session = dlock::connect("embedded").await?;
+/// let node = session
+///     .create("/doc/session/a", b"x", CreateOptions::new(CreateMode::Ephemeral).with_parents())
+///     .await?;
+/// assert_eq!(node.path, "/doc/session/a");
+/// session.close().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Session {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    options: SessionOptions,
+    runtime: Option<tokio::runtime::Handle>,
+    background: watch::Sender<usize>,
+    retried: AtomicUsize,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("backend", &self.backend())
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+impl Session {
+    /// Wraps a backend's store. Backends call this; users connect instead.
+    pub fn from_store(store: Arc<dyn Store>, options: SessionOptions) -> Session {
+        Session {
+            inner: Arc::new(Inner {
+                store,
+                options,
+                runtime: tokio::runtime::Handle::try_current().ok(),
+                background: watch::channel(0).0,
+                retried: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// The backend's store, for what the wrapper does not offer.
+    pub fn store(&self) -> &dyn Store {
+        &*self.inner.store
+    }
+
+    /// The session's settings.
+    pub fn options(&self) -> &SessionOptions {
+        &self.inner.options
+    }
+
+    /// Which kind of store this session talks to.
+    pub fn backend(&self) -> BackendKind {
+        self.inner.store.backend()
+    }
+
+    /// The current status snapshot.
+    pub fn status(&self) -> SessionStatus {
+        *self.inner.store.status().borrow()
+    }
+
+    /// The current connection state.
+    pub fn state(&self) -> SessionState {
+        self.status().state
+    }
+
+    /// The session currently (or last) in use.
+    pub fn session_id(&self) -> SessionId {
+        self.status().session_id
+    }
+
+    /// The session timeout the server granted.
+    pub fn session_timeout(&self) -> Duration {
+        self.inner.store.session_timeout()
+    }
+
+    /// Every status change, as a watch channel.
+    pub fn watch_status(&self) -> watch::Receiver<SessionStatus> {
+        self.inner.store.status()
+    }
+
+    /// Resolves once the session `id` is over: lost, closed or replaced by
+    /// a new session. Suspensions do not count.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// let session = dlock::connect("embedded").await?;
+    /// let id = session.session_id();
+    /// session.faults().unwrap().expire().await?;
+    /// session.lost(id).await; // returns at once: it already happened
+    /// # Ok(()) }
+    /// ```
+    pub async fn lost(&self, id: SessionId) {
+        let mut rx = self.inner.store.status();
+        let _ = rx
+            .wait_for(|s| {
+                s.session_id != id || matches!(s.state, SessionState::Lost | SessionState::Closed)
+            })
+            .await;
+    }
+
+    /// Fault injection, where the backend supports it (the embedded store
+    /// does).
+    pub fn faults(&self) -> Option<&dyn Faults> {
+        self.inner.store.faults()
+    }
+
+    /// Closes the session: its ephemeral nodes go, later operations fail
+    /// with [`Error::Closed`].
+    pub async fn close(&self) {
+        self.inner.store.close().await;
+    }
+
+    /// How many background tasks (deletes of released nodes) are running.
+    pub fn background_tasks(&self) -> usize {
+        *self.inner.background.borrow()
+    }
+
+    /// Waits until no background task is running.
+    pub async fn background_idle(&self) {
+        let mut rx = self.inner.background.subscribe();
+        let _ = rx.wait_for(|n| *n == 0).await;
+    }
+
+    /// How many operations were retried after a lost connection (for tests
+    /// and metrics).
+    pub fn retries(&self) -> usize {
+        self.inner.retried.load(Ordering::Relaxed)
+    }
+
+    /// Creates a node. A sequential path is checked with its future suffix.
+    pub async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
+        check_create_path(path, opts.mode)?;
+        self.inner.store.create(path, data, opts).await
+    }
+
+    /// Deletes a node, if its version matches.
+    pub async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
+        path::validate(path)?;
+        self.inner.store.delete(path, version).await
+    }
+
+    /// Replaces a node's data, if its version matches.
+    pub async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
+        path::validate(path)?;
+        self.inner.store.set_data(path, data, version).await
+    }
+
+    /// Reads a node's data and metadata.
+    pub async fn get_data(&self, path: &str) -> Result<(Vec<u8>, Stat)> {
+        path::validate(path)?;
+        let (data, stat, _) = self.inner.store.get_data(path, false).await?;
+        Ok((data, stat))
+    }
+
+    /// Reads a node's data and arms a watch for its change or deletion.
+    pub async fn get_data_watch(&self, path: &str) -> Result<(Vec<u8>, Stat, Watch)> {
+        path::validate(path)?;
+        let (data, stat, watch) = self.inner.store.get_data(path, true).await?;
+        Ok((data, stat, watch.expect("the store armed the requested watch")))
+    }
+
+    /// Reads a node's metadata, if it exists.
+    pub async fn exists(&self, path: &str) -> Result<Option<Stat>> {
+        path::validate(path)?;
+        Ok(self.inner.store.exists(path, false).await?.0)
+    }
+
+    /// Reads a node's metadata and arms a watch for its creation, change or
+    /// deletion.
+    pub async fn exists_watch(&self, path: &str) -> Result<(Option<Stat>, Watch)> {
+        path::validate(path)?;
+        let (stat, watch) = self.inner.store.exists(path, true).await?;
+        Ok((stat, watch.expect("the store armed the requested watch")))
+    }
+
+    /// Lists a node's children (unordered).
+    pub async fn children(&self, path: &str) -> Result<Vec<Child>> {
+        path::validate(path)?;
+        Ok(self.inner.store.children(path, false).await?.0)
+    }
+
+    /// Lists a node's children and arms a watch for a change among them.
+    pub async fn children_watch(&self, path: &str) -> Result<(Vec<Child>, Watch)> {
+        path::validate(path)?;
+        let (children, watch) = self.inner.store.children(path, true).await?;
+        Ok((children, watch.expect("the store armed the requested watch")))
+    }
+
+    /// Applies all operations atomically, or none.
+    pub async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
+        for op in ops {
+            match op {
+                Op::Create { path, mode, .. } => check_create_path(path, *mode)?,
+                Op::Check { path, .. } | Op::SetData { path, .. } | Op::Delete { path, .. } => {
+                    path::validate(path)?
+                }
+            }
+        }
+        self.inner.store.multi(ops).await
+    }
+
+    /// Runs `op`, retrying it per the retry policy while it fails with a
+    /// lost connection.
+    pub(crate) async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut retry = 0;
+        loop {
+            match op().await {
+                Err(e) if e.is_retryable() && retry < self.inner.options.retry.max_retries => {
+                    self.inner.retried.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(self.inner.options.retry.sleep_for(retry)).await;
+                    retry += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Creates `parent/<prefix><name>` (`prefix` = `_c_<uuid>-`; parents as
+    /// containers) the way
+    /// Curator's protected mode does: if the reply is lost, the retry first
+    /// looks for a node with our prefix and adopts it, unless it belongs to
+    /// an older session (CURATOR-498), which is deleted instead. With
+    /// `list`, the parent's children come back with the create, in one round
+    /// trip where the backend can.
+    pub(crate) async fn create_protected(
+        &self,
+        parent: &str,
+        prefix: &str,
+        name: &str,
+        data: &[u8],
+        mode: CreateMode,
+        list: bool,
+    ) -> Result<(Created, Option<Vec<Child>>)> {
+        let full = path::join(parent, &format!("{prefix}{name}"));
+        check_create_path(&full, mode)?;
+        let opts = CreateOptions::new(mode).with_parents();
+        let store = &self.inner.store;
+        let mut retry = 0;
+        loop {
+            if retry > 0 {
+                match self.find_protected(parent, prefix, mode).await {
+                    Ok(Some(created)) => {
+                        let children = match list {
+                            true => Some(self.retrying(|| store.children(parent, false)).await?.0),
+                            false => None,
+                        };
+                        return Ok((created, children));
+                    }
+                    Ok(None) => {}
+                    Err(e) if e.is_retryable() => {
+                        if !self.backoff(&mut retry).await {
+                            self.find_and_delete_in_background(parent, prefix.to_string());
+                            return Err(e);
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let result = if list {
+                store
+                    .create_and_list(&full, data, opts, parent)
+                    .await
+                    .map(|(c, kids)| (c, Some(kids)))
+            } else {
+                store.create(&full, data, opts).await.map(|c| (c, None))
+            };
+            match result {
+                Err(e) if e.is_retryable() => {
+                    if !self.backoff(&mut retry).await {
+                        self.find_and_delete_in_background(parent, prefix.to_string());
+                        return Err(e);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn backoff(&self, retry: &mut u32) -> bool {
+        if *retry > self.inner.options.retry.max_retries {
+            return false;
+        }
+        self.inner.retried.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(self.inner.options.retry.sleep_for(retry.saturating_sub(1))).await;
+        *retry += 1;
+        true
+    }
+
+    async fn find_protected(&self, parent: &str, prefix: &str, mode: CreateMode) -> Result<Option<Created>> {
+        let children = match self.inner.store.children(parent, false).await {
+            Ok((children, _)) => children,
+            Err(Error::NoNode { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let Some(found) = children.into_iter().find(|c| c.name.starts_with(prefix)) else {
+            return Ok(None);
+        };
+        let found = path::join(parent, &found.name);
+        let Some(stat) = self.inner.store.exists(&found, false).await?.0 else {
+            return Ok(None);
+        };
+        if mode.is_ephemeral() && stat.ephemeral_owner != self.session_id() {
+            // Made by a session that is gone or going: not ours to adopt.
+            self.delete_in_background(found);
+            return Ok(None);
+        }
+        Ok(Some(Created { path: found, stat }))
+    }
+
+    /// Deletes a node, retrying lost connections; if that does not succeed,
+    /// keeps trying in the background until the node is gone (Curator's
+    /// guaranteed delete). A node that is already gone counts as deleted.
+    pub(crate) async fn delete_guaranteed(&self, path: &str) -> Result<()> {
+        match self.retrying(|| self.inner.store.delete(path, None)).await {
+            Ok(()) | Err(Error::NoNode { .. }) => Ok(()),
+            Err(e) if e.is_retryable() => {
+                self.delete_in_background(path.to_string());
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes a node in the background, retrying until it is gone or the
+    /// session is closed.
+    pub(crate) fn delete_in_background(&self, path: String) {
+        let session = self.clone();
+        self.spawn_background(async move {
+            let mut retry = 0;
+            loop {
+                match session.inner.store.delete(&path, None).await {
+                    Err(e) if e.is_retryable() => {
+                        tokio::time::sleep(session.inner.options.retry.sleep_for(retry.min(8))).await;
+                        retry += 1;
+                    }
+                    Err(Error::NoNode { .. }) | Ok(()) | Err(Error::Closed) => return,
+                    Err(e) => {
+                        tracing::warn!(%path, error = %e, "background delete failed");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Finds the node a protected create may have made and deletes it, in
+    /// the background (Curator's `FindAndDeleteProtectedNodeInBackground`).
+    pub(crate) fn find_and_delete_in_background(&self, parent: &str, prefix: String) {
+        let session = self.clone();
+        let parent = parent.to_string();
+        self.spawn_background(async move {
+            let mut retry = 0;
+            loop {
+                match session.inner.store.children(&parent, false).await {
+                    Ok((children, _)) => {
+                        for c in children.iter().filter(|c| c.name.starts_with(&prefix)) {
+                            let _ = session.delete_guaranteed(&path::join(&parent, &c.name)).await;
+                        }
+                        return;
+                    }
+                    Err(e) if e.is_retryable() => {
+                        tokio::time::sleep(session.inner.options.retry.sleep_for(retry.min(8))).await;
+                        retry += 1;
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+    }
+
+    /// Runs a future in the background, counted by
+    /// [`background_tasks`](Self::background_tasks). Works from `Drop` too,
+    /// on the runtime the session was created on.
+    pub(crate) fn spawn_background(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let Some(runtime) = tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| self.inner.runtime.clone())
+        else {
+            tracing::warn!("no tokio runtime: background task dropped");
+            return;
+        };
+        self.inner.background.send_modify(|n| *n += 1);
+        let counter = self.inner.background.clone();
+        runtime.spawn(async move {
+            task.await;
+            counter.send_modify(|n| *n -= 1);
+        });
+    }
+}
+
+fn check_create_path(path: &str, mode: CreateMode) -> Result<()> {
+    if mode.is_sequential() {
+        // The store appends the sequence, so `/x/lock-` is legal.
+        path::validate(&format!("{path}0000000000"))
+    } else {
+        path::validate(path)
+    }
+}

@@ -1,0 +1,489 @@
+//! The store contract: the one interface every recipe is written against.
+//!
+//! A [`Store`] is one client session of a coordination store with ZooKeeper's
+//! data model: a tree of nodes with data, versions and modes, one-shot
+//! watches, sessions whose ephemeral nodes vanish with them, and atomic
+//! multi-operations. Three backends implement it: [`embedded`] (in-process,
+//! with fault injection), `zookeeper` and (later) `etcd`.
+//!
+//! Recipes never name a backend: they use [`Session`](crate::Session), the
+//! cheap handle around an `Arc<dyn Store>`, which adds what is the same for
+//! every backend (path checks, protected creates, guaranteed deletes,
+//! retries, waiting for session states).
+//!
+//! What the contract promises, and the conformance suite pins:
+//! - **Sessions** report `Connected → Suspended → Reconnected | Lost` (plus
+//!   `Closed`) through [`Store::status`]; after `Lost` the next operation
+//!   runs in a *new* session, so everything the old one held is gone.
+//! - **Fencing tokens**: [`Stat::czxid`] of a created node only ever grows for
+//!   later creations anywhere in the store (ZooKeeper's czxid, etcd's create
+//!   revision).
+//! - **Watches** are one-shot and also fire on any session state change, so a
+//!   waiter never sleeps through a suspension or an expiry.
+//! - **Ordering** of sequential children follows [`sort_sequenced`].
+
+pub mod embedded;
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{oneshot, watch};
+
+use crate::error::Result;
+
+/// A session's identity, as the store numbers it (ZooKeeper session id, etcd
+/// lease id). Zero means "no session".
+pub type SessionId = i64;
+
+/// How long a node lives and whether the store appends a sequence number.
+///
+/// ```
+/// use dlock::store::CreateMode;
+/// assert!(CreateMode::EphemeralSequential.is_ephemeral());
+/// assert!(CreateMode::EphemeralSequential.is_sequential());
+/// assert!(!CreateMode::Container.is_sequential());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CreateMode {
+    /// Lives until deleted.
+    Persistent,
+    /// Deleted when the creating session ends.
+    Ephemeral,
+    /// Persistent, with a 10-digit sequence appended to the name.
+    PersistentSequential,
+    /// Ephemeral, with a 10-digit sequence appended to the name.
+    EphemeralSequential,
+    /// Persistent, but removed by the store once it had children and has
+    /// none left (ZooKeeper 3.5+ containers).
+    Container,
+}
+
+impl CreateMode {
+    /// Whether the node dies with its session.
+    pub fn is_ephemeral(self) -> bool {
+        matches!(self, CreateMode::Ephemeral | CreateMode::EphemeralSequential)
+    }
+
+    /// Whether the store appends a sequence number to the name.
+    pub fn is_sequential(self) -> bool {
+        matches!(
+            self,
+            CreateMode::PersistentSequential | CreateMode::EphemeralSequential
+        )
+    }
+}
+
+/// Options of a create.
+///
+/// ```
+/// use dlock::store::{CreateMode, CreateOptions};
+/// let opts = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
+/// assert!(opts.create_parents);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreateOptions {
+    /// The node's mode.
+    pub mode: CreateMode,
+    /// Create missing ancestors, as empty [`CreateMode::Container`] nodes
+    /// (Curator's `creatingParentContainersIfNeeded`).
+    pub create_parents: bool,
+}
+
+impl CreateOptions {
+    /// Options with the given mode and no parent creation.
+    pub fn new(mode: CreateMode) -> Self {
+        CreateOptions {
+            mode,
+            create_parents: false,
+        }
+    }
+
+    /// Also create missing ancestors as containers.
+    pub fn with_parents(mut self) -> Self {
+        self.create_parents = true;
+        self
+    }
+}
+
+/// A fencing token: a number that only ever grows for later acquisitions in
+/// the whole store. Pass it to the resource you protect and let it reject
+/// writes that carry a smaller token than one it has seen.
+///
+/// ```
+/// use dlock::FencingToken;
+/// assert!(FencingToken(7) < FencingToken(9));
+/// assert_eq!(FencingToken(9).to_string(), "9");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct FencingToken(pub i64);
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A node's metadata, in ZooKeeper's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stat {
+    /// Transaction id (etcd: revision) that created the node: the fencing
+    /// token of a lock node.
+    pub czxid: i64,
+    /// Transaction id (etcd: revision) of the last data change.
+    pub mzxid: i64,
+    /// Data version: 0 at creation, +1 on every set.
+    pub version: i32,
+    /// Number of child creations and deletions so far.
+    pub cversion: i32,
+    /// Owning session of an ephemeral node, 0 otherwise.
+    pub ephemeral_owner: SessionId,
+    /// Number of children.
+    pub num_children: i32,
+    /// Length of the data in bytes.
+    pub data_length: i32,
+}
+
+impl Stat {
+    /// The node's fencing token (its creation transaction id).
+    pub fn token(&self) -> FencingToken {
+        FencingToken(self.czxid)
+    }
+}
+
+/// The result of a create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Created {
+    /// The full path of the new node (with the sequence, if sequential).
+    pub path: String,
+    /// Its metadata.
+    pub stat: Stat,
+}
+
+impl Created {
+    /// The node's last path segment.
+    pub fn name(&self) -> &str {
+        crate::path::node_name(&self.path)
+    }
+
+    /// The node's fencing token.
+    pub fn token(&self) -> FencingToken {
+        self.stat.token()
+    }
+}
+
+/// One child of a node, as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Child {
+    /// The child's name (last path segment).
+    pub name: String,
+    /// The store's native creation order, for backends that have one (etcd:
+    /// create revision). `None` for ZooKeeper-style stores, where the order
+    /// comes from the sequence suffix in the name.
+    pub created: Option<i64>,
+}
+
+impl Child {
+    /// A child known only by name (ZooKeeper-style stores).
+    pub fn named(name: impl Into<String>) -> Self {
+        Child {
+            name: name.into(),
+            created: None,
+        }
+    }
+}
+
+/// Sorts sequenced children the way every participant of a recipe must, or
+/// exclusion breaks:
+/// - when the store gives a native creation order ([`Child::created`]), by
+///   that order, ties broken by name;
+/// - otherwise as Curator 5.4 does: by the part of the name after the *last*
+///   occurrence of a lock name (the first of `lock_names` found, applied in
+///   turn: the read-write lock strips `__READ__` then `__WRIT__`), compared as
+///   strings; a name without any lock name is compared whole.
+///
+/// ```
+/// use dlock::store::{sort_sequenced, Child};
+/// let mut kids = vec![
+///     Child::named("_c_b-lock-0000000002"),
+///     Child::named("_c_a-lock-0000000010"),
+///     Child::named("_c_c-lock-0000000001"),
+/// ];
+/// sort_sequenced(&mut kids, &["lock-"]);
+/// let names: Vec<_> = kids.iter().map(|c| c.name.as_str()).collect();
+/// assert_eq!(names, ["_c_c-lock-0000000001", "_c_b-lock-0000000002", "_c_a-lock-0000000010"]);
+/// ```
+pub fn sort_sequenced(children: &mut [Child], lock_names: &[&str]) {
+    // A stable sort keeps listing order for equal keys, as Java's
+    // Collections.sort does.
+    children.sort_by(|a, b| match (a.created, b.created) {
+        (Some(x), Some(y)) => x.cmp(&y).then_with(|| a.name.cmp(&b.name)),
+        _ => sequence_key(&a.name, lock_names).cmp(sequence_key(&b.name, lock_names)),
+    });
+}
+
+/// The part of `name` Curator sorts by: what follows the last occurrence of
+/// each lock name in turn (Curator's `standardFixForSorting`).
+pub fn sequence_key<'a>(name: &'a str, lock_names: &[&str]) -> &'a str {
+    let mut key = name;
+    for lock_name in lock_names {
+        if let Some(i) = key.rfind(lock_name) {
+            key = &key[i + lock_name.len()..];
+        }
+    }
+    key
+}
+
+/// A session's connection state, as Curator reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SessionState {
+    /// The first successful connection.
+    Connected,
+    /// The connection is down; the session may still be alive on the
+    /// server. Locks and leadership cannot be trusted until `Reconnected`.
+    Suspended,
+    /// Connected again after `Suspended` (same session) or after `Lost`
+    /// (a new session: everything held before is gone).
+    Reconnected,
+    /// The session expired, or was suspended longer than its timeout: every
+    /// ephemeral node it held is (or must be assumed) gone.
+    Lost,
+    /// Closed by its owner; no further operations are possible.
+    Closed,
+}
+
+impl SessionState {
+    /// Whether operations can be served now.
+    pub fn is_connected(self) -> bool {
+        matches!(self, SessionState::Connected | SessionState::Reconnected)
+    }
+}
+
+/// A snapshot of a client's session: its state and which session it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionStatus {
+    /// The connection state.
+    pub state: SessionState,
+    /// The session currently (or last) in use.
+    pub session_id: SessionId,
+    /// Counts state changes, so that observers can tell two snapshots apart
+    /// even when a transition was too quick to see.
+    pub changes: u64,
+}
+
+/// What woke a one-shot [`Watch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchEvent {
+    /// The watched node was created.
+    NodeCreated,
+    /// The watched node was deleted.
+    NodeDeleted,
+    /// The watched node's data changed.
+    DataChanged,
+    /// A child of the watched node was created or deleted.
+    ChildrenChanged,
+    /// The session changed state; the watch may or may not still be armed on
+    /// the server, so the watcher must look again.
+    Session(SessionState),
+}
+
+/// A one-shot watch armed by a read. It resolves on the first node event or
+/// on any session state change, whichever comes first; dropping it is
+/// always fine.
+#[must_use = "a watch does nothing unless awaited"]
+pub struct Watch {
+    node: oneshot::Receiver<WatchEvent>,
+    session: watch::Receiver<SessionStatus>,
+}
+
+impl Watch {
+    /// Arms a watch from a backend's node-event receiver and the session's
+    /// status channel (whose current value counts as already seen).
+    pub fn new(
+        node: oneshot::Receiver<WatchEvent>,
+        mut session: watch::Receiver<SessionStatus>,
+    ) -> Self {
+        session.borrow_and_update();
+        Watch { node, session }
+    }
+
+    /// Waits for the event.
+    pub async fn changed(mut self) -> WatchEvent {
+        tokio::select! {
+            biased;
+            event = &mut self.node => match event {
+                Ok(event) => event,
+                // The store dropped the watch: its session is over.
+                Err(_) => WatchEvent::Session(self.session.borrow().state),
+            },
+            changed = self.session.changed() => match changed {
+                Ok(()) => WatchEvent::Session(self.session.borrow().state),
+                Err(_) => WatchEvent::Session(SessionState::Closed),
+            },
+        }
+    }
+}
+
+impl fmt::Debug for Watch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watch").finish_non_exhaustive()
+    }
+}
+
+/// One operation of an atomic [`Store::multi`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Require the node to exist (with this data version, if given).
+    Check {
+        /// The node.
+        path: String,
+        /// The required version, or any.
+        version: Option<i32>,
+    },
+    /// Create a node.
+    Create {
+        /// The node (prefix, if sequential).
+        path: String,
+        /// Its data.
+        data: Vec<u8>,
+        /// Its mode (parents are never created inside a multi).
+        mode: CreateMode,
+    },
+    /// Replace a node's data.
+    SetData {
+        /// The node.
+        path: String,
+        /// The new data.
+        data: Vec<u8>,
+        /// The required version, or any.
+        version: Option<i32>,
+    },
+    /// Delete a node.
+    Delete {
+        /// The node.
+        path: String,
+        /// The required version, or any.
+        version: Option<i32>,
+    },
+}
+
+/// The result of one [`Op`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpResult {
+    /// The check passed.
+    Checked,
+    /// The node was created.
+    Created(Created),
+    /// The data was set.
+    Set(Stat),
+    /// The node was deleted.
+    Deleted,
+}
+
+/// Which kind of store a session talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// The in-process store.
+    Embedded,
+    /// Apache ZooKeeper.
+    ZooKeeper,
+    /// etcd v3.
+    Etcd,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::Embedded => "embedded",
+            BackendKind::ZooKeeper => "zookeeper",
+            BackendKind::Etcd => "etcd",
+        })
+    }
+}
+
+/// One client session of a coordination store. See the [module
+/// docs](self) for what every implementation must guarantee.
+///
+/// Paths given to these methods are already valid (the
+/// [`Session`](crate::Session) wrapper checks them).
+#[async_trait]
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// Which kind of store this is.
+    fn backend(&self) -> BackendKind;
+
+    /// The session's status channel: the current snapshot, and every change.
+    fn status(&self) -> watch::Receiver<SessionStatus>;
+
+    /// The session timeout the server granted.
+    fn session_timeout(&self) -> Duration;
+
+    /// Creates a node. A sequential node's path is `path` followed by the
+    /// 10-digit sequence (ZooKeeper: the parent's cversion).
+    async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created>;
+
+    /// Creates a node and then lists the children of `list`, as one round
+    /// trip where the backend can (ZooKeeper: pipelined; etcd: one
+    /// transaction). The listing reflects the create.
+    async fn create_and_list(
+        &self,
+        path: &str,
+        data: &[u8],
+        opts: CreateOptions,
+        list: &str,
+    ) -> Result<(Created, Vec<Child>)> {
+        let created = self.create(path, data, opts).await?;
+        let (children, _) = self.children(list, false).await?;
+        Ok((created, children))
+    }
+
+    /// Deletes a node, if its version matches.
+    async fn delete(&self, path: &str, version: Option<i32>) -> Result<()>;
+
+    /// Replaces a node's data, if its version matches.
+    async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat>;
+
+    /// Reads a node's data; with `watch`, arms a watch for its deletion or
+    /// data change (only if the node exists).
+    async fn get_data(&self, path: &str, watch: bool)
+        -> Result<(Vec<u8>, Stat, Option<Watch>)>;
+
+    /// Reads a node's metadata if it exists; with `watch`, arms a watch for
+    /// its creation, deletion or data change.
+    async fn exists(&self, path: &str, watch: bool) -> Result<(Option<Stat>, Option<Watch>)>;
+
+    /// Lists a node's children (in no particular order); with `watch`, arms a
+    /// watch for a child creation or deletion, or the node's deletion.
+    async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)>;
+
+    /// Applies all operations atomically, or none; the error names the first
+    /// failing operation ([`Error::MultiFailed`](crate::Error::MultiFailed)).
+    async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>>;
+
+    /// Test and chaos hooks, for backends that can inject faults.
+    fn faults(&self) -> Option<&dyn Faults> {
+        None
+    }
+
+    /// Ends the session: its ephemeral nodes are deleted and later
+    /// operations fail with [`Error::Closed`](crate::Error::Closed).
+    async fn close(&self);
+}
+
+/// Fault injection, for tests of recipes and of users' own code.
+#[async_trait]
+pub trait Faults: Send + Sync {
+    /// Drops the connection for `duration`: the session reports `Suspended`
+    /// at once, then `Reconnected` — or `Lost` if `duration` reaches the
+    /// session timeout, because the server expires the session meanwhile.
+    /// Operations issued meanwhile wait for the connection.
+    fn suspend(&self, duration: Duration);
+
+    /// Expires the session now, as the server would after a long silence:
+    /// its ephemeral nodes vanish and it reports `Lost`.
+    async fn expire(&self) -> Result<()>;
+
+    /// The next create is applied by the server, but its reply is lost: the
+    /// caller gets [`Error::ConnectionLoss`](crate::Error::ConnectionLoss)
+    /// and the connection blips (`Suspended`, then `Reconnected`).
+    fn lose_next_create_reply(&self);
+}
