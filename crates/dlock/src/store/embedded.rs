@@ -109,22 +109,36 @@ impl EmbeddedServer {
         self.server.lock().nodes.len()
     }
 
-    /// How many one-shot watches are armed (for tests: a waiter should cost
-    /// exactly one).
-    pub fn watch_count(&self) -> usize {
-        self.server.lock().watch_count()
-    }
-
-    /// How many watch notifications have been delivered so far (for tests
-    /// of herd effects).
-    pub fn notifications(&self) -> u64 {
-        self.server.lock().notifications
+    /// Counts of armed watches and delivered notifications (for tests: a
+    /// waiter should cost one watch, and a release should wake one waiter).
+    pub fn watch_stats(&self) -> WatchStats {
+        let tree = self.server.lock();
+        let count = |m: &HashMap<String, Vec<Watcher>>| m.values().map(Vec::len).sum::<usize>();
+        WatchStats {
+            node_watches: count(&tree.node_watches),
+            child_watches: count(&tree.child_watches),
+            node_notifications: tree.node_notifications,
+            child_notifications: tree.child_notifications,
+        }
     }
 
     /// How many sessions are open.
     pub fn session_count(&self) -> usize {
         self.server.lock().sessions.len()
     }
+}
+
+/// Watch counters of an [`EmbeddedServer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WatchStats {
+    /// Armed watches on nodes (`get_data`, `exists`).
+    pub node_watches: usize,
+    /// Armed watches on children (`children`).
+    pub child_watches: usize,
+    /// Node-watch notifications delivered so far.
+    pub node_notifications: u64,
+    /// Child-watch notifications delivered so far.
+    pub child_notifications: u64,
 }
 
 struct Server {
@@ -205,7 +219,8 @@ struct Tree {
     child_watches: HashMap<String, Vec<Watcher>>,
     /// Containers that became empty: checked by the reaper.
     reap_candidates: HashSet<String>,
-    notifications: u64,
+    node_notifications: u64,
+    child_notifications: u64,
 }
 
 impl Tree {
@@ -229,13 +244,9 @@ impl Tree {
             node_watches: HashMap::new(),
             child_watches: HashMap::new(),
             reap_candidates: HashSet::new(),
-            notifications: 0,
+            node_notifications: 0,
+            child_notifications: 0,
         }
-    }
-
-    fn watch_count(&self) -> usize {
-        let count = |m: &HashMap<String, Vec<Watcher>>| m.values().map(Vec::len).sum::<usize>();
-        count(&self.node_watches) + count(&self.child_watches)
     }
 
     fn open_session(&mut self) -> SessionId {
@@ -351,9 +362,9 @@ impl Tree {
                 owned.insert(full.clone());
             }
         }
-        let n = &mut self.notifications;
-        Self::fire(&mut self.node_watches, &full, WatchEvent::NodeCreated, fired, n);
-        Self::fire(&mut self.child_watches, parent_path, WatchEvent::ChildrenChanged, fired, n);
+        let (nn, cn) = (&mut self.node_notifications, &mut self.child_notifications);
+        Self::fire(&mut self.node_watches, &full, WatchEvent::NodeCreated, fired, nn);
+        Self::fire(&mut self.child_watches, parent_path, WatchEvent::ChildrenChanged, fired, cn);
         Ok(Created { path: full, stat })
     }
 
@@ -413,10 +424,10 @@ impl Tree {
         if parent.mode == CreateMode::Container && parent.children.is_empty() {
             self.reap_candidates.insert(parent_path.to_string());
         }
-        let n = &mut self.notifications;
-        Self::fire(&mut self.node_watches, path, WatchEvent::NodeDeleted, fired, n);
-        Self::fire(&mut self.child_watches, path, WatchEvent::NodeDeleted, fired, n);
-        Self::fire(&mut self.child_watches, parent_path, WatchEvent::ChildrenChanged, fired, n);
+        let (nn, cn) = (&mut self.node_notifications, &mut self.child_notifications);
+        Self::fire(&mut self.node_watches, path, WatchEvent::NodeDeleted, fired, nn);
+        Self::fire(&mut self.child_watches, path, WatchEvent::NodeDeleted, fired, cn);
+        Self::fire(&mut self.child_watches, parent_path, WatchEvent::ChildrenChanged, fired, cn);
         Ok(())
     }
 
@@ -455,7 +466,7 @@ impl Tree {
             path,
             WatchEvent::DataChanged,
             fired,
-            &mut self.notifications,
+            &mut self.node_notifications,
         );
         Ok(stat)
     }

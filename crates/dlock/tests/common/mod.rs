@@ -1,0 +1,230 @@
+//! Shared test harness: one suite, run against every backend.
+//!
+//! Each test gets a fresh root path and, at the end, [`Harness::finish`]
+//! asserts that nothing is left under it (no ephemeral node, no data) and
+//! removes the empty container skeleton.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use dlock::store::embedded::{EmbeddedOptions, EmbeddedServer};
+use dlock::store::{CreateMode, CreateOptions, WatchEvent};
+use dlock::{Session, SessionOptions};
+
+/// Which store a test runs against.
+#[derive(Clone)]
+pub enum Backend {
+    /// A fresh in-process store per test.
+    Embedded(EmbeddedServer),
+    /// A real ZooKeeper server shared by the test binary.
+    ZooKeeper(String),
+}
+
+/// A test's view of its backend.
+pub struct Harness {
+    pub backend: Backend,
+    pub root: String,
+    sessions: std::sync::Mutex<Vec<Session>>,
+}
+
+/// A fresh embedded store with a fast container reaper.
+pub fn embedded() -> Harness {
+    let server = EmbeddedServer::with_options(EmbeddedOptions {
+        container_check_interval: Duration::from_millis(20),
+    });
+    Harness::new(Backend::Embedded(server))
+}
+
+/// The test binary's private ZooKeeper server.
+pub fn zookeeper() -> Harness {
+    let server = dlock_testkit::shared_zk();
+    Harness::new(Backend::ZooKeeper(server.connect_string()))
+}
+
+impl Harness {
+    fn new(backend: Backend) -> Self {
+        Harness {
+            backend,
+            root: format!("/t-{}", uuid::Uuid::new_v4().simple()),
+            sessions: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A path under this test's root.
+    pub fn path(&self, rest: &str) -> String {
+        format!("{}{}", self.root, rest)
+    }
+
+    /// The session timeout tests use: short, so expiry tests are quick.
+    pub fn timeout(&self) -> Duration {
+        match self.backend {
+            Backend::Embedded(_) => Duration::from_millis(500),
+            // ZooKeeper grants at least 2 ticks (tickTime 500 ms in tests).
+            Backend::ZooKeeper(_) => Duration::from_secs(2),
+        }
+    }
+
+    /// A new session, as a separate process would open.
+    pub async fn session(&self) -> Session {
+        self.session_with(SessionOptions::default().with_session_timeout(self.timeout()))
+            .await
+    }
+
+    /// A new session with options.
+    pub async fn session_with(&self, options: SessionOptions) -> Session {
+        let session = match &self.backend {
+            Backend::Embedded(server) => server.connect(options).await,
+            Backend::ZooKeeper(hosts) => {
+                dlock::connect_with(&format!("zk://{hosts}"), options).await
+            }
+        }
+        .expect("connect a session");
+        self.sessions.lock().unwrap().push(session.clone());
+        session
+    }
+
+    /// Whether the backend can inject faults.
+    pub fn has_faults(&self) -> bool {
+        matches!(self.backend, Backend::Embedded(_))
+    }
+
+    /// Ends the test: every session's background work settles, nothing but
+    /// empty directories may remain under the root, and those are removed.
+    pub async fn finish(self) {
+        let sessions: Vec<Session> = std::mem::take(&mut *self.sessions.lock().unwrap());
+        for s in &sessions {
+            tokio::time::timeout(Duration::from_secs(30), s.background_idle())
+                .await
+                .expect("background tasks settle");
+        }
+        let checker = self.session().await;
+        let leftovers = collect_leftovers(&checker, &self.root).await.expect("walk the tree");
+        assert!(leftovers.is_empty(), "left behind under {}: {leftovers:#?}", self.root);
+        remove_tree(&checker, &self.root).await.expect("remove the empty skeleton");
+        for s in sessions {
+            s.close().await;
+        }
+        checker.close().await;
+    }
+}
+
+/// Nodes under `root` that a finished test must not leave: ephemeral nodes
+/// and nodes holding data.
+async fn collect_leftovers(session: &Session, root: &str) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    let mut stack = vec![root.to_string()];
+    while let Some(path) = stack.pop() {
+        let (data, stat) = match session.get_data(&path).await {
+            Ok(x) => x,
+            Err(dlock::Error::NoNode { .. }) => continue,
+            Err(e) => return Err(e).context(path),
+        };
+        if stat.ephemeral_owner != 0 || !data.is_empty() {
+            found.push(format!("{path} (owner {:#x}, {} bytes)", stat.ephemeral_owner, data.len()));
+        }
+        match session.children(&path).await {
+            Ok(children) => stack.extend(children.into_iter().map(|c| format!("{path}/{}", c.name))),
+            Err(dlock::Error::NoNode { .. }) => {}
+            Err(e) => return Err(e).context(path),
+        }
+    }
+    Ok(found)
+}
+
+/// Deletes the tree under and including `root`, deepest first.
+pub async fn remove_tree(session: &Session, root: &str) -> Result<()> {
+    let mut order = Vec::new();
+    let mut stack = vec![root.to_string()];
+    while let Some(path) = stack.pop() {
+        match session.children(&path).await {
+            Ok(children) => {
+                stack.extend(children.into_iter().map(|c| format!("{path}/{}", c.name)));
+                order.push(path);
+            }
+            Err(dlock::Error::NoNode { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    for path in order.into_iter().rev() {
+        match session.delete(&path, None).await {
+            Ok(()) | Err(dlock::Error::NoNode { .. }) => {}
+            Err(e) => bail!("delete {path}: {e}"),
+        }
+    }
+    Ok(())
+}
+
+/// Waits (by watch, not by sleeping) until `path` does not exist.
+pub async fn await_gone(session: &Session, path: &str, within: Duration) -> Result<()> {
+    tokio::time::timeout(within, async {
+        loop {
+            let (stat, watch) = session.exists_watch(path).await?;
+            if stat.is_none() {
+                return Ok(());
+            }
+            watch.changed().await;
+        }
+    })
+    .await
+    .with_context(|| format!("{path} still exists after {within:?}"))?
+}
+
+/// Waits (by watch) until `path` has `n` children.
+pub async fn await_children(session: &Session, path: &str, n: usize, within: Duration) -> Result<()> {
+    tokio::time::timeout(within, async {
+        loop {
+            match session.children_watch(path).await {
+                Ok((children, watch)) => {
+                    if children.len() == n {
+                        return Ok(());
+                    }
+                    watch.changed().await;
+                }
+                Err(dlock::Error::NoNode { .. }) if n == 0 => return Ok(()),
+                Err(dlock::Error::NoNode { .. }) => {
+                    // Not there yet: wait for it to appear.
+                    let (stat, watch) = session.exists_watch(path).await?;
+                    if stat.is_none() {
+                        watch.changed().await;
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    })
+    .await
+    .with_context(|| format!("{path} did not reach {n} children within {within:?}"))?
+}
+
+/// Persistent node options with parents.
+pub fn persistent() -> CreateOptions {
+    CreateOptions::new(CreateMode::Persistent).with_parents()
+}
+
+/// Ephemeral node options with parents.
+pub fn ephemeral() -> CreateOptions {
+    CreateOptions::new(CreateMode::Ephemeral).with_parents()
+}
+
+/// True for node events (not session events).
+pub fn is_node_event(e: WatchEvent) -> bool {
+    !matches!(e, WatchEvent::Session(_))
+}
+
+/// Instantiates each listed case as a `#[tokio::test]` per backend.
+#[macro_export]
+macro_rules! per_backend {
+    ($backend:ident => $harness:expr; $($case:ident),+ $(,)?) => {
+        mod $backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let h = $harness;
+                    super::$case(&h).await.expect(stringify!($case));
+                    h.finish().await;
+                }
+            )+
+        }
+    };
+}

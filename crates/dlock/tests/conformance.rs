@@ -1,0 +1,300 @@
+//! The store conformance suite: pins the store contract, once, for every
+//! backend.
+
+mod common;
+
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use common::{await_gone, ephemeral, is_node_event, persistent, Harness};
+use dlock::store::{sort_sequenced, Child, CreateMode, CreateOptions, Op, OpResult, SessionState, WatchEvent};
+use dlock::Error;
+
+const WITHIN: Duration = Duration::from_secs(10);
+
+async fn sequential_names_follow_the_parents_change_counter(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let dir = h.path("/seq");
+    s.create(&dir, b"", persistent()).await?;
+    let seq = CreateOptions::new(CreateMode::PersistentSequential);
+    let a = s.create(&format!("{dir}/n-"), b"", seq).await?;
+    let b = s.create(&format!("{dir}/n-"), b"", seq).await?;
+    s.delete(&b.path, None).await?;
+    let c = s.create(&format!("{dir}/n-"), b"", seq).await?;
+    ensure!(a.path == format!("{dir}/n-0000000000"), "{}", a.path);
+    ensure!(b.path == format!("{dir}/n-0000000001"), "{}", b.path);
+    // The delete advanced the counter too: sequences have gaps.
+    ensure!(c.path == format!("{dir}/n-0000000003"), "{}", c.path);
+    for p in [&a.path, &c.path, &dir] {
+        s.delete(p, None).await?;
+    }
+    Ok(())
+}
+
+async fn fencing_tokens_only_grow(h: &Harness) -> Result<()> {
+    let (s1, s2) = (h.session().await, h.session().await);
+    let mut last = 0;
+    for i in 0..6 {
+        let s = if i % 2 == 0 { &s1 } else { &s2 };
+        let c = s.create(&h.path(&format!("/f/{i}")), b"", ephemeral()).await?;
+        ensure!(c.stat.czxid > last, "czxid {} after {last}", c.stat.czxid);
+        ensure!(c.token().0 == c.stat.czxid);
+        last = c.stat.czxid;
+        let (_, stat) = s.get_data(&c.path).await?;
+        ensure!(stat.czxid == c.stat.czxid, "stat agrees with create");
+    }
+    s1.close().await;
+    s2.close().await;
+    Ok(())
+}
+
+async fn ephemeral_nodes_die_with_their_session(h: &Harness) -> Result<()> {
+    let owner = h.session().await;
+    let observer = h.session().await;
+    let node = owner.create(&h.path("/eph/a"), b"x", ephemeral()).await?;
+    let stat = observer.exists(&node.path).await?.expect("visible to others");
+    ensure!(stat.ephemeral_owner == owner.session_id());
+    let (_, watch) = observer.exists_watch(&node.path).await?;
+    owner.close().await;
+    ensure!(watch.changed().await == WatchEvent::NodeDeleted);
+    ensure!(observer.exists(&node.path).await?.is_none());
+    ensure!(owner.state() == SessionState::Closed);
+    let err = owner.exists("/").await.unwrap_err();
+    ensure!(err == Error::Closed, "use after close: {err}");
+    Ok(())
+}
+
+async fn ephemeral_nodes_cannot_have_children(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let parent = s.create(&h.path("/e"), b"", ephemeral()).await?;
+    let err = s.create(&format!("{}/child", parent.path), b"", persistent()).await.unwrap_err();
+    ensure!(matches!(err, Error::NoChildrenForEphemerals { .. }), "{err}");
+    s.delete(&parent.path, None).await?;
+    Ok(())
+}
+
+async fn versions_guard_writes(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let p = h.path("/v");
+    let created = s.create(&p, b"a", persistent()).await?;
+    ensure!(created.stat.version == 0);
+    let st = s.set_data(&p, b"b", Some(0)).await?;
+    ensure!(st.version == 1 && st.mzxid > created.stat.mzxid);
+    let err = s.set_data(&p, b"c", Some(0)).await.unwrap_err();
+    ensure!(matches!(err, Error::BadVersion { .. }), "{err}");
+    let err = s.delete(&p, Some(7)).await.unwrap_err();
+    ensure!(matches!(err, Error::BadVersion { .. }), "{err}");
+    let (data, stat) = s.get_data(&p).await?;
+    ensure!(data == b"b" && stat.version == 1);
+    s.set_data(&p, b"", None).await?;
+    s.delete(&p, Some(2)).await?;
+    Ok(())
+}
+
+async fn errors_name_the_node(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let p = h.path("/err");
+    s.create(&format!("{p}/child"), b"", persistent()).await?;
+    let err = s.delete(&p, None).await.unwrap_err();
+    ensure!(err == Error::NotEmpty { path: p.clone() }, "{err}");
+    let err = s.create(&format!("{p}/child"), b"", persistent()).await.unwrap_err();
+    ensure!(err == Error::NodeExists { path: format!("{p}/child") }, "{err}");
+    let err = s.get_data(&h.path("/missing")).await.unwrap_err();
+    ensure!(err == Error::NoNode { path: h.path("/missing") }, "{err}");
+    let err = s.create(&h.path("/no/parent"), b"", CreateOptions::new(CreateMode::Persistent)).await.unwrap_err();
+    ensure!(matches!(err, Error::NoNode { .. }), "{err}");
+    let err = s.create("relative", b"", persistent()).await.unwrap_err();
+    ensure!(matches!(err, Error::InvalidPath { .. }), "{err}");
+    s.delete(&format!("{p}/child"), None).await?;
+    s.delete(&p, None).await?;
+    Ok(())
+}
+
+async fn watches_fire_once_on_node_events(h: &Harness) -> Result<()> {
+    let (s, other) = (h.session().await, h.session().await);
+    let p = h.path("/w");
+    // exists() on an absent node fires on its creation.
+    let (stat, created) = s.exists_watch(&p).await?;
+    ensure!(stat.is_none());
+    other.create(&p, b"", persistent()).await?;
+    ensure!(created.changed().await == WatchEvent::NodeCreated);
+    // get_data fires on a data change.
+    let (_, _, changed) = s.get_data_watch(&p).await?;
+    other.set_data(&p, b"1", None).await?;
+    ensure!(changed.changed().await == WatchEvent::DataChanged);
+    // children fires on a child creation and deletion.
+    let (kids, child_watch) = s.children_watch(&p).await?;
+    ensure!(kids.is_empty());
+    other.create(&format!("{p}/c"), b"", persistent()).await?;
+    ensure!(child_watch.changed().await == WatchEvent::ChildrenChanged);
+    let (_, child_watch) = s.children_watch(&p).await?;
+    other.delete(&format!("{p}/c"), None).await?;
+    ensure!(child_watch.changed().await == WatchEvent::ChildrenChanged);
+    // get_data fires on deletion.
+    let (_, _, deleted) = s.get_data_watch(&p).await?;
+    other.set_data(&p, b"", None).await?;
+    ensure!(deleted.changed().await == WatchEvent::DataChanged, "one-shot: first event only");
+    let (_, _, deleted) = s.get_data_watch(&p).await?;
+    other.delete(&p, None).await?;
+    ensure!(deleted.changed().await == WatchEvent::NodeDeleted);
+    Ok(())
+}
+
+async fn multi_is_all_or_nothing(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let base = h.path("/m");
+    s.create(&base, b"", persistent()).await?;
+    let a = format!("{base}/a");
+    let ops = [
+        Op::Create { path: a.clone(), data: b"1".to_vec(), mode: CreateMode::Persistent },
+        Op::SetData { path: base.clone(), data: b"x".to_vec(), version: None },
+        Op::Check { path: format!("{base}/absent"), version: None },
+    ];
+    let err = s.multi(&ops).await.unwrap_err();
+    let Error::MultiFailed { index, source } = err else { anyhow::bail!("unexpected {err}") };
+    ensure!(index == 2 && matches!(*source, Error::NoNode { .. }), "index {index}: {source}");
+    ensure!(s.exists(&a).await?.is_none(), "the create was rolled back");
+    ensure!(s.get_data(&base).await?.0.is_empty(), "the set was rolled back");
+    // A passing check lets the rest through.
+    let ok = [
+        Op::Check { path: base.clone(), version: Some(0) },
+        Op::Create { path: a.clone(), data: b"1".to_vec(), mode: CreateMode::Persistent },
+        Op::Delete { path: a.clone(), version: Some(0) },
+    ];
+    let results = s.multi(&ok).await?;
+    ensure!(matches!(results[..], [OpResult::Checked, OpResult::Created(_), OpResult::Deleted]), "{results:?}");
+    let err = s.multi(&[Op::Check { path: base.clone(), version: Some(5) }]).await.unwrap_err();
+    ensure!(matches!(err, Error::MultiFailed { index: 0, .. }), "{err}");
+    s.delete(&base, None).await?;
+    Ok(())
+}
+
+async fn parents_are_created_as_containers_and_reaped(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let dir = h.path("/c/d");
+    let node = s.create(&format!("{dir}/leaf"), b"", ephemeral()).await?;
+    ensure!(s.exists(&dir).await?.is_some());
+    s.delete(&node.path, None).await?;
+    // The emptied containers go, deepest first, without anyone deleting them.
+    await_gone(&s, &dir, WITHIN).await?;
+    await_gone(&s, &h.path("/c"), WITHIN).await?;
+    Ok(())
+}
+
+async fn create_and_list_sees_its_own_node(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let dir = h.path("/cl");
+    let store = s.store();
+    s.create(&format!("{dir}/other"), b"", ephemeral()).await?;
+    let (created, kids) = store
+        .create_and_list(&format!("{dir}/n-"), b"", CreateOptions::new(CreateMode::EphemeralSequential), &dir)
+        .await?;
+    let names: Vec<_> = kids.iter().map(|c| c.name.as_str()).collect();
+    ensure!(names.contains(&created.name()) && names.contains(&"other"), "{names:?}");
+    s.delete(&created.path, None).await?;
+    s.delete(&format!("{dir}/other"), None).await?;
+    Ok(())
+}
+
+async fn children_sort_by_sequence_like_curator(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let dir = h.path("/sort");
+    let seq = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
+    let mut made = Vec::new();
+    for prefix in ["_c_zzz-lock-", "_c_aaa-lock-", "_c_mmm-lock-"] {
+        made.push(s.create(&format!("{dir}/{prefix}"), b"", seq).await?.name().to_string());
+    }
+    let mut kids = s.children(&dir).await?;
+    sort_sequenced(&mut kids, &["lock-"]);
+    let sorted: Vec<_> = kids.iter().map(|c| c.name.clone()).collect();
+    ensure!(sorted == made, "creation order, not name order: {sorted:?}");
+    for n in made {
+        s.delete(&format!("{dir}/{n}"), None).await?;
+    }
+    // Native creation order wins where a backend provides it.
+    let mut native = vec![
+        Child { name: "b".into(), created: Some(5) },
+        Child { name: "a".into(), created: Some(9) },
+        Child { name: "c".into(), created: Some(5) },
+    ];
+    sort_sequenced(&mut native, &["lock-"]);
+    ensure!(native.iter().map(|c| c.name.as_str()).collect::<Vec<_>>() == ["b", "c", "a"]);
+    Ok(())
+}
+
+async fn suspension_within_the_timeout_keeps_the_session(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let id = s.session_id();
+    let node = s.create(&h.path("/susp"), b"", ephemeral()).await?;
+    let (_, _, watch) = s.get_data_watch(&node.path).await?;
+    let mut states = s.watch_status();
+    s.faults().expect("faults").suspend(h.timeout() / 5);
+    ensure!(watch.changed().await == WatchEvent::Session(SessionState::Suspended));
+    // An operation issued while suspended waits for the connection.
+    let stat = s.exists(&node.path).await?;
+    ensure!(stat.is_some(), "the ephemeral node survived");
+    states.wait_for(|st| st.state == SessionState::Reconnected).await?;
+    ensure!(s.session_id() == id, "same session after reconnecting");
+    s.delete(&node.path, None).await?;
+    Ok(())
+}
+
+async fn suspension_past_the_timeout_loses_the_session(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let observer = h.session().await;
+    let id = s.session_id();
+    let node = s.create(&h.path("/lost"), b"", ephemeral()).await?;
+    let (_, _, watch) = observer.get_data_watch(&node.path).await?;
+    s.faults().expect("faults").suspend(h.timeout() * 2);
+    s.lost(id).await;
+    ensure!(s.state() == SessionState::Lost);
+    ensure!(watch.changed().await == WatchEvent::NodeDeleted, "the server expired it");
+    // Used again, the client runs in a new session.
+    ensure!(s.exists(&node.path).await?.is_none());
+    ensure!(s.session_id() != id && s.state() == SessionState::Reconnected);
+    Ok(())
+}
+
+async fn expiry_fires_watches_and_renews_the_session(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let id = s.session_id();
+    let node = s.create(&h.path("/exp"), b"", ephemeral()).await?;
+    let (_, _, watch) = s.get_data_watch(&node.path).await?;
+    s.faults().expect("faults").expire().await?;
+    let event = watch.changed().await;
+    ensure!(!is_node_event(event) || event == WatchEvent::NodeDeleted, "{event:?}");
+    ensure!(s.state() == SessionState::Lost);
+    let again = s.create(&node.path, b"", ephemeral()).await?;
+    ensure!(again.stat.ephemeral_owner != id && again.stat.ephemeral_owner == s.session_id());
+    s.delete(&again.path, None).await?;
+    Ok(())
+}
+
+async fn a_lost_create_reply_still_creates_the_node(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let p = h.path("/reply");
+    s.faults().expect("faults").lose_next_create_reply();
+    let err = s.create(&p, b"", ephemeral()).await.unwrap_err();
+    ensure!(err == Error::ConnectionLoss, "{err}");
+    ensure!(s.exists(&p).await?.is_some(), "applied although the reply was lost");
+    s.delete(&p, None).await?;
+    Ok(())
+}
+
+per_backend!(embedded => crate::common::embedded();
+    sequential_names_follow_the_parents_change_counter,
+    fencing_tokens_only_grow,
+    ephemeral_nodes_die_with_their_session,
+    ephemeral_nodes_cannot_have_children,
+    versions_guard_writes,
+    errors_name_the_node,
+    watches_fire_once_on_node_events,
+    multi_is_all_or_nothing,
+    parents_are_created_as_containers_and_reaped,
+    create_and_list_sees_its_own_node,
+    children_sort_by_sequence_like_curator,
+    suspension_within_the_timeout_keeps_the_session,
+    suspension_past_the_timeout_loses_the_session,
+    expiry_fires_watches_and_renews_the_session,
+    a_lost_create_reply_still_creates_the_node,
+);

@@ -1,0 +1,356 @@
+//! Mutex: dlock's own cases and the ports of Curator's
+//! `TestInterProcessMutexBase`, run on every backend.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use common::{await_children, await_gone, persistent, Harness};
+use dlock::store::{sequence_key, Op, SessionState};
+use dlock::{Error, Mutex};
+use tokio::sync::Mutex as AsyncMutex;
+
+const WITHIN: Duration = Duration::from_secs(20);
+
+/// Curator's layout: `<path>/_c_<uuid>-lock-<10 digits>`, ephemeral, the
+/// session's default data.
+async fn node_layout_is_curators(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let guard = Mutex::new(&s, &h.path("/locks/a"))?.acquire().await?;
+    let name = guard.node().rsplit('/').next().unwrap().to_string();
+    ensure!(guard.node() == h.path(&format!("/locks/a/{name}")));
+    ensure!(name.len() == 40 + "lock-".len() + 10, "{name}");
+    ensure!(name.starts_with("_c_") && name.as_bytes()[39] == b'-', "{name}");
+    uuid::Uuid::parse_str(&name[3..39])?;
+    ensure!(name[40..].starts_with("lock-") && name[45..].bytes().all(|b| b.is_ascii_digit()));
+    let (data, stat) = s.get_data(guard.node()).await?;
+    ensure!(stat.ephemeral_owner == s.session_id());
+    ensure!(data == s.options().default_data);
+    ensure!(guard.token().0 == stat.czxid, "the token is the node's czxid");
+    let node = guard.node().to_string();
+    guard.release().await?;
+    ensure!(s.exists(&node).await?.is_none());
+    Ok(())
+}
+
+/// Waiters are served in the order they queued, each watching only its
+/// predecessor.
+async fn waiters_are_served_in_fifo_order(h: &Harness) -> Result<()> {
+    let path = h.path("/fifo");
+    let holder = h.session().await;
+    let first = Mutex::new(&holder, &path)?.acquire().await?;
+    let order = Arc::new(AsyncMutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let s = h.session().await;
+        let mutex = Mutex::new(&s, &path)?;
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = mutex.acquire().await?;
+            order.lock().await.push(i);
+            g.release().await?;
+            anyhow::Ok(())
+        }));
+        // Queue strictly one after another.
+        await_children(&holder, &path, i + 2, WITHIN).await?;
+    }
+    first.release().await?;
+    for t in tasks {
+        t.await??;
+    }
+    ensure!(*order.lock().await == [0, 1, 2, 3, 4]);
+    Ok(())
+}
+
+/// Curator `testReentrant`: nested acquires through the guard; the lock is
+/// held until the outermost release.
+async fn reentrant_holds_until_the_last_release(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let other = h.session().await;
+    let path = h.path("/locks/our-lock");
+    let mutex = Mutex::new(&s, &path)?;
+    let rival = Mutex::new(&other, &path)?;
+    let outer = mutex.acquire().await?;
+    let middle = outer.reenter()?;
+    let inner = middle.reenter()?;
+    ensure!(outer.holds() == 3 && inner.node() == outer.node() && inner.token() == outer.token());
+    inner.release().await?;
+    middle.release().await?;
+    ensure!(rival.try_acquire().await?.is_none(), "still held after inner releases");
+    ensure!(s.exists(outer.node()).await?.is_some());
+    let node = outer.node().to_string();
+    outer.release().await?;
+    ensure!(s.exists(&node).await?.is_none(), "the last release deletes the node");
+    rival.try_acquire().await?.expect("free now").release().await?;
+    Ok(())
+}
+
+/// Curator `testReentrant2Threads`: while task A holds (re-entered three
+/// levels), task B cannot acquire; after A unwinds, nothing is held.
+async fn reentrant_holder_excludes_another_task(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let mutex = Mutex::new(&s, &h.path("/locks/our-lock"))?;
+    let foo = mutex.acquire().await?;
+    let bar = foo.reenter()?;
+    let snafu = bar.reenter()?;
+    let contender = mutex.clone();
+    let b = tokio::spawn(async move { contender.acquire_timeout(Duration::from_millis(300)).await.map(|_| ()) });
+    let err = b.await?.unwrap_err();
+    ensure!(matches!(err, Error::Timeout(_)), "{err}");
+    for g in [snafu, bar, foo] {
+        g.release().await?;
+    }
+    await_children(&s, &h.path("/locks/our-lock"), 0, WITHIN).await?;
+    Ok(())
+}
+
+/// Curator `testReentrantSingleLock`: ten tasks share one `Mutex` and still
+/// exclude each other.
+async fn tasks_sharing_one_mutex_exclude_each_other(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let mutex = Mutex::new(&s, &h.path("/locks/our-lock"))?;
+    let inside = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let (mutex, inside) = (mutex.clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = mutex.acquire().await?;
+            ensure!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+            tokio::task::yield_now().await;
+            inside.store(false, Ordering::SeqCst);
+            g.release().await?;
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+/// Curator `test2Clients`: two sessions, exactly one holds; when it releases
+/// the other gets the lock.
+async fn two_clients_take_turns(h: &Harness) -> Result<()> {
+    let (s1, s2) = (h.session().await, h.session().await);
+    let path = h.path("/locks/our-lock");
+    let (m1, m2) = (Mutex::new(&s1, &path)?, Mutex::new(&s2, &path)?);
+    let g1 = m1.acquire().await?;
+    let waiter = tokio::spawn(async move { m2.acquire().await });
+    await_children(&s1, &path, 2, WITHIN).await?;
+    ensure!(!waiter.is_finished(), "the second client waits");
+    let first_token = g1.token();
+    g1.release().await?;
+    let g2 = tokio::time::timeout(WITHIN, waiter).await???;
+    ensure!(g2.token() > first_token, "a later acquisition has a larger token");
+    ensure!(m1.try_acquire().await?.is_none(), "exactly one holder");
+    g2.release().await?;
+    Ok(())
+}
+
+/// Curator `testKilledSession`: the holder's session expires; the waiter
+/// acquires, and the old holder's lost signal fires.
+async fn a_killed_holder_hands_over_and_learns_it(h: &Harness) -> Result<()> {
+    let (s1, s2) = (h.session().await, h.session().await);
+    let path = h.path("/locks/our-lock");
+    let g1 = Mutex::new(&s1, &path)?.acquire().await?;
+    let m2 = Mutex::new(&s2, &path)?;
+    let waiter = tokio::spawn(async move { m2.acquire().await });
+    await_children(&s2, &path, 2, WITHIN).await?;
+    s1.faults().expect("faults").expire().await?;
+    tokio::time::timeout(WITHIN, g1.lost()).await?;
+    ensure!(g1.is_lost());
+    let g2 = tokio::time::timeout(h.timeout() + Duration::from_secs(1), waiter).await???;
+    ensure!(g2.token() > g1.token());
+    let err = g1.guarded(&[]).await.unwrap_err();
+    ensure!(matches!(err, Error::Lost { .. }), "guarded write after loss: {err}");
+    let err = g1.release().await.unwrap_err();
+    ensure!(matches!(err, Error::Lost { .. }), "release reports the loss: {err}");
+    g2.release().await?;
+    Ok(())
+}
+
+/// A holder suspended past its session timeout loses the lock to the next
+/// waiter within the timeout plus a second.
+async fn a_silent_holder_loses_the_lock_after_its_timeout(h: &Harness) -> Result<()> {
+    let (s1, s2) = (h.session().await, h.session().await);
+    let path = h.path("/locks/silent");
+    let g1 = Mutex::new(&s1, &path)?.acquire().await?;
+    let m2 = Mutex::new(&s2, &path)?;
+    let waiter = tokio::spawn(async move { m2.acquire().await });
+    await_children(&s2, &path, 2, WITHIN).await?;
+    let started = tokio::time::Instant::now();
+    s1.faults().expect("faults").suspend(h.timeout() * 3);
+    tokio::time::timeout(Duration::from_secs(1), async {
+        s1.watch_status().wait_for(|s| s.state == SessionState::Suspended).await.map(|_| ())
+    })
+    .await??;
+    ensure!(g1.is_suspended() && !g1.is_lost());
+    let g2 = tokio::time::timeout(h.timeout() + Duration::from_secs(1), waiter).await???;
+    ensure!(started.elapsed() >= h.timeout() / 2, "not before the session could expire");
+    g1.lost().await;
+    let _ = g1.release().await;
+    g2.release().await?;
+    Ok(())
+}
+
+/// Curator `testContainerCleanup`: after many lock/unlock rounds with fresh
+/// instances, the lock directories are reaped.
+async fn lock_directories_are_reaped(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let m = Mutex::new(&s, &h.path("/locks/our-lock"))?;
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..3 {
+                m.acquire().await?.release().await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    await_gone(&s, &h.path("/locks"), WITHIN).await?;
+    Ok(())
+}
+
+/// A timed-out or cancelled acquire leaves no node behind.
+async fn timeouts_and_cancellation_leave_nothing(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/locks/t");
+    let m = Mutex::new(&s, &path)?;
+    let held = m.acquire().await?;
+    let err = m.acquire_timeout(Duration::from_millis(50)).await.unwrap_err();
+    ensure!(err == Error::Timeout(Duration::from_millis(50)), "{err}");
+    ensure!(s.children(&path).await?.len() == 1, "the timed-out node was removed");
+    let m2 = m.clone();
+    let waiting = tokio::spawn(async move { m2.acquire().await });
+    await_children(&s, &path, 2, WITHIN).await?;
+    waiting.abort();
+    let _ = waiting.await;
+    await_children(&s, &path, 1, WITHIN).await?;
+    ensure!(m.try_acquire().await?.is_none());
+    held.release().await?;
+    Ok(())
+}
+
+/// A create whose reply is lost is recovered by its protection prefix: one
+/// node, adopted, no orphan.
+async fn a_lost_create_reply_leaves_one_node(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/locks/reply");
+    s.faults().expect("faults").lose_next_create_reply();
+    let g = Mutex::new(&s, &path)?.acquire().await?;
+    let kids = s.children(&path).await?;
+    ensure!(kids.len() == 1 && g.node().ends_with(&kids[0].name), "{kids:?}");
+    ensure!(s.retries() >= 1, "the create was retried");
+    g.release().await?;
+    ensure!(s.children(&path).await.map(|k| k.is_empty()).unwrap_or(true));
+    Ok(())
+}
+
+/// Each release wakes exactly one waiter: a waiter costs one watch, and
+/// handing over the lock notifies one watch.
+async fn a_release_wakes_exactly_one_waiter(h: &Harness) -> Result<()> {
+    let common::Backend::Embedded(server) = &h.backend else { anyhow::bail!("embedded only") };
+    let path = h.path("/herd");
+    let holder = h.session().await;
+    let g = Mutex::new(&holder, &path)?.acquire().await?;
+    let acquired = Arc::new(AtomicUsize::new(0));
+    let (release_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let mut tasks = Vec::new();
+    let waiters = 50;
+    for _ in 0..waiters {
+        let m = Mutex::new(&h.session().await, &path)?;
+        let (acquired, mut go) = (acquired.clone(), release_tx.subscribe());
+        tasks.push(tokio::spawn(async move {
+            let g = m.acquire().await?;
+            acquired.fetch_add(1, Ordering::SeqCst);
+            let _ = go.recv().await;
+            g.release().await?;
+            anyhow::Ok(())
+        }));
+    }
+    await_children(&holder, &path, waiters + 1, WITHIN).await?;
+    // Every waiter arms exactly one watch (on its predecessor), no more.
+    tokio::time::timeout(WITHIN, async {
+        while server.watch_stats().node_watches < waiters {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await?;
+    let stats = server.watch_stats();
+    ensure!(stats.node_watches == waiters, "{} watches for {waiters} waiters", stats.node_watches);
+    let before = stats.node_notifications;
+    g.release().await?;
+    tokio::time::timeout(WITHIN, async {
+        while acquired.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await?;
+    let woken = server.watch_stats().node_notifications - before;
+    ensure!(woken == 1, "one release woke {woken} waiters");
+    drop(release_tx);
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+/// Guarded writes land only while the lock is held.
+async fn guarded_writes_need_the_lock(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let data = h.path("/guarded/value");
+    s.create(&data, b"0", persistent()).await?;
+    let g = Mutex::new(&s, &h.path("/guarded/lock"))?.acquire().await?;
+    let set = |v: &str| Op::SetData { path: data.clone(), data: v.into(), version: None };
+    g.guarded(&[set("1")]).await?;
+    ensure!(s.get_data(&data).await?.0 == b"1");
+    // Someone deletes our node (an operator, or the store after expiry).
+    s.delete(g.node(), None).await?;
+    let err = g.guarded(&[set("2")]).await.unwrap_err();
+    ensure!(matches!(err, Error::Lost { .. }), "{err}");
+    ensure!(s.get_data(&data).await?.0 == b"1", "the fenced write did not land");
+    let _ = g.release().await;
+    s.delete(&data, None).await?;
+    Ok(())
+}
+
+/// Bad paths are refused with a typed error before anything is created.
+async fn invalid_paths_are_refused(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    for bad in ["relative", "/a//b", "/trailing/", "/", ""] {
+        let err = Mutex::new(&s, bad).unwrap_err();
+        ensure!(matches!(err, Error::InvalidPath { .. }), "{bad:?}: {err}");
+    }
+    Ok(())
+}
+
+/// Sorting is Curator's string compare of the suffix after the lock name.
+#[test]
+fn sort_key_is_the_suffix_after_the_last_lock_name() {
+    assert_eq!(sequence_key("_c_x-lock-0000000007", &["lock-"]), "0000000007");
+    assert_eq!(sequence_key("_c_lock--lock-0000000007", &["lock-"]), "0000000007");
+    assert_eq!(sequence_key("foreign", &["lock-"]), "foreign");
+}
+
+per_backend!(embedded => crate::common::embedded();
+    node_layout_is_curators,
+    waiters_are_served_in_fifo_order,
+    reentrant_holds_until_the_last_release,
+    reentrant_holder_excludes_another_task,
+    tasks_sharing_one_mutex_exclude_each_other,
+    two_clients_take_turns,
+    a_killed_holder_hands_over_and_learns_it,
+    a_silent_holder_loses_the_lock_after_its_timeout,
+    lock_directories_are_reaped,
+    timeouts_and_cancellation_leave_nothing,
+    a_lost_create_reply_leaves_one_node,
+    a_release_wakes_exactly_one_waiter,
+    guarded_writes_need_the_lock,
+    invalid_paths_are_refused,
+);
