@@ -109,6 +109,11 @@ impl FromStr for Endpoint {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| fail("expected embedded, zk://host:port or etcd://host:port".into()))?;
+        if !matches!(scheme, "zk" | "zookeeper" | "etcd") {
+            return Err(fail(format!(
+                "unknown scheme {scheme:?}: use embedded, zk:// or etcd://"
+            )));
+        }
         let (credentials, rest) = match rest.rsplit_once('@') {
             Some((userinfo, rest)) => {
                 let (user, password) = userinfo
@@ -157,9 +162,7 @@ impl FromStr for Endpoint {
                 }
                 Ok(Endpoint::Etcd { hosts, credentials })
             }
-            other => Err(fail(format!(
-                "unknown scheme {other:?}: use embedded, zk:// or etcd://"
-            ))),
+            _ => unreachable!("scheme checked above"),
         }
     }
 }
@@ -192,9 +195,12 @@ pub async fn connect_endpoint(endpoint: &Endpoint, options: SessionOptions) -> R
                 .connect(options)
                 .await
         }
+        #[cfg(feature = "zookeeper")]
+        Endpoint::ZooKeeper { .. } => crate::store::zookeeper::connect(endpoint, options).await,
+        #[cfg(not(feature = "zookeeper"))]
         Endpoint::ZooKeeper { .. } => Err(Error::InvalidEndpoint {
             url: endpoint.to_string(),
-            reason: "the zookeeper backend is not built yet".into(),
+            reason: "dlock was built without the zookeeper feature".into(),
         }),
         Endpoint::Etcd { .. } => Err(Error::InvalidEndpoint {
             url: endpoint.to_string(),

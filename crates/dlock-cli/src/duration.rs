@@ -1,0 +1,44 @@
+//! Durations as people write them: `500ms`, `10s`, `2m`, `1h`.
+
+use std::time::Duration;
+
+/// Parses `<number><unit>` with unit `ms`, `s`, `m` or `h` (a bare number is
+/// seconds).
+pub fn parse(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 500ms, 10s or 2m"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        other => return Err(format!("unknown unit {other:?} in {text:?} (use ms, s, m or h)")),
+    };
+    if !seconds.is_finite() || seconds < 0.0 {
+        return Err(format!("{text:?} is not a valid duration"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units() {
+        assert_eq!(parse("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse("3"), Ok(Duration::from_secs(3)));
+        assert!(parse("10x").unwrap_err().contains("unknown unit"));
+        assert!(parse("").is_err());
+        assert!(parse("ms").is_err());
+    }
+}

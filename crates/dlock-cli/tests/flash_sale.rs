@@ -1,0 +1,76 @@
+//! The flash-sale demo, run as the real binary.
+
+use std::process::Command;
+
+fn dlock(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(args)
+        .env_remove("DLOCK_ENDPOINT")
+        .output()
+        .expect("run dlock")
+}
+
+/// Parses the one summary line into key=value pairs.
+fn summary(out: &std::process::Output) -> std::collections::HashMap<String, String> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "exactly one summary line, got {stdout:?}");
+    let mut words = lines[0].split(' ');
+    assert_eq!(words.next(), Some("flash-sale"));
+    words
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').expect("key=value");
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn the_mutex_sells_exactly_the_stock() {
+    let out = dlock(&["demo", "flash-sale", "--buyers", "200", "--stock", "50"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s = summary(&out);
+    assert_eq!(s["backend"], "embedded");
+    assert_eq!(s["lock"], "mutex");
+    assert_eq!(s["buyers"], "200");
+    assert_eq!(s["stock"], "50");
+    assert_eq!(s["sold"], "50");
+    assert_eq!(s["left"], "0");
+    assert_eq!(s["oversold"], "0");
+    assert!(s["seconds"].parse::<f64>().unwrap() > 0.0);
+}
+
+#[test]
+fn without_a_lock_the_sale_oversells() {
+    let out = dlock(&["demo", "flash-sale", "--buyers", "200", "--stock", "50", "--lock", "none"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s = summary(&out);
+    assert_eq!(s["lock"], "none");
+    let sold: u64 = s["sold"].parse().unwrap();
+    assert!(sold > 50, "sold {sold} of 50 without a lock");
+    assert_eq!(s["oversold"].parse::<u64>().unwrap(), sold - 50);
+}
+
+#[test]
+fn the_defaults_sell_twenty_to_a_hundred_buyers() {
+    let out = dlock(&["demo", "flash-sale"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s = summary(&out);
+    assert_eq!((s["buyers"].as_str(), s["stock"].as_str(), s["sold"].as_str()), ("100", "20", "20"));
+}
+
+#[test]
+fn bad_input_is_named_in_one_line() {
+    for (args, needle) in [
+        (vec!["demo", "flash-sale", "--lock-path", "relative"], "invalid path \"relative\""),
+        (vec!["--endpoint", "redis://h:1", "demo", "flash-sale"], "unknown scheme \"redis\""),
+        (vec!["--endpoint", "zk://h", "demo", "flash-sale"], "needs a port"),
+        (vec!["--session-timeout", "10parsecs", "demo", "flash-sale"], "unknown unit"),
+    ] {
+        let out = dlock(&args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty());
+    }
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs every test of dlock on this machine, installing what is missing first.
+#
+#   scripts/test.sh          the default suite (well under 30 minutes on 2 cores)
+#   scripts/test.sh --long   also the long fault runs (tests marked #[ignore])
+#
+# Tests start their own ZooKeeper and etcd servers on free loopback ports;
+# this script only makes sure the packages are installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+long=0
+for arg in "$@"; do
+  case "$arg" in
+    --long) long=1 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "test.sh: unknown option $arg (use --long)" >&2; exit 2 ;;
+  esac
+done
+
+# Debian packages the suite needs: the real servers, protoc for etcd-client,
+# and the peers (Curator's jars, kazoo) for the interoperability tests.
+packages=(zookeeper etcd-server etcd-client protobuf-compiler
+          libcurator-recipes-java libcurator-framework-java libcurator-client-java
+          libslf4j-java python3-kazoo)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "test.sh: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo_cmd apt-get update -q
+  $sudo_cmd apt-get install -y -q "${missing[@]}"
+fi
+
+extra=()
+[ "$long" -eq 1 ] && extra=(-- --include-ignored)
+export DLOCK_LONG="$long"
+cargo test --workspace --all-targets "${extra[@]}"
+cargo test --workspace --doc
