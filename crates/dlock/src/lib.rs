@@ -25,5 +25,6 @@ pub mod store;
 pub use endpoint::{connect, connect_endpoint, connect_with, Credentials, Endpoint};
 pub use error::{Error, Result};
 pub use recipes::mutex::{Mutex, MutexGuard};
+pub use recipes::Participant;
 pub use session::{RetryPolicy, Session, SessionOptions};
 pub use store::{FencingToken, SessionState};

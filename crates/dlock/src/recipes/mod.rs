@@ -2,3 +2,5 @@
 
 pub mod mutex;
 pub(crate) mod queue;
+
+pub use queue::Participant;

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::queue::{deadline, FirstN, HeldNode, WaitQueue};
+use super::queue::{deadline, FirstN, HeldNode, Participant, WaitQueue};
 use crate::error::{Error, Result};
 use crate::session::Session;
 use crate::store::{CreateMode, FencingToken, Op, OpResult, SessionState};
@@ -69,6 +69,12 @@ impl Mutex {
     /// The session this mutex uses.
     pub fn session(&self) -> &Session {
         &self.queue.session
+    }
+
+    /// Every participant (holder first, then waiters in queue order), with
+    /// node, session, fencing token and data.
+    pub async fn participants(&self) -> Result<Vec<Participant>> {
+        self.queue.participants(&FirstN(1)).await
     }
 
     /// Waits as long as it takes to acquire the lock.

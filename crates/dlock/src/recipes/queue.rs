@@ -112,6 +112,33 @@ impl Drop for PendingNode {
     }
 }
 
+/// One participant of a queueing recipe, as the recipes' `participants()`
+/// list it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// let session = dlock::connect("embedded").await?;
+/// let mutex = dlock::Mutex::new(&session, "/doc/participants")?.with_data(b"worker-1".to_vec());
+/// let guard = mutex.acquire().await?;
+/// let all = mutex.participants().await?;
+/// assert_eq!(all.len(), 1);
+/// assert!(all[0].holds && all[0].data == b"worker-1" && all[0].token == guard.token());
+/// # guard.release().await?; Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Participant {
+    /// The participant's node (full path).
+    pub node: String,
+    /// The session that owns the node.
+    pub session: crate::store::SessionId,
+    /// The node's fencing token.
+    pub token: crate::store::FencingToken,
+    /// The node's data (Curator: host address, or the participant's id).
+    pub data: Vec<u8>,
+    /// Whether it holds (the lock, a lease, leadership) now.
+    pub holds: bool,
+}
+
 /// How a wait ended without acquiring.
 #[derive(Debug)]
 pub(crate) enum Stop {
@@ -156,6 +183,30 @@ impl WaitQueue {
             Err(Error::NoNode { .. }) => Ok((Vec::new(), None)),
             Err(e) => Err(e),
         }
+    }
+
+    /// Every participant in queue order, marking those `predicate` says
+    /// hold. Nodes that vanish while being read are skipped.
+    pub async fn participants(&self, predicate: &dyn Predicate) -> Result<Vec<Participant>> {
+        let (children, _) = self.sorted_children(false).await?;
+        let mut all = Vec::with_capacity(children.len());
+        for child in &children {
+            let node = self.node_path(&child.name);
+            let store = self.session.store();
+            let (data, stat) = match self.session.retrying(|| store.get_data(&node, false)).await {
+                Ok((data, stat, _)) => (data, stat),
+                Err(Error::NoNode { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            all.push(Participant {
+                holds: predicate.check(&children, &child.name)? == Verdict::Acquired,
+                node,
+                session: stat.ephemeral_owner,
+                token: stat.token(),
+                data,
+            });
+        }
+        Ok(all)
     }
 
     /// Acquires: creates our node and waits until `predicate` says we hold,

@@ -23,6 +23,8 @@
 //! - **Ordering** of sequential children follows [`sort_sequenced`].
 
 pub mod embedded;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;
 
 use std::fmt;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! `dlock demo ...`: the scenarios of the design documents, runnable.
+//! `dlock demo flash-sale`: buyers race for a limited stock (秒杀).
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -6,21 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, ValueEnum};
 use dlock::store::{CreateMode, CreateOptions};
 use dlock::{Error, Mutex, Session};
 
 use crate::Global;
-
-/// The demos.
-#[derive(Debug, Subcommand)]
-pub enum Demo {
-    /// The flash sale (秒杀): buyers race for a limited stock; only the lock
-    /// keeps the read-modify-write of the stock from overselling.
-    ///
-    /// Example: dlock demo flash-sale --buyers 200 --stock 50
-    FlashSale(FlashSale),
-}
 
 /// How buyers coordinate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -65,14 +55,8 @@ pub struct FlashSale {
     hold_ms: u64,
 }
 
-/// Runs a demo.
-pub async fn run(global: &Global, demo: Demo) -> Result<()> {
-    match demo {
-        Demo::FlashSale(args) => flash_sale(global, args).await,
-    }
-}
-
-async fn flash_sale(global: &Global, args: FlashSale) -> Result<()> {
+/// Runs the flash sale.
+pub async fn run(global: &Global, args: FlashSale) -> Result<()> {
     dlock::path::validate(&args.lock_path)?;
     dlock::path::validate(&args.stock_path)?;
     let admin = global.connect().await?;

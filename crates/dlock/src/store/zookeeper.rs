@@ -1,0 +1,440 @@
+//! The ZooKeeper backend: a [`Store`] on Apache ZooKeeper (3.5+), through the
+//! [`zookeeper_client`] crate, wire-compatible with what Curator 5.4 does.
+//!
+//! Connect with an endpoint URL, `zk://host:port[,host:port...][/chroot]`,
+//! optionally with digest credentials (`zk://user:password@host:port`):
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+//! let session = dlock::connect("zk://127.0.0.1:2181/app").await?;
+//! println!("session {:#x}", session.session_id());
+//! session.close().await;
+//! # Ok(()) }
+//! ```
+//!
+//! How it maps the contract onto ZooKeeper:
+//! - **Sessions** follow Curator's connection states: the first connection
+//!   is `Connected`; a dropped connection is `Suspended`; back on the same
+//!   session it is `Reconnected`; an expired session, or a suspension that
+//!   lasts the negotiated session timeout (Curator's simulated expiry), is
+//!   `Lost`. After `Lost` the next operation opens a new session (new
+//!   client, credentials applied again) and the status becomes
+//!   `Reconnected` with the new session id. Operations issued while
+//!   `Suspended` wait for the connection (or the loss); operations in flight
+//!   when the connection drops fail with
+//!   [`Error::ConnectionLoss`](crate::Error::ConnectionLoss).
+//! - **Creates** use `create2` (or `createContainer`), so the full [`Stat`]
+//!   — and with it the fencing token `czxid` — comes back with the reply.
+//!   Missing parents are created as containers only after a create failed
+//!   with `NoNode`, top-down, as Curator's `mkdirs` does.
+//! - [`Store::create_and_list`] pipelines the create and the listing on the
+//!   connection: an uncontended lock acquisition costs one round trip.
+//! - **Credentials**: with `user:password`, every new session authenticates
+//!   with the `digest` scheme and every node it creates (parents and the
+//!   chroot included) gets the ACL `auth` (creator only); without, nodes are
+//!   open to anyone (`world:anyone`), as Curator's default ACL provider does.
+//! - **Chroot**: a missing chroot node is created (persistent) on connect,
+//!   as Curator creates its namespace; every path stays relative to it.
+//!
+//! # Faults
+//!
+//! [`Session::faults`] is available; what each hook does on ZooKeeper:
+//! - [`Faults::expire`] kills the session **on the server**, from a second
+//!   connection that joins it with its id and password and closes it (what
+//!   Curator's and ZooKeeper's own tests do). It returns once the server has
+//!   deleted the session's ephemeral nodes (other sessions' watches fire),
+//!   with the status `Lost`; the original client, cut off, learns on
+//!   reconnecting that its session expired. The next operation opens a new
+//!   session.
+//! - [`Faults::suspend`] cannot cut one client's connection, so it acts on
+//!   the client side: it publishes `Suspended` at once and holds every
+//!   operation issued meanwhile until the suspension ends (operations
+//!   already in flight complete; the real connection keeps the session
+//!   alive). After `duration` it publishes `Reconnected` (when the real
+//!   connection is up). If `duration` reaches the negotiated session
+//!   timeout, then after that timeout the session is killed on the server
+//!   as by `expire` and `Lost` is published; the held operations then run
+//!   in a new session.
+//! - [`Faults::lose_next_create_reply`]: the next create (or
+//!   create-and-list) is applied by the server, but its result is
+//!   discarded: the caller gets `ConnectionLoss` and the status blips
+//!   `Suspended` → `Reconnected` (same session), as after a connection that
+//!   dropped before the reply arrived.
+
+mod state;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use zookeeper_client as zk;
+
+use self::state::{Config, Inner};
+use super::{
+    BackendKind, Child, CreateMode, CreateOptions, Created, Faults, Op, OpResult, SessionStatus, Stat, Store,
+    Watch,
+};
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Result};
+use crate::path;
+use crate::session::{Session, SessionOptions};
+
+/// Connects a new session to the ZooKeeper ensemble of `endpoint` (an
+/// [`Endpoint::ZooKeeper`]), asking for `options.session_timeout`.
+///
+/// # Errors
+///
+/// [`Error::Unreachable`] (naming the hosts) if no server answers within
+/// about the session timeout; [`Error::AuthFailed`] if the credentials are
+/// rejected; [`Error::InvalidEndpoint`] for another kind of endpoint.
+pub async fn connect(endpoint: &Endpoint, options: SessionOptions) -> Result<Session> {
+    options.validate()?;
+    let config = Config::from_endpoint(endpoint, options.session_timeout)?;
+    let client = state::open(&config).await?;
+    let store = ZooKeeperStore {
+        inner: Inner::start(config, client)?,
+    };
+    Ok(Session::from_store(Arc::new(store), options))
+}
+
+/// One client of a ZooKeeper ensemble: one session at a time, renewed after
+/// it is lost. Dropping it closes the session.
+struct ZooKeeperStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ZooKeeperStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl Drop for ZooKeeperStore {
+    fn drop(&mut self) {
+        // Dropping the (last) client makes its session task close the
+        // session on the server.
+        let (client, _) = self.inner.shut();
+        drop(client);
+    }
+}
+
+fn zk_mode(mode: CreateMode) -> zk::CreateMode {
+    match mode {
+        CreateMode::Persistent => zk::CreateMode::Persistent,
+        CreateMode::Ephemeral => zk::CreateMode::Ephemeral,
+        CreateMode::PersistentSequential => zk::CreateMode::PersistentSequential,
+        CreateMode::EphemeralSequential => zk::CreateMode::EphemeralSequential,
+        CreateMode::Container => zk::CreateMode::Container,
+    }
+}
+
+fn stat(s: &zk::Stat) -> Stat {
+    Stat {
+        czxid: s.czxid,
+        mzxid: s.mzxid,
+        version: s.version,
+        cversion: s.cversion,
+        ephemeral_owner: s.ephemeral_owner,
+        num_children: s.num_children,
+        data_length: s.data_length,
+    }
+}
+
+/// The result of a create: the full path (with the sequence the server
+/// appended, formatted as ZooKeeper does) and the stat.
+fn created(path: &str, mode: CreateMode, s: &zk::Stat, sequence: zk::CreateSequence) -> Created {
+    let path = if mode.is_sequential() {
+        format!("{path}{sequence}")
+    } else {
+        path.to_string()
+    };
+    Created { path, stat: stat(s) }
+}
+
+fn children(names: Vec<String>) -> Vec<Child> {
+    names.into_iter().map(Child::named).collect()
+}
+
+type CreateResult = std::result::Result<(zk::Stat, zk::CreateSequence), zk::Error>;
+
+impl ZooKeeperStore {
+    fn options(&self, mode: CreateMode) -> zk::CreateOptions<'static> {
+        zk_mode(mode).with_acls(self.inner.config.acls())
+    }
+
+    /// Creates the missing ancestors of `path` as containers, top-down,
+    /// ignoring those that appear meanwhile (Curator's `mkdirs`). Two round
+    /// trips at most: the existence checks are pipelined, then the creates.
+    async fn mkdirs(&self, client: &zk::Client, path: &str) -> Result<()> {
+        let ancestors: Vec<&str> = path::ancestors(path).collect();
+        let checks: Vec<_> = ancestors.iter().map(|a| client.check_stat(a)).collect();
+        let mut missing = Vec::new();
+        for (ancestor, found) in ancestors.iter().zip(futures::future::join_all(checks).await) {
+            match found {
+                Ok(Some(_)) => {}
+                Ok(None) => missing.push(*ancestor),
+                Err(e) => return Err(self.inner.error(client, e, ancestor)),
+            }
+        }
+        let options = self.options(CreateMode::Container);
+        // Sent in this order on the one connection, so each finds its parent.
+        let creates: Vec<_> = missing.iter().map(|a| client.create(a, &[], &options)).collect();
+        for (ancestor, result) in missing.iter().zip(futures::future::join_all(creates).await) {
+            match result {
+                Ok(_) | Err(zk::Error::NodeExists) => {}
+                Err(e) => return Err(self.inner.create_error(client, e, ancestor)),
+            }
+        }
+        Ok(())
+    }
+
+    fn finish_create(
+        &self,
+        client: &zk::Client,
+        path: &str,
+        mode: CreateMode,
+        result: CreateResult,
+    ) -> Result<Created> {
+        match result {
+            Ok((s, sequence)) => Ok(created(path, mode, &s, sequence)),
+            Err(e) => Err(self.inner.create_error(client, e, path)),
+        }
+    }
+
+    async fn create_in(&self, client: &zk::Client, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
+        let options = self.options(opts.mode);
+        let result = match client.create(path, data, &options).await {
+            Err(zk::Error::NoNode) if opts.create_parents => {
+                self.mkdirs(client, path).await?;
+                client.create(path, data, &options).await
+            }
+            other => other,
+        };
+        self.finish_create(client, path, opts.mode, result)
+    }
+
+    /// The create and the listing, sent back to back without waiting in
+    /// between: ZooKeeper answers a session's requests in order, so the
+    /// listing sees the create.
+    async fn create_and_list_in(
+        &self,
+        client: &zk::Client,
+        path: &str,
+        data: &[u8],
+        mode: CreateMode,
+        list: &str,
+    ) -> (CreateResult, std::result::Result<Vec<String>, zk::Error>) {
+        let options = self.options(mode);
+        let create = client.create(path, data, &options);
+        let listing = client.list_children(list);
+        futures::join!(create, listing)
+    }
+}
+
+#[async_trait]
+impl Store for ZooKeeperStore {
+    fn backend(&self) -> BackendKind {
+        BackendKind::ZooKeeper
+    }
+
+    fn status(&self) -> watch::Receiver<SessionStatus> {
+        self.inner.status()
+    }
+
+    fn session_timeout(&self) -> Duration {
+        self.inner.timeout()
+    }
+
+    async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
+        let client = self.inner.client().await?;
+        let created = self.create_in(&client, path, data, opts).await?;
+        self.inner.take_lost_reply()?;
+        Ok(created)
+    }
+
+    async fn create_and_list(
+        &self,
+        path: &str,
+        data: &[u8],
+        opts: CreateOptions,
+        list: &str,
+    ) -> Result<(Created, Vec<Child>)> {
+        let client = self.inner.client().await?;
+        let (mut create, mut listing) = self.create_and_list_in(&client, path, data, opts.mode, list).await;
+        if matches!(create, Err(zk::Error::NoNode)) && opts.create_parents {
+            self.mkdirs(&client, path).await?;
+            (create, listing) = self.create_and_list_in(&client, path, data, opts.mode, list).await;
+        }
+        let created = self.finish_create(&client, path, opts.mode, create)?;
+        let listing = listing.map_err(|e| self.inner.error(&client, e, list))?;
+        self.inner.take_lost_reply()?;
+        Ok((created, children(listing)))
+    }
+
+    async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
+        let client = self.inner.client().await?;
+        client
+            .delete(path, version)
+            .await
+            .map_err(|e| self.inner.error(&client, e, path))
+    }
+
+    async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
+        let client = self.inner.client().await?;
+        match client.set_data(path, data, version).await {
+            Ok(s) => Ok(stat(&s)),
+            Err(e) => Err(self.inner.error(&client, e, path)),
+        }
+    }
+
+    async fn get_data(&self, path: &str, watch: bool) -> Result<(Vec<u8>, Stat, Option<Watch>)> {
+        let client = self.inner.client().await?;
+        let result = if watch {
+            client
+                .get_and_watch_data(path)
+                .await
+                .map(|(data, s, w)| (data, stat(&s), Some(self.inner.arm(w))))
+        } else {
+            client.get_data(path).await.map(|(data, s)| (data, stat(&s), None))
+        };
+        result.map_err(|e| self.inner.error(&client, e, path))
+    }
+
+    async fn exists(&self, path: &str, watch: bool) -> Result<(Option<Stat>, Option<Watch>)> {
+        let client = self.inner.client().await?;
+        let result = if watch {
+            client
+                .check_and_watch_stat(path)
+                .await
+                .map(|(s, w)| (s.as_ref().map(stat), Some(self.inner.arm(w))))
+        } else {
+            client.check_stat(path).await.map(|s| (s.as_ref().map(stat), None))
+        };
+        result.map_err(|e| self.inner.error(&client, e, path))
+    }
+
+    async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
+        let client = self.inner.client().await?;
+        let result = if watch {
+            client
+                .list_and_watch_children(path)
+                .await
+                .map(|(names, w)| (children(names), Some(self.inner.arm(w))))
+        } else {
+            client.list_children(path).await.map(|names| (children(names), None))
+        };
+        result.map_err(|e| self.inner.error(&client, e, path))
+    }
+
+    async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
+        let client = self.inner.client().await?;
+        let acls = self.inner.config.acls();
+        let mut writer = client.new_multi_writer();
+        for (index, op) in ops.iter().enumerate() {
+            let added = match op {
+                Op::Check { path, version } => writer.add_check_version(path, version.unwrap_or(-1)),
+                Op::Create { path, data, mode } => writer.add_create(path, data, &zk_mode(*mode).with_acls(acls)),
+                Op::SetData { path, data, version } => writer.add_set_data(path, data, *version),
+                Op::Delete { path, version } => writer.add_delete(path, *version),
+            };
+            if let Err(e) = added {
+                return Err(Error::MultiFailed {
+                    index,
+                    source: Box::new(self.inner.error(&client, e, op_path(op))),
+                });
+            }
+        }
+        let results = match writer.commit().await {
+            Ok(results) => results,
+            Err(zk::MultiWriteError::OperationFailed { index, source }) => {
+                let source = match ops.get(index) {
+                    Some(Op::Create { path, .. }) => self.inner.create_error(&client, source, path),
+                    Some(op) => self.inner.error(&client, source, op_path(op)),
+                    None => self.inner.error(&client, source, ""),
+                };
+                return Err(Error::MultiFailed {
+                    index,
+                    source: Box::new(source),
+                });
+            }
+            Err(zk::MultiWriteError::RequestFailed { source }) => {
+                return Err(self.inner.error(&client, source, ops.first().map_or("/", op_path)));
+            }
+        };
+        if results.len() != ops.len() {
+            return Err(Error::Backend(format!(
+                "multi: {} results for {} operations",
+                results.len(),
+                ops.len()
+            )));
+        }
+        results
+            .into_iter()
+            .map(|r| match r {
+                zk::MultiWriteResult::Check => Ok(OpResult::Checked),
+                zk::MultiWriteResult::Delete => Ok(OpResult::Deleted),
+                zk::MultiWriteResult::Create { path, stat: s } => Ok(OpResult::Created(Created { path, stat: stat(&s) })),
+                zk::MultiWriteResult::SetData { stat: s } => Ok(OpResult::Set(stat(&s))),
+                #[allow(unreachable_patterns)]
+                other => Err(Error::Backend(format!("multi: unexpected result {other:?}"))),
+            })
+            .collect()
+    }
+
+    fn faults(&self) -> Option<&dyn Faults> {
+        Some(self)
+    }
+
+    async fn close(&self) {
+        self.inner.close().await;
+    }
+}
+
+fn op_path(op: &Op) -> &str {
+    match op {
+        Op::Check { path, .. } | Op::Create { path, .. } | Op::SetData { path, .. } | Op::Delete { path, .. } => path,
+    }
+}
+
+/// ZooKeeper offers no way to drop one client's connection or one reply, so
+/// only `expire` acts purely on the server; `suspend` and
+/// `lose_next_create_reply` act on this client's view, with the server-side
+/// effects a real fault would have (see the module docs).
+#[async_trait]
+impl Faults for ZooKeeperStore {
+    /// Publishes `Suspended` at once and holds every operation issued
+    /// meanwhile until the suspension ends (operations already in flight
+    /// complete, and the real connection keeps the session alive). After
+    /// `duration` it publishes `Reconnected` (if the real connection is up;
+    /// else when it is back). If `duration` reaches the negotiated session
+    /// timeout, then after that timeout the session is killed on the server
+    /// (as [`expire`](Faults::expire) does: its ephemeral nodes vanish,
+    /// other sessions' watches fire) and `Lost` is published; the held
+    /// operations then run in a new session.
+    fn suspend(&self, duration: Duration) {
+        self.inner.suspend(duration);
+    }
+
+    /// Kills the session on the server from a second connection that joins
+    /// it with its id and password and closes it (what Curator's tests do).
+    /// Returns once the server has deleted the session's ephemeral nodes,
+    /// with the status `Lost`; the next operation opens a new session.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unreachable`] if the server cannot be reached (the session
+    /// is left alone); [`Error::Closed`] after `close()`.
+    async fn expire(&self) -> Result<()> {
+        self.inner.expire().await
+    }
+
+    /// The next create (or create-and-list) is applied by the server, but
+    /// its result is discarded: the caller gets `ConnectionLoss`, and the
+    /// status blips `Suspended` → `Reconnected` (same session), as after a
+    /// connection that dropped before the reply arrived.
+    fn lose_next_create_reply(&self) {
+        self.inner.lose_create_reply.store(true, Ordering::SeqCst);
+    }
+}

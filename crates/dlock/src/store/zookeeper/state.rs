@@ -1,0 +1,676 @@
+//! The session side of the ZooKeeper backend: connecting, the Curator-style
+//! state machine on top of the client's session states, renewal after a
+//! loss, closing, and killing a session from a second connection.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+use zookeeper_client as zk;
+
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Result};
+use crate::path;
+use crate::store::{SessionId, SessionState, SessionStatus, Watch, WatchEvent};
+
+/// How to reach the ensemble, kept for every new session.
+pub(super) struct Config {
+    /// `host:port,host:port` (no chroot: that is applied after connecting).
+    pub hosts: String,
+    /// The chroot, if any.
+    pub chroot: Option<String>,
+    /// `user:password` for the `digest` scheme.
+    pub auth: Option<Vec<u8>>,
+    /// The session timeout asked for.
+    pub timeout: Duration,
+    /// The endpoint URL with the password masked, for messages.
+    pub endpoint: String,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.endpoint)
+    }
+}
+
+impl Config {
+    pub fn from_endpoint(endpoint: &Endpoint, timeout: Duration) -> Result<Config> {
+        match endpoint {
+            Endpoint::ZooKeeper {
+                hosts,
+                chroot,
+                credentials,
+            } => Ok(Config {
+                hosts: hosts.join(","),
+                chroot: chroot.clone().filter(|c| c != "/"),
+                auth: credentials
+                    .as_ref()
+                    .map(|c| format!("{}:{}", c.user, c.password).into_bytes()),
+                timeout,
+                endpoint: endpoint.to_string(),
+            }),
+            other => Err(Error::InvalidEndpoint {
+                url: other.to_string(),
+                reason: "not a ZooKeeper endpoint".into(),
+            }),
+        }
+    }
+
+    /// The ACL of every node this session creates: only its own user may
+    /// touch them when it has credentials, everyone otherwise.
+    pub fn acls(&self) -> zk::Acls<'static> {
+        if self.auth.is_some() {
+            zk::Acls::creator_all()
+        } else {
+            zk::Acls::anyone_all()
+        }
+    }
+
+    /// How long a connection attempt may take before the ensemble counts as
+    /// unreachable. The client gives up by itself after about the session
+    /// timeout; this is only a backstop.
+    fn connect_limit(&self) -> Duration {
+        self.timeout.saturating_mul(2) + Duration::from_secs(1)
+    }
+
+    fn unreachable(&self, why: impl std::fmt::Display) -> Error {
+        Error::Unreachable(format!(
+            "cannot connect to ZooKeeper at {} within {:?}: {why}",
+            self.hosts, self.timeout
+        ))
+    }
+}
+
+/// Opens a new session (with the credentials, in the chroot, which is
+/// created if missing).
+pub(super) async fn open(config: &Config) -> Result<zk::Client> {
+    match tokio::time::timeout(config.connect_limit(), open_unbounded(config)).await {
+        Ok(result) => result,
+        Err(_) => Err(config.unreachable("timed out")),
+    }
+}
+
+async fn open_unbounded(config: &Config) -> Result<zk::Client> {
+    let mut connector = zk::Client::connector().with_session_timeout(config.timeout);
+    if let Some(auth) = &config.auth {
+        connector = connector.with_auth("digest", auth);
+    }
+    let client = connector
+        .connect(&config.hosts)
+        .await
+        .map_err(|e| match e {
+            zk::Error::AuthFailed => Error::AuthFailed(format!(
+                "ZooKeeper at {} rejected the credentials",
+                config.endpoint
+            )),
+            zk::Error::BadArguments(reason) => Error::InvalidEndpoint {
+                url: config.endpoint.clone(),
+                reason: reason.to_string(),
+            },
+            e => config.unreachable(e),
+        })?;
+    let Some(root) = &config.chroot else {
+        return Ok(client);
+    };
+    // Like Curator's namespace, the chroot is made on first use (as a
+    // persistent node: a container could be reaped under our feet).
+    let chroot_error = |e: zk::Error| match e {
+        zk::Error::NoAuth => Error::NoAuth { path: root.clone() },
+        e => Error::Backend(format!("cannot create the chroot {root}: {e}")),
+    };
+    if client.check_stat(root).await.map_err(chroot_error)?.is_none() {
+        let options = zk::CreateMode::Persistent.with_acls(config.acls());
+        client.mkdir(root, &options).await.map_err(chroot_error)?;
+    }
+    client
+        .chroot(root.clone())
+        .map_err(|_| Error::InvalidEndpoint {
+            url: config.endpoint.clone(),
+            reason: format!("bad chroot {root:?}"),
+        })
+}
+
+/// Kills a session the way ZooKeeper's own tests (and Curator's
+/// `KillSession`) do: a second connection joins the session with its id and
+/// password, then closes it. The server deletes the session's ephemeral
+/// nodes; the original client is cut off and, reconnecting, learns that its
+/// session expired. Returns once the server has closed the session.
+pub(super) async fn kill_session(config: &Config, session: zk::SessionInfo, timeout: Duration) -> Result<()> {
+    let connecting = zk::Client::connector()
+        .with_session(session)
+        .with_session_timeout(timeout)
+        .connect(&config.hosts);
+    let killer = match tokio::time::timeout(config.connect_limit(), connecting).await {
+        Ok(Ok(killer)) => killer,
+        // Already gone.
+        Ok(Err(zk::Error::SessionExpired)) => return Ok(()),
+        Ok(Err(e)) => return Err(config.unreachable(format!("cannot join the session to expire it: {e}"))),
+        Err(_) => return Err(config.unreachable("timed out joining the session to expire it")),
+    };
+    let mut states = killer.state_watcher();
+    // Dropping the only handle makes its session task send CloseSession; it
+    // ends (state Closed) once the server has answered.
+    drop(killer);
+    tokio::time::timeout(config.connect_limit(), terminated(&mut states))
+        .await
+        .map_err(|_| config.unreachable("the server did not confirm closing the session"))
+}
+
+/// Waits until a client's session is over (closed, expired or failed).
+async fn terminated(states: &mut zk::StateWatcher) {
+    while !states.peek_state().is_terminated() {
+        states.changed().await;
+    }
+}
+
+/// What changes with each session: guarded by one lock, and every status
+/// change is published while holding it, so that a reader that looks at
+/// both under the lock sees them agree.
+struct Slot {
+    /// The client of the current session; `None` once it is lost or closed.
+    client: Option<Arc<zk::Client>>,
+    /// Its negotiated session timeout.
+    timeout: Duration,
+    /// Bumped by every `suspend()`, `close()` and loss: a stale suspension
+    /// timer does nothing.
+    fault_epoch: u64,
+    /// A `suspend()` is in effect: stay `Suspended` whatever the connection
+    /// does, until its timer ends it.
+    fault_suspended: bool,
+    /// `expire()` is killing this session: the disconnection it causes is
+    /// not reported as a suspension.
+    expiring: Option<SessionId>,
+}
+
+/// The state shared by the store, its state monitors and its fault timers.
+pub(super) struct Inner {
+    pub config: Config,
+    runtime: tokio::runtime::Handle,
+    status: watch::Sender<SessionStatus>,
+    slot: StdMutex<Slot>,
+    /// Serialises renewals after a loss.
+    renewing: tokio::sync::Mutex<()>,
+    /// `Faults::lose_next_create_reply` is armed.
+    pub lose_create_reply: AtomicBool,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZooKeeperStore")
+            .field("endpoint", &self.config.endpoint)
+            .field("status", &*self.status.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Inner {
+    /// Wraps the first session's client (status `Connected`).
+    pub fn start(config: Config, client: zk::Client) -> Result<Arc<Inner>> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::Backend("the ZooKeeper backend needs a tokio runtime".into()))?;
+        let client = Arc::new(client);
+        let (status, _) = watch::channel(SessionStatus {
+            state: SessionState::Connected,
+            session_id: client.session_id().0,
+            changes: 0,
+        });
+        let inner = Arc::new(Inner {
+            config,
+            runtime,
+            status,
+            slot: StdMutex::new(Slot {
+                client: Some(client.clone()),
+                timeout: client.session_timeout(),
+                fault_epoch: 0,
+                fault_suspended: false,
+                expiring: None,
+            }),
+            renewing: tokio::sync::Mutex::new(()),
+            lose_create_reply: AtomicBool::new(false),
+        });
+        inner.spawn_monitor(&client);
+        Ok(inner)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Slot> {
+        // Every critical section leaves the slot consistent.
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn status(&self) -> watch::Receiver<SessionStatus> {
+        self.status.subscribe()
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.lock().timeout
+    }
+
+    /// Moves the status of `session` to `to` if its state satisfies `from`.
+    /// Call with the slot locked.
+    fn transition(&self, session: SessionId, from: impl Fn(SessionState) -> bool, to: SessionState) -> bool {
+        self.status.send_if_modified(|s| {
+            let change = s.session_id == session && from(s.state) && s.state != to;
+            if change {
+                s.state = to;
+                s.changes += 1;
+            }
+            change
+        })
+    }
+
+    /// The client to run an operation with: waits out a suspension, opens a
+    /// new session after a loss (as Curator does after `LOST`), fails once
+    /// closed.
+    pub async fn client(self: &Arc<Self>) -> Result<Arc<zk::Client>> {
+        let mut rx = self.status.subscribe();
+        loop {
+            let status = {
+                let slot = self.lock();
+                let status = *rx.borrow_and_update();
+                if status.state.is_connected() {
+                    if let Some(client) = &slot.client {
+                        return Ok(client.clone());
+                    }
+                }
+                status
+            };
+            match status.state {
+                SessionState::Closed => return Err(Error::Closed),
+                SessionState::Lost => self.renew(status.session_id).await?,
+                SessionState::Suspended => {
+                    if rx.changed().await.is_err() {
+                        return Err(Error::Closed);
+                    }
+                }
+                // Connected without a client cannot happen (both change
+                // under the lock); treat it as a loss rather than spin.
+                SessionState::Connected | SessionState::Reconnected => {
+                    self.lose(status.session_id);
+                }
+            }
+        }
+    }
+
+    /// Replaces the lost session `lost` by a new one (new client, new
+    /// session id, credentials applied again); the status becomes
+    /// `Reconnected`. Does nothing if someone else already did.
+    async fn renew(self: &Arc<Self>, lost: SessionId) -> Result<()> {
+        let _renewing = self.renewing.lock().await;
+        {
+            let status = *self.status.borrow();
+            if status.state != SessionState::Lost || status.session_id != lost {
+                return Ok(());
+            }
+        }
+        let client = match open(&self.config).await {
+            Ok(client) => Arc::new(client),
+            // The operation may succeed later: the session wrapper retries.
+            Err(Error::Unreachable(why)) => {
+                tracing::warn!(endpoint = %self.config.endpoint, "no new ZooKeeper session: {why}");
+                return Err(Error::ConnectionLoss);
+            }
+            Err(e) => return Err(e),
+        };
+        let id = client.session_id().0;
+        let installed = {
+            let mut slot = self.lock();
+            let renewed = self.status.send_if_modified(|s| {
+                let change = s.state == SessionState::Lost && s.session_id == lost;
+                if change {
+                    s.state = SessionState::Reconnected;
+                    s.session_id = id;
+                    s.changes += 1;
+                }
+                change
+            });
+            if renewed {
+                slot.client = Some(client.clone());
+                slot.timeout = client.session_timeout();
+                slot.fault_suspended = false;
+                slot.expiring = None;
+            }
+            renewed
+        };
+        if installed {
+            tracing::debug!(endpoint = %self.config.endpoint, session = %client.session_id(), "new ZooKeeper session after a loss");
+            self.spawn_monitor(&client);
+        }
+        // Otherwise closed meanwhile: dropping the client closes its session.
+        Ok(())
+    }
+
+    /// Declares `session` lost (if it is the current one and not already
+    /// lost or closed) and lets go of its client, which closes the session
+    /// on the server if it can still reach it. Returns whether it changed
+    /// anything.
+    pub fn lose(&self, session: SessionId) -> bool {
+        let (changed, client) = {
+            let mut slot = self.lock();
+            let changed = self.transition(
+                session,
+                |s| !matches!(s, SessionState::Lost | SessionState::Closed),
+                SessionState::Lost,
+            );
+            let client = match &slot.client {
+                Some(c) if c.session_id().0 == session => slot.client.take(),
+                _ => None,
+            };
+            if changed {
+                slot.fault_epoch += 1;
+                slot.fault_suspended = false;
+                slot.expiring = None;
+            }
+            (changed, client)
+        };
+        drop(client);
+        if changed {
+            tracing::debug!(endpoint = %self.config.endpoint, session = format_args!("{session:#x}"), "ZooKeeper session lost");
+        }
+        changed
+    }
+
+    /// The connection of `session` dropped. Returns false if the session is
+    /// no longer the current one (its monitor can stop).
+    fn on_disconnected(&self, session: SessionId) -> bool {
+        let slot = self.lock();
+        if slot.expiring != Some(session) {
+            self.transition(session, SessionState::is_connected, SessionState::Suspended);
+        }
+        self.is_current(session)
+    }
+
+    /// The connection of `session` is back.
+    fn on_connected(&self, session: SessionId) -> bool {
+        let slot = self.lock();
+        if !slot.fault_suspended && slot.expiring != Some(session) {
+            self.transition(session, |s| s == SessionState::Suspended, SessionState::Reconnected);
+        }
+        self.is_current(session)
+    }
+
+    fn is_current(&self, session: SessionId) -> bool {
+        let status = *self.status.borrow();
+        status.session_id == session && !matches!(status.state, SessionState::Lost | SessionState::Closed)
+    }
+
+    /// Follows one client's session states and maps them onto Curator's:
+    /// `Disconnected` → `Suspended`, `SyncConnected` after it →
+    /// `Reconnected`, `Expired` (or any other end) → `Lost`, and `Lost` too
+    /// when `Suspended` lasts the negotiated session timeout (Curator's
+    /// simulated expiry).
+    fn spawn_monitor(self: &Arc<Self>, client: &zk::Client) {
+        let weak = Arc::downgrade(self);
+        let mut states = client.state_watcher();
+        let session = client.session_id().0;
+        let timeout = client.session_timeout();
+        // Holds no client, so dropping the store still closes the session;
+        // ends with the session (every session ends in a terminal state).
+        self.runtime.spawn(async move {
+            let mut expiry: Option<tokio::time::Instant> = None;
+            loop {
+                let state = match expiry {
+                    None => states.changed().await,
+                    Some(deadline) => tokio::select! {
+                        state = states.changed() => state,
+                        () = tokio::time::sleep_until(deadline) => {
+                            if let Some(inner) = weak.upgrade() {
+                                tracing::debug!("ZooKeeper connection down for the session timeout: simulated expiry");
+                                inner.lose(session);
+                            }
+                            return;
+                        }
+                    },
+                };
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                let current = match state {
+                    zk::SessionState::Disconnected => {
+                        expiry.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
+                        inner.on_disconnected(session)
+                    }
+                    zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                        expiry = None;
+                        inner.on_connected(session)
+                    }
+                    // Expired, AuthFailed, Closed: the client is dead.
+                    _ => {
+                        inner.lose(session);
+                        false
+                    }
+                };
+                if !current {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Maps a client error of an operation on `path`; a dead session is
+    /// marked lost.
+    pub fn error(&self, client: &zk::Client, e: zk::Error, path: &str) -> Error {
+        let path = path.to_string();
+        match e {
+            zk::Error::NoNode => Error::NoNode { path },
+            zk::Error::NodeExists => Error::NodeExists { path },
+            zk::Error::BadVersion => Error::BadVersion { path },
+            zk::Error::NotEmpty => Error::NotEmpty { path },
+            zk::Error::NoChildrenForEphemerals => Error::NoChildrenForEphemerals { path },
+            zk::Error::NoAuth => Error::NoAuth { path },
+            zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::NoHosts => Error::ConnectionLoss,
+            zk::Error::SessionExpired | zk::Error::SessionMoved => {
+                self.lose(client.session_id().0);
+                Error::SessionExpired
+            }
+            zk::Error::AuthFailed => {
+                self.lose(client.session_id().0);
+                Error::AuthFailed(format!("ZooKeeper at {} failed the session's authentication", self.config.endpoint))
+            }
+            zk::Error::ClientClosed => {
+                if self.status.borrow().state == SessionState::Closed {
+                    Error::Closed
+                } else {
+                    self.lose(client.session_id().0);
+                    Error::SessionExpired
+                }
+            }
+            zk::Error::BadArguments(reason) => Error::InvalidArgument(format!("{reason} ({path})")),
+            e => Error::Backend(format!("{e} ({path})")),
+        }
+    }
+
+    /// Like [`error`](Self::error) for a create of `path`: a missing parent
+    /// or an ephemeral parent is named by the parent's path.
+    pub fn create_error(&self, client: &zk::Client, e: zk::Error, path: &str) -> Error {
+        match e {
+            zk::Error::NoNode | zk::Error::NoChildrenForEphemerals => self.error(client, e, path::parent(path)),
+            e => self.error(client, e, path),
+        }
+    }
+
+    /// Turns the client's one-shot watcher into a [`Watch`]. A small task
+    /// forwards the event; it ends when the event comes or the `Watch` is
+    /// dropped (then the client's watcher is dropped too).
+    pub fn arm(&self, watcher: zk::OneshotWatcher) -> Watch {
+        let (mut tx, rx) = oneshot::channel();
+        let watch = Watch::new(rx, self.status.subscribe());
+        self.runtime.spawn(async move {
+            let changed = watcher.changed();
+            tokio::pin!(changed);
+            let event = tokio::select! {
+                event = &mut changed => Some(event),
+                () = tx.closed() => None,
+            };
+            if let Some(event) = event {
+                let _ = tx.send(watch_event(&event));
+            }
+        });
+        watch
+    }
+
+    /// A lost reply, if one is armed: the connection blips (`Suspended`,
+    /// `Reconnected`) and the caller gets `ConnectionLoss`.
+    pub fn take_lost_reply(&self) -> Result<()> {
+        if !self.lose_create_reply.swap(false, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let _slot = self.lock();
+        let session = self.status.borrow().session_id;
+        if self.transition(session, SessionState::is_connected, SessionState::Suspended) {
+            self.transition(session, |s| s == SessionState::Suspended, SessionState::Reconnected);
+        }
+        Err(Error::ConnectionLoss)
+    }
+
+    /// Closes the session: status `Closed` at once (later operations fail
+    /// with `Closed`), then waits (at most the session timeout) until the
+    /// server has closed the session and deleted its ephemeral nodes.
+    pub async fn close(&self) {
+        let (client, timeout) = self.shut();
+        if let Some(client) = client {
+            let mut states = client.state_watcher();
+            // Operations still in flight hold clones; the session closes
+            // when the last one is dropped.
+            drop(client);
+            let _ = tokio::time::timeout(timeout, terminated(&mut states)).await;
+        }
+    }
+
+    /// Marks the store closed and hands out its client (to drop).
+    pub fn shut(&self) -> (Option<Arc<zk::Client>>, Duration) {
+        let mut slot = self.lock();
+        slot.fault_epoch += 1;
+        slot.fault_suspended = false;
+        self.status.send_if_modified(|s| {
+            let change = s.state != SessionState::Closed;
+            if change {
+                s.state = SessionState::Closed;
+                s.changes += 1;
+            }
+            change
+        });
+        (slot.client.take(), slot.timeout)
+    }
+
+    /// `Faults::suspend`: publishes `Suspended`, holds new operations back
+    /// for `duration`, then publishes `Reconnected` — or, if `duration`
+    /// reaches the session timeout, kills the session after the timeout and
+    /// publishes `Lost`.
+    pub fn suspend(self: &Arc<Self>, duration: Duration) {
+        let (session, epoch, timeout) = {
+            let mut slot = self.lock();
+            let status = *self.status.borrow();
+            if !status.state.is_connected() && status.state != SessionState::Suspended {
+                return;
+            }
+            slot.fault_epoch += 1;
+            slot.fault_suspended = true;
+            self.transition(status.session_id, SessionState::is_connected, SessionState::Suspended);
+            (status.session_id, slot.fault_epoch, slot.timeout)
+        };
+        let expires = duration >= timeout;
+        let weak = Arc::downgrade(self);
+        self.runtime.spawn(async move {
+            tokio::time::sleep(if expires { timeout } else { duration }).await;
+            let Some(inner) = weak.upgrade() else {
+                return;
+            };
+            if expires {
+                inner.expire_suspended(session, epoch).await;
+            } else {
+                inner.resume(session, epoch);
+            }
+        });
+    }
+
+    /// The end of a short suspension.
+    fn resume(&self, session: SessionId, epoch: u64) {
+        let mut slot = self.lock();
+        if slot.fault_epoch != epoch || !slot.fault_suspended {
+            return;
+        }
+        slot.fault_suspended = false;
+        // If the real connection is down too, its monitor reports the
+        // reconnection.
+        let connected = slot
+            .client
+            .as_ref()
+            .is_some_and(|c| c.session_id().0 == session && c.state() == zk::SessionState::SyncConnected);
+        if connected {
+            self.transition(session, |s| s == SessionState::Suspended, SessionState::Reconnected);
+        }
+    }
+
+    /// The end of a suspension as long as the session timeout: the server
+    /// would have expired the session, so it is killed, then `Lost`.
+    async fn expire_suspended(&self, session: SessionId, epoch: u64) {
+        let info = {
+            let slot = self.lock();
+            if slot.fault_epoch != epoch || !slot.fault_suspended {
+                return;
+            }
+            slot.client
+                .as_ref()
+                .filter(|c| c.session_id().0 == session)
+                .map(|c| (c.session().clone(), slot.timeout))
+        };
+        if let Some((info, timeout)) = info {
+            if let Err(e) = kill_session(&self.config, info, timeout).await {
+                tracing::warn!("suspension past the session timeout: could not expire the session on the server: {e}");
+            }
+        }
+        self.lose(session);
+    }
+
+    /// `Faults::expire`: kills the current session from a second connection
+    /// and returns once the server has deleted its ephemeral nodes and the
+    /// status is `Lost`.
+    pub async fn expire(&self) -> Result<()> {
+        let (session, info, timeout) = {
+            let mut slot = self.lock();
+            let status = *self.status.borrow();
+            match status.state {
+                SessionState::Closed => return Err(Error::Closed),
+                SessionState::Lost => return Ok(()),
+                _ => {}
+            }
+            let Some(client) = &slot.client else {
+                return Ok(());
+            };
+            let info = client.session().clone();
+            slot.expiring = Some(status.session_id);
+            (status.session_id, info, slot.timeout)
+        };
+        match kill_session(&self.config, info, timeout).await {
+            Ok(()) => {
+                self.lose(session);
+                Ok(())
+            }
+            Err(e) => {
+                let mut slot = self.lock();
+                if slot.expiring == Some(session) {
+                    slot.expiring = None;
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Maps the client's watch event onto the contract's.
+fn watch_event(event: &zk::WatchedEvent) -> WatchEvent {
+    match event.event_type {
+        zk::EventType::NodeCreated => WatchEvent::NodeCreated,
+        zk::EventType::NodeDeleted => WatchEvent::NodeDeleted,
+        zk::EventType::NodeDataChanged => WatchEvent::DataChanged,
+        zk::EventType::NodeChildrenChanged => WatchEvent::ChildrenChanged,
+        zk::EventType::Session => WatchEvent::Session(match event.session_state {
+            zk::SessionState::Disconnected => SessionState::Suspended,
+            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => SessionState::Reconnected,
+            zk::SessionState::Closed => SessionState::Closed,
+            // Expired, AuthFailed.
+            _ => SessionState::Lost,
+        }),
+    }
+}
