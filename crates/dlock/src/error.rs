@@ -121,6 +121,10 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// Several operations failed (releasing a multi-lock); each error in
+    /// order.
+    #[error("{} errors: {}", .0.len(), .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    Several(Vec<Error>),
     /// Any other backend failure, with its message.
     #[error("backend error: {0}")]
     Backend(String),

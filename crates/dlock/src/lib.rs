@@ -24,7 +24,11 @@ pub mod store;
 
 pub use endpoint::{connect, connect_endpoint, connect_with, Credentials, Endpoint};
 pub use error::{Error, Result};
+pub use recipes::guard::LockGuard;
+pub use recipes::multi_lock::{Hold, Lockable, MultiGuard, MultiLock};
 pub use recipes::mutex::{Mutex, MutexGuard};
+pub use recipes::revocation::revoke;
+pub use recipes::rwlock::{ReadGuard, ReadWriteLock, WriteGuard};
 pub use recipes::Participant;
 pub use session::{RetryPolicy, Session, SessionOptions};
 pub use store::{FencingToken, SessionState};

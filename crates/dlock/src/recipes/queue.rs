@@ -69,6 +69,8 @@ pub(crate) struct WaitQueue {
     pub lock_name: &'static str,
     /// Lock names stripped, in turn, to find the sort key.
     pub sort_names: &'static [&'static str],
+    /// Called with our node's path when someone asks us to give it up.
+    pub revocation: Option<super::revocation::Listener>,
 }
 
 /// A node in the queue that is deleted (in the background) unless
@@ -165,6 +167,7 @@ impl WaitQueue {
             dir: dir.to_string(),
             lock_name,
             sort_names,
+            revocation: None,
         })
     }
 
@@ -250,8 +253,10 @@ impl WaitQueue {
     }
 
     /// Creates our node (protected, parents as containers) and lists the
-    /// queue, in one round trip where the backend can.
+    /// queue, in one round trip where the backend can. A revocable queue
+    /// stores no data (as Curator) and watches our node for requests.
     pub async fn enter(&self, data: &[u8], mode: CreateMode) -> Result<(PendingNode, Created, Vec<Child>)> {
+        let data = if self.revocation.is_some() { &[][..] } else { data };
         let prefix = format!("_c_{}-", uuid::Uuid::new_v4());
         let mut pending = PendingNode {
             session: self.session.clone(),
@@ -265,6 +270,9 @@ impl WaitQueue {
             .create_protected(&self.dir, &prefix, self.lock_name, data, mode, true)
             .await?;
         pending.path = Some(created.path.clone());
+        if let Some(listener) = &self.revocation {
+            super::revocation::watch(&self.session, created.path.clone(), listener.clone());
+        }
         let mut children = children.unwrap_or_default();
         sort_sequenced(&mut children, self.sort_names);
         Ok((pending, created, children))

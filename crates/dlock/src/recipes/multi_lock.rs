@@ -1,0 +1,218 @@
+//! [`MultiLock`]: several locks of any kind taken as one, all or nothing —
+//! Curator's `InterProcessMultiLock`. It creates no nodes of its own.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::guard::LockGuard;
+use super::mutex::Mutex;
+use super::rwlock::{ReadGuard, ReadWriteLock, WriteGuard};
+use crate::error::{Error, Result};
+use crate::store::FencingToken;
+
+/// A lock [`MultiLock`] can take. Implemented by [`Mutex`], the halves of a
+/// [`ReadWriteLock`] ([`ReadWriteLock::read_half`],
+/// [`ReadWriteLock::write_half`]) and the semaphore mutex; implement it for
+/// your own kinds.
+#[async_trait]
+pub trait Lockable: Send + Sync + fmt::Debug {
+    /// Acquires, waiting at most `timeout` (forever if `None`); `Ok(None)`
+    /// on timeout.
+    async fn lock_for(&self, timeout: Option<Duration>) -> Result<Option<Box<dyn Hold>>>;
+}
+
+/// One acquired lock, as [`Lockable::lock_for`] returns it.
+#[async_trait]
+pub trait Hold: Send + Sync + fmt::Debug {
+    /// The acquisition's fencing token.
+    fn token(&self) -> FencingToken;
+
+    /// Releases the lock.
+    async fn release(self: Box<Self>) -> Result<()>;
+}
+
+#[async_trait]
+impl Hold for LockGuard {
+    fn token(&self) -> FencingToken {
+        LockGuard::token(self)
+    }
+
+    async fn release(self: Box<Self>) -> Result<()> {
+        LockGuard::release(*self).await
+    }
+}
+
+#[async_trait]
+impl Hold for ReadGuard {
+    fn token(&self) -> FencingToken {
+        LockGuard::token(self)
+    }
+
+    async fn release(self: Box<Self>) -> Result<()> {
+        ReadGuard::release(*self).await
+    }
+}
+
+#[async_trait]
+impl Hold for WriteGuard {
+    fn token(&self) -> FencingToken {
+        LockGuard::token(self)
+    }
+
+    async fn release(self: Box<Self>) -> Result<()> {
+        WriteGuard::release(*self).await
+    }
+}
+
+/// Turns "waited `timeout` in vain" into `Ok(None)`.
+fn timed_out<T>(result: Result<T>) -> Result<Option<T>> {
+    match result {
+        Ok(v) => Ok(Some(v)),
+        Err(Error::Timeout(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[async_trait]
+impl Lockable for Mutex {
+    async fn lock_for(&self, timeout: Option<Duration>) -> Result<Option<Box<dyn Hold>>> {
+        let guard = match timeout {
+            Some(t) => timed_out(self.acquire_timeout(t).await)?,
+            None => Some(self.acquire().await?),
+        };
+        Ok(guard.map(|g| Box::new(g) as Box<dyn Hold>))
+    }
+}
+
+/// The read half of a [`ReadWriteLock`], as a [`Lockable`].
+#[derive(Debug, Clone)]
+pub struct ReadHalf(pub ReadWriteLock);
+
+/// The write half of a [`ReadWriteLock`], as a [`Lockable`].
+#[derive(Debug, Clone)]
+pub struct WriteHalf(pub ReadWriteLock);
+
+#[async_trait]
+impl Lockable for ReadHalf {
+    async fn lock_for(&self, timeout: Option<Duration>) -> Result<Option<Box<dyn Hold>>> {
+        let guard = match timeout {
+            Some(t) => timed_out(self.0.read_timeout(t).await)?,
+            None => Some(self.0.read().await?),
+        };
+        Ok(guard.map(|g| Box::new(g) as Box<dyn Hold>))
+    }
+}
+
+#[async_trait]
+impl Lockable for WriteHalf {
+    async fn lock_for(&self, timeout: Option<Duration>) -> Result<Option<Box<dyn Hold>>> {
+        let guard = match timeout {
+            Some(t) => timed_out(self.0.write_timeout(t).await)?,
+            None => Some(self.0.write().await?),
+        };
+        Ok(guard.map(|g| Box::new(g) as Box<dyn Hold>))
+    }
+}
+
+impl ReadWriteLock {
+    /// The read half, for a [`MultiLock`].
+    pub fn read_half(&self) -> ReadHalf {
+        ReadHalf(self.clone())
+    }
+
+    /// The write half, for a [`MultiLock`].
+    pub fn write_half(&self) -> WriteHalf {
+        WriteHalf(self.clone())
+    }
+}
+
+/// Several locks taken together: all of them, in the order given, or none.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// use dlock::{MultiLock, Mutex, ReadWriteLock};
+/// let session = dlock::connect("embedded").await?;
+/// let both = MultiLock::new(vec![
+///     Box::new(Mutex::new(&session, "/doc/multi/orders")?),
+///     Box::new(ReadWriteLock::new(&session, "/doc/multi/catalog")?.write_half()),
+/// ]);
+/// let guard = both.acquire().await?;
+/// assert_eq!(guard.tokens().len(), 2);
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct MultiLock {
+    locks: Vec<Box<dyn Lockable>>,
+}
+
+impl MultiLock {
+    /// Takes `locks` in this order (give the same order everywhere, or two
+    /// multi-locks can wait for each other forever).
+    pub fn new(locks: Vec<Box<dyn Lockable>>) -> Self {
+        MultiLock { locks }
+    }
+
+    /// Waits as long as it takes to acquire every lock.
+    pub async fn acquire(&self) -> Result<MultiGuard> {
+        self.acquire_for(None).await?.ok_or(Error::Closed)
+    }
+
+    /// Gives each lock up to `timeout` (as Curator, per lock, not in total);
+    /// if one is not had in time, releases the others and fails with
+    /// [`Error::Timeout`].
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<MultiGuard> {
+        self.acquire_for(Some(timeout)).await?.ok_or(Error::Timeout(timeout))
+    }
+
+    async fn acquire_for(&self, timeout: Option<Duration>) -> Result<Option<MultiGuard>> {
+        let mut taken = MultiGuard { holds: Vec::with_capacity(self.locks.len()) };
+        for lock in &self.locks {
+            match lock.lock_for(timeout).await {
+                Ok(Some(hold)) => taken.holds.push(hold),
+                Ok(None) => {
+                    let _ = taken.release().await;
+                    return Ok(None);
+                }
+                Err(e) => {
+                    // The primary error wins; the rollback's are secondary.
+                    let _ = taken.release().await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Some(taken))
+    }
+}
+
+/// The holds of a [`MultiLock`]; dropping it releases each in the background.
+#[derive(Debug)]
+#[must_use = "dropping the guard releases the locks"]
+pub struct MultiGuard {
+    holds: Vec<Box<dyn Hold>>,
+}
+
+impl MultiGuard {
+    /// The fencing token of each lock, in the order given.
+    pub fn tokens(&self) -> Vec<FencingToken> {
+        self.holds.iter().map(|h| h.token()).collect()
+    }
+
+    /// Releases every lock, in reverse order, even if some fail; reports all
+    /// failures.
+    pub async fn release(mut self) -> Result<()> {
+        let mut errors = Vec::new();
+        while let Some(hold) = self.holds.pop() {
+            if let Err(e) = hold.release().await {
+                errors.push(e);
+            }
+        }
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(Error::Several(errors)),
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! Cooperative revocation, as Curator's `Revoker`: anyone may ask the owner
+//! of a lock node to give it up by writing `__REVOKE__` to the node; a
+//! revocable participant watches its own node and is told.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+//! let session = dlock::connect("embedded").await?;
+//! let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+//! let mutex = dlock::Mutex::new(&session, "/doc/revocable")?
+//!     .revocable(move |node: &str| { let _ = tx.send(node.to_string()); });
+//! let guard = mutex.acquire().await?;
+//! dlock::revoke(&session, guard.node()).await?;      // from anyone, anywhere
+//! assert_eq!(rx.recv().await.as_deref(), Some(guard.node()));
+//! guard.release().await?;                            // the holder cooperates
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::session::Session;
+use crate::store::WatchEvent;
+
+/// The bytes a revocation request writes (Curator's `REVOKE_MESSAGE`).
+pub const REVOKE_MESSAGE: &[u8] = b"__REVOKE__";
+
+/// Told the node path when its revocation is requested.
+#[derive(Clone)]
+pub(crate) struct Listener(Arc<dyn Fn(&str) + Send + Sync>);
+
+impl Listener {
+    pub(crate) fn new(f: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        Listener(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Listener")
+    }
+}
+
+/// Asks the owner of lock node `node` to release it (Curator's
+/// `Revoker.attemptRevoke`). Cooperative: nothing is deleted; a node that is
+/// already gone is fine.
+pub async fn revoke(session: &Session, node: &str) -> Result<()> {
+    match session
+        .retrying(|| session.set_data(node, REVOKE_MESSAGE, None))
+        .await
+    {
+        Ok(_) | Err(Error::NoNode { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Watches our own node and tells `listener` of every revocation request,
+/// until the node is gone.
+pub(crate) fn watch(session: &Session, node: String, listener: Listener) {
+    let watcher = session.clone();
+    session.spawn_background(async move {
+        loop {
+            match watcher.get_data_watch(&node).await {
+                Ok((data, _, watch)) => {
+                    if data == REVOKE_MESSAGE {
+                        (listener.0)(&node);
+                    }
+                    if watch.changed().await == WatchEvent::NodeDeleted {
+                        return;
+                    }
+                }
+                Err(e) if e.is_retryable() => {}
+                // Gone (released, or its session is over): nothing to revoke.
+                Err(_) => return,
+            }
+        }
+    });
+}

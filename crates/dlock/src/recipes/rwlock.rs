@@ -1,0 +1,301 @@
+//! [`ReadWriteLock`]: many readers or one writer, fair — Curator's
+//! `InterProcessReadWriteLock`, node for node.
+//!
+//! Layout (a compatibility contract with Curator 5.4): one directory holding
+//! `_c_<uuid>-__READ__<seq>` and `_c_<uuid>-__WRIT__<seq>` ephemeral-
+//! sequential nodes, ordered together by their sequence. A writer holds when
+//! it is first; a reader holds when no writer is ahead of it and watches the
+//! first writer otherwise. A downgrading writer's read node takes its write
+//! node's sequence (Curator 5.5's fix of CURATOR-621), so a writer queued
+//! behind cannot slip in between.
+
+use std::ops::Deref;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::guard::LockGuard;
+use super::queue::{deadline, position, FirstN, HeldNode, Participant, Predicate, Verdict, WaitQueue};
+use crate::error::{Error, Result};
+use crate::session::Session;
+use crate::store::{sequence_key, Child, CreateMode};
+
+/// Curator's node name for readers.
+pub const READ_LOCK_NAME: &str = "__READ__";
+/// Curator's node name for writers (the same length as the reader's).
+pub const WRITE_LOCK_NAME: &str = "__WRIT__";
+const SORT_NAMES: &[&str] = &[READ_LOCK_NAME, WRITE_LOCK_NAME];
+
+/// A reader holds when no writer is queued ahead of it; it watches the
+/// first writer (not the nearest), as Curator does.
+struct NoWriterAhead;
+
+impl Predicate for NoWriterAhead {
+    fn check(&self, sorted: &[Child], ours: &str) -> Result<Verdict> {
+        let index = position(sorted, ours)?;
+        Ok(
+            match sorted[..index].iter().find(|c| c.name.contains(WRITE_LOCK_NAME)) {
+                None => Verdict::Acquired,
+                Some(writer) => Verdict::WatchNode(writer.name.clone()),
+            },
+        )
+    }
+}
+
+/// Either rule, by the node's kind: for listing who holds.
+struct ByKind;
+
+impl Predicate for ByKind {
+    fn check(&self, sorted: &[Child], ours: &str) -> Result<Verdict> {
+        if ours.contains(WRITE_LOCK_NAME) {
+            FirstN(1).check(sorted, ours)
+        } else {
+            NoWriterAhead.check(sorted, ours)
+        }
+    }
+}
+
+/// A fair read-write lock shared by every session that names the same path.
+///
+/// A `ReadWriteLock` value is one *owner* (Curator's thread): it refuses to
+/// take the write lock while it holds the read lock, because that upgrade
+/// would wait for itself forever. Create one per task; it costs no round
+/// trip. Both halves are re-entrant through their guards, and a writer may
+/// downgrade: [`WriteGuard::read`] then release the write guard.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// let session = dlock::connect("embedded").await?;
+/// let rw = dlock::ReadWriteLock::new(&session, "/doc/rw")?;
+/// let other = dlock::ReadWriteLock::new(&session, "/doc/rw")?;
+/// let r1 = rw.read().await?;
+/// let r2 = other.read().await?;                 // readers share
+/// assert!(other.try_write().await?.is_none());  // the writer waits for them
+/// r1.release().await?;
+/// r2.release().await?;
+/// let w = other.write().await?;
+/// let r = w.read().await?;                      // downgrade: write → read
+/// w.release().await?;                           // now only reading
+/// r.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ReadWriteLock {
+    readers: WaitQueue,
+    writers: WaitQueue,
+    data: Option<Vec<u8>>,
+    reads_held: Arc<AtomicUsize>,
+}
+
+impl ReadWriteLock {
+    /// A read-write lock at `path`, used through `session`.
+    pub fn new(session: &Session, path: &str) -> Result<Self> {
+        Ok(ReadWriteLock {
+            readers: WaitQueue::new(session, path, READ_LOCK_NAME, SORT_NAMES)?,
+            writers: WaitQueue::new(session, path, WRITE_LOCK_NAME, SORT_NAMES)?,
+            data: None,
+            reads_held: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// Stores `data` in both kinds of node (Curator's `lockData`).
+    pub fn with_data(mut self, data: impl Into<Vec<u8>>) -> Self {
+        self.data = Some(data.into());
+        self
+    }
+
+    /// Makes both halves revocable (see [`Mutex::revocable`](crate::Mutex::revocable)).
+    pub fn revocable(mut self, listener: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        let listener = super::revocation::Listener::new(listener);
+        self.readers.revocation = Some(listener.clone());
+        self.writers.revocation = Some(listener);
+        self
+    }
+
+    /// The lock's path.
+    pub fn path(&self) -> &str {
+        &self.readers.dir
+    }
+
+    fn data(&self) -> &[u8] {
+        self.data
+            .as_deref()
+            .unwrap_or(&self.readers.session.options().default_data)
+    }
+
+    /// Waits as long as it takes to acquire the write lock.
+    pub async fn write(&self) -> Result<WriteGuard> {
+        self.write_until(None).await?.ok_or(Error::Closed)
+    }
+
+    /// Waits at most `timeout` for the write lock.
+    pub async fn write_timeout(&self, timeout: Duration) -> Result<WriteGuard> {
+        self.write_until(Some(timeout)).await?.ok_or(Error::Timeout(timeout))
+    }
+
+    /// Takes the write lock only if it is free now.
+    pub async fn try_write(&self) -> Result<Option<WriteGuard>> {
+        if !self.writers.sorted_children(false).await?.0.is_empty() {
+            return Ok(None);
+        }
+        self.write_until(Some(Duration::ZERO)).await
+    }
+
+    async fn write_until(&self, timeout: Option<Duration>) -> Result<Option<WriteGuard>> {
+        if self.reads_held.load(Ordering::SeqCst) > 0 {
+            return Err(Error::InvalidArgument(format!(
+                "cannot upgrade a read lock to the write lock at {}: release the read lock first \
+                 (the writer would wait for itself forever)",
+                self.path()
+            )));
+        }
+        let q = &self.writers;
+        let created = q
+            .acquire(self.data(), CreateMode::EphemeralSequential, &FirstN(1), deadline(timeout), None)
+            .await?;
+        Ok(created.map(|created| WriteGuard {
+            guard: LockGuard::new(HeldNode::new(&q.session, self.path(), "write lock", created)),
+            lock: self.clone(),
+        }))
+    }
+
+    /// Waits as long as it takes to acquire the read lock.
+    pub async fn read(&self) -> Result<ReadGuard> {
+        self.read_until(None).await?.ok_or(Error::Closed)
+    }
+
+    /// Waits at most `timeout` for the read lock.
+    pub async fn read_timeout(&self, timeout: Duration) -> Result<ReadGuard> {
+        self.read_until(Some(timeout)).await?.ok_or(Error::Timeout(timeout))
+    }
+
+    /// Takes the read lock only if no writer holds or waits now.
+    pub async fn try_read(&self) -> Result<Option<ReadGuard>> {
+        let (children, _) = self.readers.sorted_children(false).await?;
+        if children.iter().any(|c| c.name.contains(WRITE_LOCK_NAME)) {
+            return Ok(None);
+        }
+        self.read_until(Some(Duration::ZERO)).await
+    }
+
+    async fn read_until(&self, timeout: Option<Duration>) -> Result<Option<ReadGuard>> {
+        let q = &self.readers;
+        let created = q
+            .acquire(self.data(), CreateMode::EphemeralSequential, &NoWriterAhead, deadline(timeout), None)
+            .await?;
+        Ok(created.map(|created| self.read_guard(HeldNode::new(&q.session, self.path(), "read lock", created))))
+    }
+
+    fn read_guard(&self, node: Arc<HeldNode>) -> ReadGuard {
+        self.reads_held.fetch_add(1, Ordering::SeqCst);
+        ReadGuard {
+            guard: LockGuard::new(node),
+            _hold: ReadHold(self.reads_held.clone()),
+        }
+    }
+
+    /// Every participant (readers and writers) in queue order, marking those
+    /// that hold.
+    pub async fn participants(&self) -> Result<Vec<Participant>> {
+        self.readers.participants(&ByKind).await
+    }
+}
+
+/// Counts an owner's read holds, so it can refuse to upgrade.
+#[derive(Debug)]
+struct ReadHold(Arc<AtomicUsize>);
+
+impl Drop for ReadHold {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A hold of the write lock. Dereferences to [`LockGuard`] for the fencing
+/// token, the lost signal and guarded writes.
+#[derive(Debug)]
+#[must_use = "dropping the guard releases the lock"]
+pub struct WriteGuard {
+    guard: LockGuard,
+    lock: ReadWriteLock,
+}
+
+impl Deref for WriteGuard {
+    type Target = LockGuard;
+
+    fn deref(&self) -> &LockGuard {
+        &self.guard
+    }
+}
+
+impl WriteGuard {
+    /// Takes the read lock while holding the write lock, at once: the first
+    /// step of a downgrade (then release the write guard). The read node
+    /// takes our write node's sequence, so no writer queued behind us can
+    /// get in before our read lock is released.
+    pub async fn read(&self) -> Result<ReadGuard> {
+        let held = self.guard.held_node();
+        if self.guard.is_lost() {
+            return Err(held.lost_error());
+        }
+        let sequence = sequence_key(held.created.name(), SORT_NAMES).to_string();
+        let q = &self.lock.readers;
+        let prefix = format!("_c_{}-", uuid::Uuid::new_v4());
+        let name = format!("{READ_LOCK_NAME}{sequence}");
+        let (created, _) = q
+            .session
+            .create_protected(&q.dir, &prefix, &name, self.lock.data(), CreateMode::Ephemeral, false)
+            .await?;
+        if let Some(listener) = &q.revocation {
+            super::revocation::watch(&q.session, created.path.clone(), listener.clone());
+        }
+        Ok(self.lock.read_guard(HeldNode::new(&q.session, q.dir.as_str(), "read lock", created)))
+    }
+
+    /// Acquires the write lock again without a round trip.
+    pub fn reenter(&self) -> Result<WriteGuard> {
+        Ok(WriteGuard {
+            guard: self.guard.reenter()?,
+            lock: self.lock.clone(),
+        })
+    }
+
+    /// Releases this hold (see [`LockGuard::release`]).
+    pub async fn release(self) -> Result<()> {
+        self.guard.release().await
+    }
+}
+
+/// A hold of the read lock. Dereferences to [`LockGuard`].
+#[derive(Debug)]
+#[must_use = "dropping the guard releases the lock"]
+pub struct ReadGuard {
+    guard: LockGuard,
+    _hold: ReadHold,
+}
+
+impl Deref for ReadGuard {
+    type Target = LockGuard;
+
+    fn deref(&self) -> &LockGuard {
+        &self.guard
+    }
+}
+
+impl ReadGuard {
+    /// Acquires the read lock again without a round trip.
+    pub fn reenter(&self) -> Result<ReadGuard> {
+        let guard = self.guard.reenter()?;
+        self._hold.0.fetch_add(1, Ordering::SeqCst);
+        Ok(ReadGuard {
+            guard,
+            _hold: ReadHold(self._hold.0.clone()),
+        })
+    }
+
+    /// Releases this hold (see [`LockGuard::release`]).
+    pub async fn release(self) -> Result<()> {
+        let ReadGuard { guard, _hold } = self;
+        guard.release().await
+    }
+}

@@ -1,0 +1,369 @@
+//! The lock family: read-write lock, multi-lock, revocation, participants —
+//! ports of Curator's TestInterProcessReadWriteLock, TestInterProcessMutex
+//! (testRevoking), TestInterProcessMultiMutex, plus dlock's own cases.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use async_trait::async_trait;
+use common::{await_children, Harness};
+use dlock::{Error, FencingToken, Hold, Lockable, MultiLock, Mutex, ReadWriteLock};
+
+const WITHIN: Duration = Duration::from_secs(20);
+const SHORT: Duration = Duration::from_millis(300);
+
+/// Curator `testGetParticipantNodes` (read-write): 20 readers hold, 8 writers
+/// queue; the listing shows them in order, readers holding.
+async fn rw_participants_show_holders_and_waiters(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/rw");
+    let mut readers = Vec::new();
+    for _ in 0..20 {
+        readers.push(ReadWriteLock::new(&s, &path)?.read().await?);
+    }
+    let mut writers = Vec::new();
+    for i in 0..8 {
+        let rw = ReadWriteLock::new(&s, &path)?;
+        writers.push(tokio::spawn(async move { rw.write().await }));
+        await_children(&s, &path, 21 + i, WITHIN).await?;
+    }
+    let all = ReadWriteLock::new(&s, &path)?.participants().await?;
+    ensure!(all.len() == 28);
+    let (reads, writes): (Vec<_>, Vec<_>) = all.iter().partition(|p| p.node.contains("__READ__"));
+    ensure!(reads.len() == 20 && writes.len() == 8);
+    ensure!(reads.iter().all(|p| p.holds) && writes.iter().all(|p| !p.holds));
+    ensure!(all[..20].iter().all(|p| p.node.contains("__READ__")), "queue order");
+    for r in readers {
+        r.release().await?;
+    }
+    for w in writers {
+        w.await??.release().await?;
+    }
+    Ok(())
+}
+
+/// Curator `testThatUpgradingIsDisallowed`: a reader cannot take the write
+/// lock — dlock says so at once instead of waiting out a timeout.
+async fn upgrading_is_refused(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let rw = ReadWriteLock::new(&s, &h.path("/rw"))?;
+    let r = rw.read().await?;
+    let err = rw.write_timeout(SHORT).await.unwrap_err();
+    ensure!(matches!(&err, Error::InvalidArgument(m) if m.contains("upgrade")), "{err}");
+    r.release().await?;
+    rw.write().await?.release().await?;
+    Ok(())
+}
+
+/// Curator `testThatDowngradingRespectsThreads`: while one task holds the
+/// write lock, another cannot read.
+async fn downgrading_is_only_for_the_writer(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let rw = ReadWriteLock::new(&s, &h.path("/rw"))?;
+    let w = rw.write().await?;
+    let other = rw.clone();
+    let err = tokio::spawn(async move { other.read_timeout(SHORT).await.map(|_| ()) })
+        .await?
+        .unwrap_err();
+    ensure!(matches!(err, Error::Timeout(_)), "{err}");
+    w.release().await?;
+    Ok(())
+}
+
+/// Curator `testDowngrading`: write, read, release write, release read.
+async fn a_writer_downgrades_to_reader(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/rw");
+    let rw = ReadWriteLock::new(&s, &path)?;
+    let w = rw.write().await?;
+    let r = tokio::time::timeout(SHORT, w.read()).await??;
+    w.release().await?;
+    // Readers may join now; writers may not.
+    let other = ReadWriteLock::new(&s, &path)?;
+    other.read().await?.release().await?;
+    ensure!(other.try_write().await?.is_none());
+    r.release().await?;
+    other.write().await?.release().await?;
+    Ok(())
+}
+
+/// Curator `testContendingDowngrading` (CURATOR-621): a writer queued behind
+/// a downgrading writer stays out until the downgraded read is released.
+async fn a_queued_writer_cannot_slip_into_a_downgrade(h: &Harness) -> Result<()> {
+    let (s1, s2) = (h.session().await, h.session().await);
+    let path = h.path("/rw");
+    let lock1 = ReadWriteLock::new(&s1, &path)?;
+    let w1 = lock1.write().await?;
+    let lock2 = ReadWriteLock::new(&s2, &path)?;
+    let acquired = Arc::new(AtomicBool::new(false));
+    let flag = acquired.clone();
+    let writer2 = tokio::spawn(async move {
+        let g = lock2.write().await?;
+        flag.store(true, Ordering::SeqCst);
+        anyhow::Ok(g)
+    });
+    await_children(&s1, &path, 2, WITHIN).await?;
+    let r1 = w1.read().await?;
+    w1.release().await?;
+    // Writer 2 is woken by the write node's deletion and must see our read
+    // node ahead of it: it keeps waiting, watching the read node.
+    await_children(&s1, &path, 2, WITHIN).await?;
+    let fresh = ReadWriteLock::new(&s1, &path)?.participants().await?;
+    ensure!(fresh[0].node == r1.node() && fresh[0].holds && !fresh[1].holds, "{fresh:#?}");
+    ensure!(!acquired.load(Ordering::SeqCst), "writer 2 slipped in");
+    r1.release().await?;
+    tokio::time::timeout(WITHIN, writer2).await???.release().await?;
+    Ok(())
+}
+
+/// Curator `testBasic`: 8 clients, mostly readers, one writer in ten; a
+/// writer is alone, readers overlap.
+async fn writers_are_alone_and_readers_share(h: &Harness) -> Result<()> {
+    let path = h.path("/rw");
+    let readers_inside = Arc::new(AtomicUsize::new(0));
+    let writers_inside = Arc::new(AtomicUsize::new(0));
+    let max_readers = Arc::new(AtomicUsize::new(0));
+    let writes = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for client in 0..8 {
+        let rw = ReadWriteLock::new(&h.session().await, &path)?;
+        let (ri, wi, mr, wr) = (readers_inside.clone(), writers_inside.clone(), max_readers.clone(), writes.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in 0..25 {
+                if (client * 25 + i) % 10 == 0 {
+                    let g = rw.write().await?;
+                    ensure!(wi.fetch_add(1, Ordering::SeqCst) == 0, "two writers");
+                    ensure!(ri.load(Ordering::SeqCst) == 0, "a writer with readers");
+                    tokio::task::yield_now().await;
+                    wi.fetch_sub(1, Ordering::SeqCst);
+                    wr.fetch_add(1, Ordering::SeqCst);
+                    g.release().await?;
+                } else {
+                    let g = rw.read().await?;
+                    let n = ri.fetch_add(1, Ordering::SeqCst) + 1;
+                    mr.fetch_max(n, Ordering::SeqCst);
+                    ensure!(wi.load(Ordering::SeqCst) == 0, "a reader with a writer");
+                    tokio::time::sleep(Duration::from_millis(2)).await; // hold a while, so readers overlap
+                    ri.fetch_sub(1, Ordering::SeqCst);
+                    g.release().await?;
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    ensure!(writes.load(Ordering::SeqCst) == 20);
+    ensure!(max_readers.load(Ordering::SeqCst) > 1, "readers never overlapped");
+    Ok(())
+}
+
+/// Curator `testSetNodeData`: the lock's data is stored in its nodes.
+async fn rw_nodes_carry_the_lock_data(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let mut data = vec![1u8, 2, 3, 4];
+    let rw = ReadWriteLock::new(&s, &h.path("/lock"))?.with_data(data.clone());
+    data[0] = 9; // the lock keeps its own copy
+    let w = rw.write().await?;
+    ensure!(s.get_data(w.node()).await?.0 == [1, 2, 3, 4]);
+    w.release().await?;
+    Ok(())
+}
+
+/// Curator `testLockPath`: a writer's session dies; a reader gets in; the
+/// old write node is gone; the old holder's release reports the loss.
+async fn a_dead_writer_lets_readers_in(h: &Harness) -> Result<()> {
+    let (s1, s2) = (h.session().await, h.session().await);
+    let path = h.path("/rw");
+    let w = ReadWriteLock::new(&s1, &path)?.write().await?;
+    s1.faults().expect("faults").expire().await?;
+    let r = ReadWriteLock::new(&s2, &path)?.read_timeout(WITHIN).await?;
+    ensure!(s2.exists(w.node()).await?.is_none());
+    ensure!(matches!(w.release().await.unwrap_err(), Error::Lost { .. }));
+    r.release().await?;
+    Ok(())
+}
+
+/// Curator `testRevoking`: a revocable holder is asked (by node path, from
+/// another session) to release, does so, and the next participant gets in.
+async fn a_revocable_holder_is_asked_to_release(h: &Harness) -> Result<()> {
+    let (s1, s2) = (h.session().await, h.session().await);
+    let path = h.path("/locks/our-lock");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let m1 = Mutex::new(&s1, &path)?.revocable(move |node| {
+        let _ = tx.send(node.to_string());
+    });
+    let g = m1.acquire().await?;
+    ensure!(s1.get_data(g.node()).await?.0.is_empty(), "revocable nodes carry no data");
+    let m2 = Mutex::new(&s2, &path)?;
+    let nodes = m2.participants().await?;
+    ensure!(nodes.len() == 1 && nodes[0].node == g.node());
+    dlock::revoke(&s2, &nodes[0].node).await?;
+    let asked = tokio::time::timeout(WITHIN, rx.recv()).await?;
+    ensure!(asked.as_deref() == Some(g.node()));
+    g.release().await?;
+    m2.acquire_timeout(Duration::from_secs(5)).await?.release().await?;
+    // Revoking a node that is gone is fine.
+    dlock::revoke(&s2, &nodes[0].node).await?;
+    Ok(())
+}
+
+/// A waiting (not yet holding) revocable participant is told too.
+async fn a_revocable_waiter_is_told_too(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/locks/w");
+    let holder = Mutex::new(&s, &path)?.acquire().await?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let waiter = Mutex::new(&s, &path)?.revocable(move |node| {
+        let _ = tx.send(node.to_string());
+    });
+    let waiting = tokio::spawn(async move { waiter.acquire().await });
+    await_children(&s, &path, 2, WITHIN).await?;
+    let queue = Mutex::new(&s, &path)?.participants().await?;
+    dlock::revoke(&s, &queue[1].node).await?;
+    ensure!(tokio::time::timeout(WITHIN, rx.recv()).await?.as_deref() == Some(queue[1].node.as_str()));
+    waiting.abort();
+    let _ = waiting.await;
+    holder.release().await?;
+    Ok(())
+}
+
+/// Mutex participants: holder first, then waiters, with session, token and
+/// data.
+async fn mutex_participants_in_queue_order(h: &Harness) -> Result<()> {
+    let (s1, s2) = (h.session().await, h.session().await);
+    let path = h.path("/locks/p");
+    let g = Mutex::new(&s1, &path)?.with_data(b"one".to_vec()).acquire().await?;
+    let m2 = Mutex::new(&s2, &path)?.with_data(b"two".to_vec());
+    let waiting = tokio::spawn(async move { m2.acquire().await });
+    await_children(&s1, &path, 2, WITHIN).await?;
+    let all = Mutex::new(&s1, &path)?.participants().await?;
+    ensure!(all.len() == 2);
+    ensure!(all[0].holds && all[0].data == b"one" && all[0].session == s1.session_id() && all[0].token == g.token());
+    ensure!(!all[1].holds && all[1].data == b"two" && all[1].session == s2.session_id() && all[1].token > g.token());
+    g.release().await?;
+    waiting.await??.release().await?;
+    Ok(())
+}
+
+fn two_locks(h: &Harness, s: &dlock::Session) -> Result<MultiLock> {
+    Ok(MultiLock::new(vec![
+        Box::new(Mutex::new(s, &h.path("/locks/our-lock-1"))?),
+        Box::new(ReadWriteLock::new(s, &h.path("/locks/our-lock-2"))?.write_half()),
+    ]))
+}
+
+/// Curator's base test `test2Clients`, for a MultiLock: one holder at a time.
+async fn multi_locks_exclude_each_other(h: &Harness) -> Result<()> {
+    let (s1, s2) = (h.session().await, h.session().await);
+    let (m1, m2) = (two_locks(h, &s1)?, two_locks(h, &s2)?);
+    let g1 = m1.acquire().await?;
+    let err = m2.acquire_timeout(SHORT).await.unwrap_err();
+    ensure!(matches!(err, Error::Timeout(_)), "{err}");
+    // The timed-out attempt released what it had taken.
+    ensure!(s1.children(&h.path("/locks/our-lock-1")).await?.len() == 1);
+    let waiting = tokio::spawn(async move { m2.acquire().await });
+    g1.release().await?;
+    let g2 = tokio::time::timeout(WITHIN, waiting).await???;
+    ensure!(g2.tokens().len() == 2);
+    g2.release().await?;
+    Ok(())
+}
+
+/// A lock whose acquire or release fails on purpose.
+#[derive(Debug)]
+struct Faulty {
+    inner: Mutex,
+    fail_acquire: bool,
+    releases: Arc<AtomicUsize>,
+}
+
+#[derive(Debug)]
+struct FaultyHold(dlock::LockGuard);
+
+#[async_trait]
+impl Hold for FaultyHold {
+    fn token(&self) -> FencingToken {
+        self.0.token()
+    }
+    async fn release(self: Box<Self>) -> dlock::Result<()> {
+        // The release fails, and the lock stays held (its guard is leaked
+        // into the test's keeping below).
+        std::mem::forget(self.0);
+        Err(Error::Backend("release failed on purpose".into()))
+    }
+}
+
+#[async_trait]
+impl Lockable for Faulty {
+    async fn lock_for(&self, timeout: Option<Duration>) -> dlock::Result<Option<Box<dyn Hold>>> {
+        if self.fail_acquire {
+            return Err(Error::Backend("acquire failed on purpose".into()));
+        }
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        let g = match timeout {
+            Some(t) => self.inner.acquire_timeout(t).await?,
+            None => self.inner.acquire().await?,
+        };
+        Ok(Some(Box::new(FaultyHold(g))))
+    }
+}
+
+/// Curator `testSomeReleasesFail`: one release fails; the others are still
+/// released and the failure is reported.
+async fn a_failing_release_does_not_stop_the_others(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let good = Mutex::new(&s, &h.path("/locks/good"))?;
+    let bad = Mutex::new(&s, &h.path("/locks/bad"))?;
+    let multi = MultiLock::new(vec![
+        Box::new(good.clone()),
+        Box::new(Faulty { inner: bad.clone(), fail_acquire: false, releases: Arc::default() }),
+    ]);
+    let g = multi.acquire().await?;
+    let err = g.release().await.unwrap_err();
+    ensure!(matches!(&err, Error::Backend(m) if m.contains("on purpose")), "{err}");
+    ensure!(good.try_acquire().await?.map(|g| g).is_some(), "the good lock was released");
+    ensure!(bad.try_acquire().await?.is_none(), "the bad lock is still held");
+    // Clean up the deliberately leaked hold.
+    for p in bad.participants().await? {
+        s.delete(&p.node, None).await?;
+    }
+    Ok(())
+}
+
+/// Curator `testSomeLocksFailToLock`: a later lock fails to lock; the earlier
+/// one, held meanwhile, is released again; the error is the failure's.
+async fn a_failing_acquire_rolls_back(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let good = Mutex::new(&s, &h.path("/locks/good"))?;
+    let multi = MultiLock::new(vec![
+        Box::new(good.clone()),
+        Box::new(Faulty { inner: good.clone(), fail_acquire: true, releases: Arc::default() }),
+    ]);
+    let err = multi.acquire().await.unwrap_err();
+    ensure!(matches!(&err, Error::Backend(m) if m.contains("acquire failed")), "{err}");
+    ensure!(good.try_acquire().await?.is_some(), "rolled back");
+    Ok(())
+}
+
+per_backend!(embedded => crate::common::embedded();
+    rw_participants_show_holders_and_waiters,
+    upgrading_is_refused,
+    downgrading_is_only_for_the_writer,
+    a_writer_downgrades_to_reader,
+    a_queued_writer_cannot_slip_into_a_downgrade,
+    writers_are_alone_and_readers_share,
+    rw_nodes_carry_the_lock_data,
+    a_dead_writer_lets_readers_in,
+    a_revocable_holder_is_asked_to_release,
+    a_revocable_waiter_is_told_too,
+    mutex_participants_in_queue_order,
+    multi_locks_exclude_each_other,
+    a_failing_release_does_not_stop_the_others,
+    a_failing_acquire_rolls_back,
+);
