@@ -74,3 +74,32 @@ fn bad_input_is_named_in_one_line() {
         assert!(out.stdout.is_empty());
     }
 }
+
+#[test]
+fn the_write_half_of_a_read_write_lock_sells_exactly_the_stock() {
+    let out = dlock(&["demo", "flash-sale", "--buyers", "50", "--stock", "30", "--lock", "write"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s = summary(&out);
+    assert_eq!((s["lock"].as_str(), s["sold"].as_str(), s["oversold"].as_str()), ("write", "30", "0"));
+}
+
+/// The Kleppmann scenario: holders stall past their session; unguarded
+/// writes of the stalled holders land late and oversell, fenced ones are
+/// rejected and the sale sells exactly its stock.
+#[test]
+fn fencing_keeps_stalled_holders_from_overselling() {
+    let run = |guard: &str| {
+        let out = dlock(&[
+            "--session-timeout", "150ms", "demo", "flash-sale", "--buyers", "10", "--stock", "20",
+            "--stall-every", "5", "--guard", guard,
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (summary(&out), String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let (fenced, report) = run("fence");
+    assert_eq!(fenced["sold"], "20", "{report}");
+    assert_eq!(fenced["oversold"], "0");
+    assert!(report.contains("stalls=") && !report.contains("abandoned=0"), "stalled purchases were abandoned: {report}");
+    let (unguarded, report) = run("none");
+    assert!(unguarded["oversold"].parse::<u64>().unwrap() > 0, "stale writes oversold: {report}");
+}

@@ -291,6 +291,9 @@ impl Hold for FaultyHold {
     fn token(&self) -> FencingToken {
         self.0.token()
     }
+    async fn guarded(&self, ops: &[dlock::store::Op]) -> dlock::Result<Vec<dlock::store::OpResult>> {
+        self.0.guarded(ops).await
+    }
     async fn release(self: Box<Self>) -> dlock::Result<()> {
         // The release fails, and the lock stays held (its guard is leaked
         // into the test's keeping below).

@@ -1,1 +1,71 @@
-//! placeholder
+//! Test support for `dlock`: private, real ZooKeeper and etcd servers.
+//!
+//! Every server started by this crate
+//!
+//! * listens only on loopback (`127.0.0.1`) on ports chosen by [`free_port`]
+//!   (never a fixed, shared port),
+//! * keeps its data and its log in a fresh temporary directory,
+//! * is stopped (`SIGKILL`) and its directory removed when its handle is dropped,
+//! * and is also killed — and its directory removed — when the *owning process*
+//!   dies, even by `SIGKILL`: each server runs under a small `/bin/sh` watchdog
+//!   that holds the read end of a pipe whose write end only this process has;
+//!   when this process goes away the pipe closes and the watchdog kills the
+//!   server. This is what makes [`shared_zk`] and [`shared_etcd`] (kept in
+//!   statics, which Rust never drops) safe.
+//!
+//! Nothing is ever skipped silently: if a server cannot be started, the
+//! functions return an error naming the binary, the port and the last lines of
+//! the server's log, and — when the binary is missing — how to install it.
+//! This crate never installs packages itself (`scripts/zookeeper.sh`,
+//! `scripts/etcd.sh` and `scripts/test.sh` may).
+//!
+//! Binaries are found as follows (environment variables override):
+//!
+//! * ZooKeeper: `java` from `$DLOCK_JAVA`, `$JAVA_HOME/bin/java` or `PATH`; the
+//!   class path from `$DLOCK_ZK_CLASSPATH`, else Debian's
+//!   `/usr/share/java/zookeeper.jar` (its manifest lists its dependencies) plus
+//!   `slf4j-simple.jar` for logging, else `$ZOOKEEPER_HOME/lib/*`.
+//! * etcd: `$DLOCK_ETCD`, else `etcd` on `PATH`, else `/usr/bin/etcd`.
+//!
+//! What there is:
+//!
+//! | need | use | start-up here (2 cores) |
+//! | --- | --- | --- |
+//! | a ZooKeeper any test may share | [`shared_zk`] | once per test process |
+//! | a ZooKeeper to stop, restart or pause | [`ZkServer`] | ~0.5 s |
+//! | a 3-node ZooKeeper ensemble | [`ZkEnsemble`] | ~2 s |
+//! | an etcd any test may share | [`shared_etcd`] | once per test process |
+//! | an etcd to stop, restart or pause | [`EtcdServer`] | ~0.2–0.7 s |
+//! | a 3-member etcd cluster | [`EtcdCluster`] | ~1–2.5 s |
+//!
+//! "Shared" means one server per *process*: with `cargo test` that is one per
+//! test binary; under `cargo nextest` (one process per test) every test
+//! starts its own.
+//!
+//! ZooKeeper runs with `tickTime=500` (minimum session timeout 1 s),
+//! `maxSessionTimeout=60000`, `extendedTypesEnabled=true` (TTL nodes),
+//! `-Dznode.container.checkIntervalMs=100` (empty containers vanish fast),
+//! all four-letter words allowed, no admin server, `forceSync=yes`; see
+//! [`ZkOptions`]. etcd runs with its default timings and fsync; see
+//! [`EtcdOptions`].
+//!
+//! ```no_run
+//! let zk = dlock_testkit::ZkServer::start()?;
+//! println!("connect to {}", zk.connect_string());
+//! let etcd = dlock_testkit::shared_etcd();
+//! println!("etcd at {}", etcd.endpoint());
+//! # Ok::<(), anyhow::Error>(())
+//! ```
+
+#![warn(missing_docs)]
+
+mod etcd;
+mod port;
+mod process;
+mod util;
+mod zk;
+
+pub use etcd::{shared_etcd, try_shared_etcd, EtcdCluster, EtcdOptions, EtcdServer};
+pub use port::free_port;
+pub use util::{http_get, zk_four_letter};
+pub use zk::{shared_zk, try_shared_zk, ZkEnsemble, ZkOptions, ZkServer};

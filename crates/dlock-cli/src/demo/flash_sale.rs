@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use dlock::store::{CreateMode, CreateOptions};
-use dlock::{Error, Mutex, Session};
+use dlock::store::{CreateMode, CreateOptions, Op};
+use dlock::{Error, Lockable, Mutex, ReadWriteLock, Session};
 
 use crate::Global;
 
@@ -17,6 +17,8 @@ use crate::Global;
 pub enum LockKind {
     /// A fair, re-entrant Mutex (Curator InterProcessMutex layout).
     Mutex,
+    /// The write half of a ReadWriteLock (Curator InterProcessReadWriteLock).
+    Write,
     /// No lock at all: shows the overselling the lock prevents.
     None,
 }
@@ -25,9 +27,28 @@ impl LockKind {
     fn name(self) -> &'static str {
         match self {
             LockKind::Mutex => "mutex",
+            LockKind::Write => "write",
             LockKind::None => "none",
         }
     }
+
+    fn make(self, session: &Session, path: &str) -> Result<Option<Box<dyn Lockable>>> {
+        Ok(match self {
+            LockKind::Mutex => Some(Box::new(Mutex::new(session, path)?)),
+            LockKind::Write => Some(Box::new(ReadWriteLock::new(session, path)?.write_half())),
+            LockKind::None => None,
+        })
+    }
+}
+
+/// How the stock write is protected against a holder that lost its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GuardKind {
+    /// A plain write: a holder that stalled past its session still writes.
+    None,
+    /// A guarded write that lands only while the buyer's lock node exists;
+    /// a buyer whose lock was lost abandons that purchase and goes on.
+    Fence,
 }
 
 /// Arguments of `demo flash-sale`.
@@ -53,6 +74,15 @@ pub struct FlashSale {
     /// How long each purchase waits between reading and writing the stock.
     #[arg(long, default_value_t = 1)]
     hold_ms: u64,
+    /// How the stock write is protected.
+    #[arg(long, value_enum, default_value_t = GuardKind::None)]
+    guard: GuardKind,
+    /// Make every Nth purchase stall between its read and its write for
+    /// twice the session timeout, as a long GC pause would (0 = never). The
+    /// stalled buyer's session is lost meanwhile and another buyer takes
+    /// over: the Kleppmann scenario. Needs a backend with fault injection.
+    #[arg(long, default_value_t = 0)]
+    stall_every: u64,
 }
 
 /// Runs the flash sale.
@@ -78,6 +108,7 @@ pub async fn run(global: &Global, args: FlashSale) -> Result<()> {
         buyers.push(global.connect().await?);
     }
     let sold = Arc::new(AtomicU64::new(0));
+    let counters = Arc::new(Counters::default());
     let started = Instant::now();
     let progress = std::io::stderr().is_terminal().then(|| {
         let sold = sold.clone();
@@ -90,15 +121,19 @@ pub async fn run(global: &Global, args: FlashSale) -> Result<()> {
     });
     let mut tasks = Vec::with_capacity(buyers.len());
     for session in &buyers {
+        if args.stall_every > 0 && session.faults().is_none() {
+            bail!("--stall-every needs fault injection, which the {} backend lacks", global.backend_name()?);
+        }
         let buyer = Buyer {
             session: session.clone(),
-            lock: match args.lock {
-                LockKind::Mutex => Some(Mutex::new(session, &args.lock_path)?),
-                LockKind::None => None,
-            },
+            lock: args.lock.make(session, &args.lock_path)?,
+            guard: args.guard,
             stock_path: args.stock_path.clone(),
             hold: Duration::from_millis(args.hold_ms),
+            stall_every: args.stall_every,
+            stall: session.session_timeout() * 2,
             sold: sold.clone(),
+            counters: counters.clone(),
         };
         tasks.push(tokio::spawn(buyer.run()));
     }
@@ -117,6 +152,13 @@ pub async fn run(global: &Global, args: FlashSale) -> Result<()> {
     admin.close().await;
     let sold = sold.load(Ordering::Relaxed);
     let oversold = sold.saturating_sub(u64::from(stock));
+    if args.guard == GuardKind::Fence || args.stall_every > 0 {
+        eprintln!(
+            "stalls={} abandoned={} (purchases whose lock was lost before their write)",
+            counters.stalls.load(Ordering::Relaxed),
+            counters.abandoned.load(Ordering::Relaxed)
+        );
+    }
     println!(
         "flash-sale backend={} lock={} buyers={} stock={stock} sold={sold} left={left} oversold={oversold} seconds={seconds:.3}",
         global.backend_name()?,
@@ -126,12 +168,23 @@ pub async fn run(global: &Global, args: FlashSale) -> Result<()> {
     Ok(())
 }
 
+#[derive(Default)]
+struct Counters {
+    purchases: AtomicU64,
+    stalls: AtomicU64,
+    abandoned: AtomicU64,
+}
+
 struct Buyer {
     session: Session,
-    lock: Option<Mutex>,
+    lock: Option<Box<dyn Lockable>>,
+    guard: GuardKind,
     stock_path: String,
     hold: Duration,
+    stall_every: u64,
+    stall: Duration,
     sold: Arc<AtomicU64>,
+    counters: Arc<Counters>,
 }
 
 impl Buyer {
@@ -139,24 +192,52 @@ impl Buyer {
     /// non-atomic read-modify-write that only the lock makes safe.
     async fn run(self) -> Result<()> {
         loop {
-            let guard = match &self.lock {
-                Some(m) => Some(m.acquire().await?),
+            let hold = match &self.lock {
+                Some(lock) => lock.lock_for(None).await?,
                 None => None,
             };
             let (stock, _) = read_stock(&self.session, &self.stock_path).await?;
-            let bought = stock > 0;
-            if bought {
-                tokio::time::sleep(self.hold).await;
-                self.session
-                    .set_data(&self.stock_path, (stock - 1).to_string().as_bytes(), None)
-                    .await?;
-                self.sold.fetch_add(1, Ordering::Relaxed);
-            }
-            if let Some(g) = guard {
-                g.release().await?;
-            }
-            if !bought {
+            if stock == 0 {
+                if let Some(h) = hold {
+                    let _ = h.release().await;
+                }
                 return Ok(());
+            }
+            tokio::time::sleep(self.hold).await;
+            let n = self.counters.purchases.fetch_add(1, Ordering::Relaxed) + 1;
+            if self.stall_every > 0 && n % self.stall_every == 0 {
+                // The process freezes; its session times out meanwhile.
+                self.counters.stalls.fetch_add(1, Ordering::Relaxed);
+                if let Some(faults) = self.session.faults() {
+                    faults.suspend(self.stall);
+                }
+            }
+            let data = (stock - 1).to_string().into_bytes();
+            let write = Op::SetData { path: self.stock_path.clone(), data, version: None };
+            let written = match (&hold, self.guard) {
+                (Some(h), GuardKind::Fence) => match h.guarded(std::slice::from_ref(&write)).await {
+                    Ok(_) => true,
+                    Err(Error::Lost { .. }) => false,
+                    Err(e) => return Err(e.into()),
+                },
+                _ => {
+                    let Op::SetData { path, data, .. } = &write else { unreachable!() };
+                    self.session.set_data(path, data, None).await?;
+                    true
+                }
+            };
+            if written {
+                self.sold.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.counters.abandoned.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Some(h) = hold {
+                // A lost lock reports itself here; the purchase was already
+                // accounted for above.
+                match h.release().await {
+                    Ok(()) | Err(Error::Lost { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
             }
         }
     }

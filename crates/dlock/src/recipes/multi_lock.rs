@@ -10,7 +10,7 @@ use super::guard::LockGuard;
 use super::mutex::Mutex;
 use super::rwlock::{ReadGuard, ReadWriteLock, WriteGuard};
 use crate::error::{Error, Result};
-use crate::store::FencingToken;
+use crate::store::{FencingToken, Op, OpResult};
 
 /// A lock [`MultiLock`] can take. Implemented by [`Mutex`], the halves of a
 /// [`ReadWriteLock`] ([`ReadWriteLock::read_half`],
@@ -29,6 +29,10 @@ pub trait Hold: Send + Sync + fmt::Debug {
     /// The acquisition's fencing token.
     fn token(&self) -> FencingToken;
 
+    /// Applies `ops` only while the lock is still held (see
+    /// [`LockGuard::guarded`]).
+    async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>>;
+
     /// Releases the lock.
     async fn release(self: Box<Self>) -> Result<()>;
 }
@@ -37,6 +41,10 @@ pub trait Hold: Send + Sync + fmt::Debug {
 impl Hold for LockGuard {
     fn token(&self) -> FencingToken {
         LockGuard::token(self)
+    }
+
+    async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
+        LockGuard::guarded(self, ops).await
     }
 
     async fn release(self: Box<Self>) -> Result<()> {
@@ -50,6 +58,10 @@ impl Hold for ReadGuard {
         LockGuard::token(self)
     }
 
+    async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
+        LockGuard::guarded(self, ops).await
+    }
+
     async fn release(self: Box<Self>) -> Result<()> {
         ReadGuard::release(*self).await
     }
@@ -59,6 +71,10 @@ impl Hold for ReadGuard {
 impl Hold for WriteGuard {
     fn token(&self) -> FencingToken {
         LockGuard::token(self)
+    }
+
+    async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
+        LockGuard::guarded(self, ops).await
     }
 
     async fn release(self: Box<Self>) -> Result<()> {
