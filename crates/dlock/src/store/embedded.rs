@@ -4,7 +4,7 @@
 //! One [`EmbeddedServer`] plays the ensemble; every session connected to it
 //! behaves like a separate process (its own ephemeral nodes, watches and
 //! session state). It follows ZooKeeper 3.8 where recipes can tell:
-//! sequence suffix = the parent's child-change counter formatted `%010d`,
+//! sequence suffix = the parent's count of child creations formatted `%010d`,
 //! ephemeral nodes removed when their session closes or expires, containers
 //! reaped once emptied, versions, one-shot watches, one global transaction
 //! id. Its sessions can be made to fail on purpose ([`Faults`]).
@@ -199,6 +199,10 @@ struct Node {
     stat: Stat,
     mode: CreateMode,
     children: BTreeSet<String>,
+    /// Child creations so far: the next sequence suffix. ZooKeeper 3.8
+    /// numbers sequential children by creations only, although its
+    /// `cversion` also counts deletions (measured on a real server).
+    creations: i32,
 }
 
 /// What a multi-operation must put back if a later operation fails.
@@ -233,6 +237,7 @@ impl Tree {
                 stat: Stat::default(),
                 mode: CreateMode::Persistent,
                 children: BTreeSet::new(),
+                creations: 0,
             },
         );
         Tree {
@@ -320,7 +325,7 @@ impl Tree {
             });
         }
         let full = if mode.is_sequential() {
-            format!("{path}{:010}", parent.stat.cversion)
+            format!("{path}{:010}", parent.creations)
         } else {
             path.to_string()
         };
@@ -337,6 +342,7 @@ impl Tree {
             });
         }
         parent.children.insert(path::node_name(&full).to_string());
+        parent.creations += 1;
         parent.stat.cversion += 1;
         parent.stat.num_children += 1;
         let stat = Stat {
@@ -355,6 +361,7 @@ impl Tree {
                 stat,
                 mode,
                 children: BTreeSet::new(),
+                creations: 0,
             },
         );
         if mode.is_ephemeral() {
@@ -483,6 +490,7 @@ impl Tree {
                     let parent = self.nodes.get_mut(path::parent(&path)).expect("parent exists");
                     parent.children.remove(path::node_name(&path));
                     parent.stat = parent_stat;
+                    parent.creations -= 1;
                 }
                 Undo::Deleted {
                     path,

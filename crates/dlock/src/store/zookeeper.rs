@@ -39,20 +39,22 @@
 //! # Faults
 //!
 //! [`Session::faults`] is available; what each hook does on ZooKeeper:
-//! - [`Faults::expire`] kills the session **on the server**, from a second
-//!   connection that joins it with its id and password and closes it (what
-//!   Curator's and ZooKeeper's own tests do). It returns once the server has
-//!   deleted the session's ephemeral nodes (other sessions' watches fire),
-//!   with the status `Lost`; the original client, cut off, learns on
-//!   reconnecting that its session expired. The next operation opens a new
-//!   session.
+//! - [`Faults::expire`] ends the session **on the server** now, as an
+//!   expiry would: the server deletes the session's ephemeral nodes in one
+//!   transaction and other sessions' watches fire. It returns once the
+//!   server has confirmed, with the status `Lost` (this session's watches
+//!   wake with `Session(Lost)`); the next operation opens a new session.
+//!   The session is ended with `closeSession` through its own client rather
+//!   than from a second connection joining it: ZooKeeper drops a session's
+//!   older connection whenever another joins, and the client reconnects at
+//!   once, so the second connection loses that race again and again.
 //! - [`Faults::suspend`] cannot cut one client's connection, so it acts on
 //!   the client side: it publishes `Suspended` at once and holds every
 //!   operation issued meanwhile until the suspension ends (operations
 //!   already in flight complete; the real connection keeps the session
 //!   alive). After `duration` it publishes `Reconnected` (when the real
 //!   connection is up). If `duration` reaches the negotiated session
-//!   timeout, then after that timeout the session is killed on the server
+//!   timeout, then after that timeout the session is ended on the server
 //!   as by `expire` and `Lost` is published; the held operations then run
 //!   in a new session.
 //! - [`Faults::lose_next_create_reply`]: the next create (or
@@ -73,8 +75,8 @@ use zookeeper_client as zk;
 
 use self::state::{Config, Inner};
 use super::{
-    BackendKind, Child, CreateMode, CreateOptions, Created, Faults, Op, OpResult, SessionStatus, Stat, Store,
-    Watch,
+    BackendKind, Child, CreateMode, CreateOptions, Created, Faults, Op, OpResult, SessionStatus,
+    Stat, Store, Watch,
 };
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
@@ -150,7 +152,10 @@ fn created(path: &str, mode: CreateMode, s: &zk::Stat, sequence: zk::CreateSeque
     } else {
         path.to_string()
     };
-    Created { path, stat: stat(s) }
+    Created {
+        path,
+        stat: stat(s),
+    }
 }
 
 fn children(names: Vec<String>) -> Vec<Child> {
@@ -171,7 +176,10 @@ impl ZooKeeperStore {
         let ancestors: Vec<&str> = path::ancestors(path).collect();
         let checks: Vec<_> = ancestors.iter().map(|a| client.check_stat(a)).collect();
         let mut missing = Vec::new();
-        for (ancestor, found) in ancestors.iter().zip(futures::future::join_all(checks).await) {
+        for (ancestor, found) in ancestors
+            .iter()
+            .zip(futures::future::join_all(checks).await)
+        {
             match found {
                 Ok(Some(_)) => {}
                 Ok(None) => missing.push(*ancestor),
@@ -180,7 +188,10 @@ impl ZooKeeperStore {
         }
         let options = self.options(CreateMode::Container);
         // Sent in this order on the one connection, so each finds its parent.
-        let creates: Vec<_> = missing.iter().map(|a| client.create(a, &[], &options)).collect();
+        let creates: Vec<_> = missing
+            .iter()
+            .map(|a| client.create(a, &[], &options))
+            .collect();
         for (ancestor, result) in missing.iter().zip(futures::future::join_all(creates).await) {
             match result {
                 Ok(_) | Err(zk::Error::NodeExists) => {}
@@ -203,7 +214,13 @@ impl ZooKeeperStore {
         }
     }
 
-    async fn create_in(&self, client: &zk::Client, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
+    async fn create_in(
+        &self,
+        client: &zk::Client,
+        path: &str,
+        data: &[u8],
+        opts: CreateOptions,
+    ) -> Result<Created> {
         let options = self.options(opts.mode);
         let result = match client.create(path, data, &options).await {
             Err(zk::Error::NoNode) if opts.create_parents => {
@@ -262,10 +279,14 @@ impl Store for ZooKeeperStore {
         list: &str,
     ) -> Result<(Created, Vec<Child>)> {
         let client = self.inner.client().await?;
-        let (mut create, mut listing) = self.create_and_list_in(&client, path, data, opts.mode, list).await;
+        let (mut create, mut listing) = self
+            .create_and_list_in(&client, path, data, opts.mode, list)
+            .await;
         if matches!(create, Err(zk::Error::NoNode)) && opts.create_parents {
             self.mkdirs(&client, path).await?;
-            (create, listing) = self.create_and_list_in(&client, path, data, opts.mode, list).await;
+            (create, listing) = self
+                .create_and_list_in(&client, path, data, opts.mode, list)
+                .await;
         }
         let created = self.finish_create(&client, path, opts.mode, create)?;
         let listing = listing.map_err(|e| self.inner.error(&client, e, list))?;
@@ -297,7 +318,10 @@ impl Store for ZooKeeperStore {
                 .await
                 .map(|(data, s, w)| (data, stat(&s), Some(self.inner.arm(w))))
         } else {
-            client.get_data(path).await.map(|(data, s)| (data, stat(&s), None))
+            client
+                .get_data(path)
+                .await
+                .map(|(data, s)| (data, stat(&s), None))
         };
         result.map_err(|e| self.inner.error(&client, e, path))
     }
@@ -310,7 +334,10 @@ impl Store for ZooKeeperStore {
                 .await
                 .map(|(s, w)| (s.as_ref().map(stat), Some(self.inner.arm(w))))
         } else {
-            client.check_stat(path).await.map(|s| (s.as_ref().map(stat), None))
+            client
+                .check_stat(path)
+                .await
+                .map(|s| (s.as_ref().map(stat), None))
         };
         result.map_err(|e| self.inner.error(&client, e, path))
     }
@@ -323,7 +350,10 @@ impl Store for ZooKeeperStore {
                 .await
                 .map(|(names, w)| (children(names), Some(self.inner.arm(w))))
         } else {
-            client.list_children(path).await.map(|names| (children(names), None))
+            client
+                .list_children(path)
+                .await
+                .map(|names| (children(names), None))
         };
         result.map_err(|e| self.inner.error(&client, e, path))
     }
@@ -334,9 +364,17 @@ impl Store for ZooKeeperStore {
         let mut writer = client.new_multi_writer();
         for (index, op) in ops.iter().enumerate() {
             let added = match op {
-                Op::Check { path, version } => writer.add_check_version(path, version.unwrap_or(-1)),
-                Op::Create { path, data, mode } => writer.add_create(path, data, &zk_mode(*mode).with_acls(acls)),
-                Op::SetData { path, data, version } => writer.add_set_data(path, data, *version),
+                Op::Check { path, version } => {
+                    writer.add_check_version(path, version.unwrap_or(-1))
+                }
+                Op::Create { path, data, mode } => {
+                    writer.add_create(path, data, &zk_mode(*mode).with_acls(acls))
+                }
+                Op::SetData {
+                    path,
+                    data,
+                    version,
+                } => writer.add_set_data(path, data, *version),
                 Op::Delete { path, version } => writer.add_delete(path, *version),
             };
             if let Err(e) = added {
@@ -360,7 +398,9 @@ impl Store for ZooKeeperStore {
                 });
             }
             Err(zk::MultiWriteError::RequestFailed { source }) => {
-                return Err(self.inner.error(&client, source, ops.first().map_or("/", op_path)));
+                return Err(self
+                    .inner
+                    .error(&client, source, ops.first().map_or("/", op_path)));
             }
         };
         if results.len() != ops.len() {
@@ -375,10 +415,15 @@ impl Store for ZooKeeperStore {
             .map(|r| match r {
                 zk::MultiWriteResult::Check => Ok(OpResult::Checked),
                 zk::MultiWriteResult::Delete => Ok(OpResult::Deleted),
-                zk::MultiWriteResult::Create { path, stat: s } => Ok(OpResult::Created(Created { path, stat: stat(&s) })),
+                zk::MultiWriteResult::Create { path, stat: s } => Ok(OpResult::Created(Created {
+                    path,
+                    stat: stat(&s),
+                })),
                 zk::MultiWriteResult::SetData { stat: s } => Ok(OpResult::Set(stat(&s))),
                 #[allow(unreachable_patterns)]
-                other => Err(Error::Backend(format!("multi: unexpected result {other:?}"))),
+                other => Err(Error::Backend(format!(
+                    "multi: unexpected result {other:?}"
+                ))),
             })
             .collect()
     }
@@ -394,7 +439,10 @@ impl Store for ZooKeeperStore {
 
 fn op_path(op: &Op) -> &str {
     match op {
-        Op::Check { path, .. } | Op::Create { path, .. } | Op::SetData { path, .. } | Op::Delete { path, .. } => path,
+        Op::Check { path, .. }
+        | Op::Create { path, .. }
+        | Op::SetData { path, .. }
+        | Op::Delete { path, .. } => path,
     }
 }
 
@@ -409,7 +457,7 @@ impl Faults for ZooKeeperStore {
     /// complete, and the real connection keeps the session alive). After
     /// `duration` it publishes `Reconnected` (if the real connection is up;
     /// else when it is back). If `duration` reaches the negotiated session
-    /// timeout, then after that timeout the session is killed on the server
+    /// timeout, then after that timeout the session is ended on the server
     /// (as [`expire`](Faults::expire) does: its ephemeral nodes vanish,
     /// other sessions' watches fire) and `Lost` is published; the held
     /// operations then run in a new session.
@@ -417,15 +465,14 @@ impl Faults for ZooKeeperStore {
         self.inner.suspend(duration);
     }
 
-    /// Kills the session on the server from a second connection that joins
-    /// it with its id and password and closes it (what Curator's tests do).
-    /// Returns once the server has deleted the session's ephemeral nodes,
-    /// with the status `Lost`; the next operation opens a new session.
+    /// Ends the session on the server as an expiry would (see the module
+    /// docs) and returns with the status `Lost`.
     ///
     /// # Errors
     ///
-    /// [`Error::Unreachable`] if the server cannot be reached (the session
-    /// is left alone); [`Error::Closed`] after `close()`.
+    /// [`Error::Unreachable`] if the server did not confirm within twice the
+    /// session timeout (the session is lost to this client all the same);
+    /// [`Error::Closed`] after `close()`.
     async fn expire(&self) -> Result<()> {
         self.inner.expire().await
     }

@@ -1,6 +1,6 @@
 //! The session side of the ZooKeeper backend: connecting, the Curator-style
 //! state machine on top of the client's session states, renewal after a
-//! loss, closing, and killing a session from a second connection.
+//! loss, closing, and ending a session on the server for the fault hooks.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
@@ -119,7 +119,12 @@ async fn open_unbounded(config: &Config) -> Result<zk::Client> {
         zk::Error::NoAuth => Error::NoAuth { path: root.clone() },
         e => Error::Backend(format!("cannot create the chroot {root}: {e}")),
     };
-    if client.check_stat(root).await.map_err(chroot_error)?.is_none() {
+    if client
+        .check_stat(root)
+        .await
+        .map_err(chroot_error)?
+        .is_none()
+    {
         let options = zk::CreateMode::Persistent.with_acls(config.acls());
         client.mkdir(root, &options).await.map_err(chroot_error)?;
     }
@@ -131,30 +136,18 @@ async fn open_unbounded(config: &Config) -> Result<zk::Client> {
         })
 }
 
-/// Kills a session the way ZooKeeper's own tests (and Curator's
-/// `KillSession`) do: a second connection joins the session with its id and
-/// password, then closes it. The server deletes the session's ephemeral
-/// nodes; the original client is cut off and, reconnecting, learns that its
-/// session expired. Returns once the server has closed the session.
-pub(super) async fn kill_session(config: &Config, session: zk::SessionInfo, timeout: Duration) -> Result<()> {
-    let connecting = zk::Client::connector()
-        .with_session(session)
-        .with_session_timeout(timeout)
-        .connect(&config.hosts);
-    let killer = match tokio::time::timeout(config.connect_limit(), connecting).await {
-        Ok(Ok(killer)) => killer,
-        // Already gone.
-        Ok(Err(zk::Error::SessionExpired)) => return Ok(()),
-        Ok(Err(e)) => return Err(config.unreachable(format!("cannot join the session to expire it: {e}"))),
-        Err(_) => return Err(config.unreachable("timed out joining the session to expire it")),
-    };
-    let mut states = killer.state_watcher();
-    // Dropping the only handle makes its session task send CloseSession; it
-    // ends (state Closed) once the server has answered.
-    drop(killer);
-    tokio::time::timeout(config.connect_limit(), terminated(&mut states))
+/// Ends a session on the server by letting go of its client: once its last
+/// handle is gone, the client's session task sends `closeSession`, and the
+/// server deletes the session's ephemeral nodes in that one transaction
+/// (exactly what it does when it expires a session; other sessions' watches
+/// fire). Returns whether the server confirmed it within `bound` (handles
+/// still held by operations in flight delay it until they finish).
+async fn end_session(client: Arc<zk::Client>, bound: Duration) -> bool {
+    let mut states = client.state_watcher();
+    drop(client);
+    tokio::time::timeout(bound, terminated(&mut states))
         .await
-        .map_err(|_| config.unreachable("the server did not confirm closing the session"))
+        .is_ok()
 }
 
 /// Waits until a client's session is over (closed, expired or failed).
@@ -178,8 +171,9 @@ struct Slot {
     /// A `suspend()` is in effect: stay `Suspended` whatever the connection
     /// does, until its timer ends it.
     fault_suspended: bool,
-    /// `expire()` is killing this session: the disconnection it causes is
-    /// not reported as a suspension.
+    /// `expire()` (or a suspension past the timeout) is ending this
+    /// session: operations wait for it to be `Lost`, and a disconnection
+    /// meanwhile is not reported as a suspension.
     expiring: Option<SessionId>,
 }
 
@@ -248,7 +242,12 @@ impl Inner {
 
     /// Moves the status of `session` to `to` if its state satisfies `from`.
     /// Call with the slot locked.
-    fn transition(&self, session: SessionId, from: impl Fn(SessionState) -> bool, to: SessionState) -> bool {
+    fn transition(
+        &self,
+        session: SessionId,
+        from: impl Fn(SessionState) -> bool,
+        to: SessionState,
+    ) -> bool {
         self.status.send_if_modified(|s| {
             let change = s.session_id == session && from(s.state) && s.state != to;
             if change {
@@ -265,7 +264,7 @@ impl Inner {
     pub async fn client(self: &Arc<Self>) -> Result<Arc<zk::Client>> {
         let mut rx = self.status.subscribe();
         loop {
-            let status = {
+            let (status, expiring) = {
                 let slot = self.lock();
                 let status = *rx.borrow_and_update();
                 if status.state.is_connected() {
@@ -273,19 +272,21 @@ impl Inner {
                         return Ok(client.clone());
                     }
                 }
-                status
+                (status, slot.expiring == Some(status.session_id))
             };
             match status.state {
                 SessionState::Closed => return Err(Error::Closed),
                 SessionState::Lost => self.renew(status.session_id).await?,
-                SessionState::Suspended => {
+                // Wait for the connection, or for the end of a session being
+                // ended (then `Lost`, and renewed above).
+                _ if status.state == SessionState::Suspended || expiring => {
                     if rx.changed().await.is_err() {
                         return Err(Error::Closed);
                     }
                 }
                 // Connected without a client cannot happen (both change
                 // under the lock); treat it as a loss rather than spin.
-                SessionState::Connected | SessionState::Reconnected => {
+                _ => {
                     self.lose(status.session_id);
                 }
             }
@@ -384,14 +385,19 @@ impl Inner {
     fn on_connected(&self, session: SessionId) -> bool {
         let slot = self.lock();
         if !slot.fault_suspended && slot.expiring != Some(session) {
-            self.transition(session, |s| s == SessionState::Suspended, SessionState::Reconnected);
+            self.transition(
+                session,
+                |s| s == SessionState::Suspended,
+                SessionState::Reconnected,
+            );
         }
         self.is_current(session)
     }
 
     fn is_current(&self, session: SessionId) -> bool {
         let status = *self.status.borrow();
-        status.session_id == session && !matches!(status.state, SessionState::Lost | SessionState::Closed)
+        status.session_id == session
+            && !matches!(status.state, SessionState::Lost | SessionState::Closed)
     }
 
     /// Follows one client's session states and maps them onto Curator's:
@@ -458,14 +464,19 @@ impl Inner {
             zk::Error::NotEmpty => Error::NotEmpty { path },
             zk::Error::NoChildrenForEphemerals => Error::NoChildrenForEphemerals { path },
             zk::Error::NoAuth => Error::NoAuth { path },
-            zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::NoHosts => Error::ConnectionLoss,
+            zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::NoHosts => {
+                Error::ConnectionLoss
+            }
             zk::Error::SessionExpired | zk::Error::SessionMoved => {
                 self.lose(client.session_id().0);
                 Error::SessionExpired
             }
             zk::Error::AuthFailed => {
                 self.lose(client.session_id().0);
-                Error::AuthFailed(format!("ZooKeeper at {} failed the session's authentication", self.config.endpoint))
+                Error::AuthFailed(format!(
+                    "ZooKeeper at {} failed the session's authentication",
+                    self.config.endpoint
+                ))
             }
             zk::Error::ClientClosed => {
                 if self.status.borrow().state == SessionState::Closed {
@@ -484,7 +495,9 @@ impl Inner {
     /// or an ephemeral parent is named by the parent's path.
     pub fn create_error(&self, client: &zk::Client, e: zk::Error, path: &str) -> Error {
         match e {
-            zk::Error::NoNode | zk::Error::NoChildrenForEphemerals => self.error(client, e, path::parent(path)),
+            zk::Error::NoNode | zk::Error::NoChildrenForEphemerals => {
+                self.error(client, e, path::parent(path))
+            }
             e => self.error(client, e, path),
         }
     }
@@ -494,7 +507,8 @@ impl Inner {
     /// dropped (then the client's watcher is dropped too).
     pub fn arm(&self, watcher: zk::OneshotWatcher) -> Watch {
         let (mut tx, rx) = oneshot::channel();
-        let watch = Watch::new(rx, self.status.subscribe());
+        let status = self.status.subscribe();
+        let watch = Watch::new(rx, status.clone());
         self.runtime.spawn(async move {
             let changed = watcher.changed();
             tokio::pin!(changed);
@@ -503,7 +517,8 @@ impl Inner {
                 () = tx.closed() => None,
             };
             if let Some(event) = event {
-                let _ = tx.send(watch_event(&event));
+                let closed = status.borrow().state == SessionState::Closed;
+                let _ = tx.send(watch_event(&event, closed));
             }
         });
         watch
@@ -518,7 +533,11 @@ impl Inner {
         let _slot = self.lock();
         let session = self.status.borrow().session_id;
         if self.transition(session, SessionState::is_connected, SessionState::Suspended) {
-            self.transition(session, |s| s == SessionState::Suspended, SessionState::Reconnected);
+            self.transition(
+                session,
+                |s| s == SessionState::Suspended,
+                SessionState::Reconnected,
+            );
         }
         Err(Error::ConnectionLoss)
     }
@@ -529,11 +548,7 @@ impl Inner {
     pub async fn close(&self) {
         let (client, timeout) = self.shut();
         if let Some(client) = client {
-            let mut states = client.state_watcher();
-            // Operations still in flight hold clones; the session closes
-            // when the last one is dropped.
-            drop(client);
-            let _ = tokio::time::timeout(timeout, terminated(&mut states)).await;
+            end_session(client, timeout).await;
         }
     }
 
@@ -555,7 +570,7 @@ impl Inner {
 
     /// `Faults::suspend`: publishes `Suspended`, holds new operations back
     /// for `duration`, then publishes `Reconnected` — or, if `duration`
-    /// reaches the session timeout, kills the session after the timeout and
+    /// reaches the session timeout, ends the session after the timeout and
     /// publishes `Lost`.
     pub fn suspend(self: &Arc<Self>, duration: Duration) {
         let (session, epoch, timeout) = {
@@ -566,7 +581,11 @@ impl Inner {
             }
             slot.fault_epoch += 1;
             slot.fault_suspended = true;
-            self.transition(status.session_id, SessionState::is_connected, SessionState::Suspended);
+            self.transition(
+                status.session_id,
+                SessionState::is_connected,
+                SessionState::Suspended,
+            );
             (status.session_id, slot.fault_epoch, slot.timeout)
         };
         let expires = duration >= timeout;
@@ -593,73 +612,87 @@ impl Inner {
         slot.fault_suspended = false;
         // If the real connection is down too, its monitor reports the
         // reconnection.
-        let connected = slot
-            .client
-            .as_ref()
-            .is_some_and(|c| c.session_id().0 == session && c.state() == zk::SessionState::SyncConnected);
+        let connected = slot.client.as_ref().is_some_and(|c| {
+            c.session_id().0 == session && c.state() == zk::SessionState::SyncConnected
+        });
         if connected {
-            self.transition(session, |s| s == SessionState::Suspended, SessionState::Reconnected);
+            self.transition(
+                session,
+                |s| s == SessionState::Suspended,
+                SessionState::Reconnected,
+            );
         }
     }
 
     /// The end of a suspension as long as the session timeout: the server
-    /// would have expired the session, so it is killed, then `Lost`.
+    /// would have expired the session, so it is ended, then `Lost`.
     async fn expire_suspended(&self, session: SessionId, epoch: u64) {
-        let info = {
+        {
             let slot = self.lock();
             if slot.fault_epoch != epoch || !slot.fault_suspended {
                 return;
             }
-            slot.client
-                .as_ref()
-                .filter(|c| c.session_id().0 == session)
-                .map(|c| (c.session().clone(), slot.timeout))
-        };
-        if let Some((info, timeout)) = info {
-            if let Err(e) = kill_session(&self.config, info, timeout).await {
-                tracing::warn!("suspension past the session timeout: could not expire the session on the server: {e}");
-            }
         }
-        self.lose(session);
+        if let Err(e) = self.end_for_expiry(session).await {
+            tracing::warn!("suspension past the session timeout: {e}");
+        }
     }
 
-    /// `Faults::expire`: kills the current session from a second connection
-    /// and returns once the server has deleted its ephemeral nodes and the
-    /// status is `Lost`.
+    /// `Faults::expire`: ends the current session on the server and returns
+    /// once the server has deleted its ephemeral nodes, with the status
+    /// `Lost`.
     pub async fn expire(&self) -> Result<()> {
-        let (session, info, timeout) = {
+        let status = *self.status.borrow();
+        match status.state {
+            SessionState::Closed => Err(Error::Closed),
+            SessionState::Lost => Ok(()),
+            _ => self.end_for_expiry(status.session_id).await,
+        }
+    }
+
+    /// Ends `session` on the server as an expiry would, then declares it
+    /// lost. Operations issued meanwhile wait for the outcome (and then run
+    /// in a new session).
+    ///
+    /// Why not from a second connection joining the session (the classic
+    /// way)? ZooKeeper drops a session's older connection whenever another
+    /// one joins it, and this client reconnects at once, without a pause:
+    /// it takes the session back before the second connection gets its
+    /// `closeSession` through, over and over. Closing through the session's
+    /// own client is deterministic and has the same effect on the server.
+    async fn end_for_expiry(&self, session: SessionId) -> Result<()> {
+        let (client, timeout) = {
             let mut slot = self.lock();
-            let status = *self.status.borrow();
-            match status.state {
-                SessionState::Closed => return Err(Error::Closed),
-                SessionState::Lost => return Ok(()),
-                _ => {}
-            }
-            let Some(client) = &slot.client else {
-                return Ok(());
+            let client = match &slot.client {
+                Some(c) if c.session_id().0 == session => slot.client.take(),
+                _ => None,
             };
-            let info = client.session().clone();
-            slot.expiring = Some(status.session_id);
-            (status.session_id, info, slot.timeout)
+            if client.is_some() {
+                slot.expiring = Some(session);
+            }
+            (client, slot.timeout)
         };
-        match kill_session(&self.config, info, timeout).await {
-            Ok(()) => {
-                self.lose(session);
-                Ok(())
-            }
-            Err(e) => {
-                let mut slot = self.lock();
-                if slot.expiring == Some(session) {
-                    slot.expiring = None;
-                }
-                Err(e)
-            }
+        let confirmed = match client {
+            Some(client) => end_session(client, timeout.saturating_mul(2)).await,
+            None => true,
+        };
+        self.lose(session);
+        if confirmed {
+            Ok(())
+        } else {
+            Err(self.config.unreachable(format!(
+                "the server did not confirm ending session {session:#x}; it is lost to this client and expires on \
+                 the server after its timeout"
+            )))
         }
     }
 }
 
-/// Maps the client's watch event onto the contract's.
-fn watch_event(event: &zk::WatchedEvent) -> WatchEvent {
+/// Maps the client's watch event onto the contract's. The client reports
+/// only the end of its session to one-shot watchers: that is `Closed` if the
+/// store was closed, and `Lost` otherwise (expired, or ended by this store
+/// after a loss).
+fn watch_event(event: &zk::WatchedEvent, closed: bool) -> WatchEvent {
     match event.event_type {
         zk::EventType::NodeCreated => WatchEvent::NodeCreated,
         zk::EventType::NodeDeleted => WatchEvent::NodeDeleted,
@@ -667,9 +700,10 @@ fn watch_event(event: &zk::WatchedEvent) -> WatchEvent {
         zk::EventType::NodeChildrenChanged => WatchEvent::ChildrenChanged,
         zk::EventType::Session => WatchEvent::Session(match event.session_state {
             zk::SessionState::Disconnected => SessionState::Suspended,
-            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => SessionState::Reconnected,
-            zk::SessionState::Closed => SessionState::Closed,
-            // Expired, AuthFailed.
+            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                SessionState::Reconnected
+            }
+            _ if closed => SessionState::Closed,
             _ => SessionState::Lost,
         }),
     }

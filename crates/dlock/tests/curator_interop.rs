@@ -1,0 +1,321 @@
+//! Wire compatibility with Apache Curator 5.4, proven against the real thing:
+//! Java Curator and dlock contend for the same paths on one ZooKeeper.
+//!
+//! Needs Debian's Curator jars (`scripts/test.sh` installs them) and Java.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use common::{await_children, Harness};
+use dlock::store::{CreateMode, CreateOptions};
+use dlock::{Error, Lockable, Mutex, ReadWriteLock, Session};
+
+const JARS: &[&str] = &[
+    "curator-recipes", "curator-framework", "curator-client", "zookeeper", "zookeeper-jute", "guava",
+    "slf4j-api", "slf4j-nop", "netty-handler", "netty-common", "netty-buffer", "netty-transport",
+    "netty-codec", "netty-resolver", "netty-transport-native-epoll", "netty-transport-native-unix-common",
+];
+
+fn classpath() -> String {
+    JARS.iter().map(|j| format!("/usr/share/java/{j}.jar")).collect::<Vec<_>>().join(":")
+}
+
+/// Compiles the probe once per test binary.
+fn probe_classes() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("curator-probe");
+        std::fs::create_dir_all(&out).expect("create the probe's class dir");
+        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop/CuratorProbe.java");
+        for jar in JARS {
+            let p = format!("/usr/share/java/{jar}.jar");
+            assert!(Path::new(&p).exists(), "{p} is missing: install Curator with scripts/test.sh (apt-get install libcurator-recipes-java libslf4j-java)");
+        }
+        let status = Command::new("javac")
+            .args(["-nowarn", "-cp", &classpath(), "-d"])
+            .arg(&out)
+            .arg(&source)
+            .status()
+            .expect("javac (Java 17) must be installed");
+        assert!(status.success(), "javac failed on {}", source.display());
+        out
+    })
+}
+
+/// A Java process running Curator, answering one line per command.
+struct Probe {
+    child: Child,
+    stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Probe {
+    fn start(connect: &str) -> Result<Probe> {
+        let cp = format!("{}:{}", probe_classes().display(), classpath());
+        let mut child = Command::new("java")
+            .args(["-Xss512k", "-XX:TieredStopAtLevel=1", "-cp", &cp, "CuratorProbe", connect])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("start java")?;
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut probe = Probe { child, stdin, lines };
+        let ready = probe.next_line(Duration::from_secs(60))?;
+        ensure!(ready == "ready", "the probe said {ready:?}");
+        Ok(probe)
+    }
+
+    fn next_line(&mut self, within: Duration) -> Result<String> {
+        self.lines
+            .recv_timeout(within)
+            .with_context(|| format!("no answer from Curator within {within:?}"))
+    }
+
+    /// Sends a command without waiting for its answer.
+    fn send(&mut self, command: &str) -> Result<()> {
+        writeln!(self.stdin, "{command}")?;
+        Ok(self.stdin.flush()?)
+    }
+
+    fn ask(&mut self, command: &str) -> Result<String> {
+        self.send(command)?;
+        let answer = self.next_line(Duration::from_secs(30))?;
+        ensure!(!answer.starts_with("error"), "Curator: {command} -> {answer}");
+        Ok(answer)
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let _ = self.send("quit");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn zk(h: &Harness) -> String {
+    match &h.backend {
+        common::Backend::ZooKeeper(hosts) => hosts.clone(),
+        common::Backend::Embedded(_) => unreachable!("interop runs on ZooKeeper"),
+    }
+}
+
+/// While Curator holds an InterProcessMutex, dlock's Mutex cannot have the
+/// lock; once Curator releases, dlock gets it.
+async fn curator_holder_excludes_dlock(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/interop/m1");
+    let mut curator = Probe::start(&zk(h))?;
+    let answer = curator.ask(&format!("mutex {path} 10000"))?;
+    ensure!(answer.starts_with(&format!("acquired {path}/_c_")) && answer.contains("-lock-"), "{answer}");
+    let mutex = Mutex::new(&s, &path)?;
+    ensure!(mutex.try_acquire().await?.is_none(), "dlock got a lock Curator holds");
+    let err = mutex.acquire_timeout(Duration::from_millis(300)).await.unwrap_err();
+    ensure!(matches!(err, Error::Timeout(_)), "{err}");
+    let waiting = tokio::spawn({
+        let mutex = mutex.clone();
+        async move { mutex.acquire().await }
+    });
+    await_children(&s, &path, 2, Duration::from_secs(10)).await?;
+    ensure!(curator.ask(&format!("release {path}"))? == "released");
+    let g = tokio::time::timeout(Duration::from_secs(10), waiting).await???;
+    g.release().await?;
+    Ok(())
+}
+
+/// While dlock holds the Mutex, Curator's InterProcessMutex times out; once
+/// dlock releases, Curator gets it.
+async fn dlock_holder_excludes_curator(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/interop/m2");
+    let mut curator = Probe::start(&zk(h))?;
+    let g = Mutex::new(&s, &path)?.acquire().await?;
+    ensure!(curator.ask(&format!("mutex {path} 300"))? == "timeout");
+    curator.send(&format!("mutex {path} -1"))?;
+    await_children(&s, &path, 2, Duration::from_secs(10)).await?;
+    g.release().await?;
+    let answer = curator.next_line(Duration::from_secs(10))?;
+    ensure!(answer.starts_with("acquired"), "{answer}");
+    ensure!(curator.ask(&format!("release {path}"))? == "released");
+    Ok(())
+}
+
+/// A dlock holder's session expires: the Curator waiter acquires within the
+/// session timeout plus a second, and the dlock guard learns it lost.
+async fn an_expired_dlock_holder_hands_over_to_curator(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/interop/m3");
+    let mut curator = Probe::start(&zk(h))?;
+    let g = Mutex::new(&s, &path)?.acquire().await?;
+    curator.send(&format!("mutex {path} -1"))?;
+    await_children(&s, &path, 2, Duration::from_secs(10)).await?;
+    s.faults().context("ZooKeeper fault injection")?.expire().await?;
+    let answer = curator.next_line(s.session_timeout() + Duration::from_secs(1))?;
+    ensure!(answer.starts_with("acquired"), "{answer}");
+    tokio::time::timeout(Duration::from_secs(5), g.lost()).await?;
+    ensure!(matches!(g.release().await.unwrap_err(), Error::Lost { .. }));
+    ensure!(curator.ask(&format!("release {path}"))? == "released");
+    Ok(())
+}
+
+/// The read-write lock's halves exclude Curator's: a Curator writer keeps
+/// dlock readers out; dlock readers keep a Curator writer out.
+async fn read_write_halves_interoperate(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/interop/rw");
+    let mut curator = Probe::start(&zk(h))?;
+    let answer = curator.ask(&format!("write {path} 10000"))?;
+    ensure!(answer.contains("__WRIT__"), "{answer}");
+    let rw = ReadWriteLock::new(&s, &path)?;
+    ensure!(rw.try_read().await?.is_none(), "dlock read while Curator writes");
+    curator.ask(&format!("release {path}"))?;
+    let r = rw.read().await?;
+    ensure!(curator.ask(&format!("write {path} 300"))? == "timeout", "Curator wrote while dlock reads");
+    let answer = curator.ask(&format!("read {path} 5000"))?;
+    ensure!(answer.starts_with("acquired"), "readers share across implementations: {answer}");
+    curator.ask(&format!("release {path}"))?;
+    r.release().await?;
+    Ok(())
+}
+
+/// Revocation works both ways: dlock asks a Curator holder, Curator asks a
+/// dlock holder.
+async fn revocation_crosses_implementations(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let mut curator = Probe::start(&zk(h))?;
+    // dlock revokes a Curator holder.
+    let path = h.path("/interop/rev1");
+    let answer = curator.ask(&format!("revocable {path} 10000"))?;
+    let node = answer.strip_prefix("acquired ").context("acquired")?.to_string();
+    dlock::revoke(&s, &node).await?;
+    ensure!(curator.next_line(Duration::from_secs(10))? == format!("revoked {node}"));
+    curator.ask(&format!("release {path}"))?;
+    // Curator revokes a dlock holder.
+    let path = h.path("/interop/rev2");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let g = Mutex::new(&s, &path)?
+        .revocable(move |node| {
+            let _ = tx.send(node.to_string());
+        })
+        .acquire()
+        .await?;
+    ensure!(curator.ask(&format!("revoke {}", g.node()))? == "revoke-sent");
+    let asked = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await?;
+    ensure!(asked.as_deref() == Some(g.node()));
+    g.release().await?;
+    Ok(())
+}
+
+/// Buys from the stock under `lock` until it is gone; returns how many.
+async fn dlock_buyer(session: Session, lock: Box<dyn Lockable>, stock: String, sold: Arc<AtomicU64>) -> Result<()> {
+    loop {
+        let hold = lock.lock_for(None).await?.context("no timeout given")?;
+        let (data, _) = session.get_data(&stock).await?;
+        let left: u32 = std::str::from_utf8(&data)?.trim().parse()?;
+        if left > 0 {
+            session.set_data(&stock, (left - 1).to_string().as_bytes(), None).await?;
+            sold.fetch_add(1, Ordering::SeqCst);
+        }
+        hold.release().await?;
+        if left == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// The flash sale with Curator buyers (`shared/peers/curator/run.sh buy`)
+/// and dlock buyers on one lock path and stock node: together they sell
+/// exactly the stock.
+async fn mixed_buyers_sell_exactly_the_stock(h: &Harness, kind: &str) -> Result<()> {
+    let stock_total = 200;
+    let (lock_path, stock_path) = (h.path("/shop/lock"), h.path("/shop/stock"));
+    let admin = h.session().await;
+    admin
+        .create(&stock_path, stock_total.to_string().as_bytes(), CreateOptions::new(CreateMode::Persistent).with_parents())
+        .await?;
+    let run_sh = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/peers/curator/run.sh");
+    ensure!(run_sh.exists(), "the Curator peer harness is missing at {}", run_sh.display());
+    let curator = tokio::process::Command::new("bash")
+        .arg(&run_sh)
+        .args(["buy", "--connect", &zk(h), "--path", &lock_path, "--stock", &stock_path, "--clients", "3", "--lock", kind])
+        .env("PEER_BUILD_DIR", PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("peerbench-curator"))
+        .stdout(Stdio::piped())
+        .spawn()?;
+    // Let Curator's JVM get going: start when it has sold its first item.
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let (data, _, watch) = admin.get_data_watch(&stock_path).await?;
+            if data != stock_total.to_string().as_bytes() {
+                return anyhow::Ok(());
+            }
+            watch.changed().await;
+        }
+    })
+    .await
+    .context("Curator's buyers never bought")??;
+    let sold = Arc::new(AtomicU64::new(0));
+    let mut buyers = Vec::new();
+    for _ in 0..3 {
+        let s = h.session().await;
+        let lock: Box<dyn Lockable> = match kind {
+            "mutex" => Box::new(Mutex::new(&s, &lock_path)?),
+            "write" => Box::new(ReadWriteLock::new(&s, &lock_path)?.write_half()),
+            other => bail!("no dlock buyer for {other}"),
+        };
+        buyers.push(tokio::spawn(dlock_buyer(s, lock, stock_path.clone(), sold.clone())));
+    }
+    for b in buyers {
+        b.await??;
+    }
+    let out = tokio::time::timeout(Duration::from_secs(120), curator.wait_with_output()).await??;
+    ensure!(out.status.success(), "the Curator buyers failed");
+    let line = String::from_utf8(out.stdout)?;
+    let curator_sold: u64 = line
+        .trim()
+        .rsplit("sold=")
+        .next()
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("unexpected Curator output {line:?}"))?;
+    let dlock_sold = sold.load(Ordering::SeqCst);
+    ensure!(dlock_sold + curator_sold == stock_total, "dlock sold {dlock_sold}, Curator {curator_sold}, of {stock_total}");
+    ensure!(dlock_sold > 0 && curator_sold > 0, "both sides sold: dlock {dlock_sold}, Curator {curator_sold}");
+    ensure!(admin.get_data(&stock_path).await?.0 == b"0");
+    admin.delete(&stock_path, None).await?;
+    Ok(())
+}
+
+async fn mixed_mutex_buyers_sell_exactly_the_stock(h: &Harness) -> Result<()> {
+    mixed_buyers_sell_exactly_the_stock(h, "mutex").await
+}
+
+async fn mixed_write_lock_buyers_sell_exactly_the_stock(h: &Harness) -> Result<()> {
+    mixed_buyers_sell_exactly_the_stock(h, "write").await
+}
+
+per_backend!(zookeeper => crate::common::zookeeper();
+    curator_holder_excludes_dlock,
+    dlock_holder_excludes_curator,
+    an_expired_dlock_holder_hands_over_to_curator,
+    read_write_halves_interoperate,
+    revocation_crosses_implementations,
+    mixed_mutex_buyers_sell_exactly_the_stock,
+    mixed_write_lock_buyers_sell_exactly_the_stock,
+);

@@ -1,0 +1,117 @@
+// Drives Apache Curator 5.4 recipes from line commands on stdin, so dlock's
+// tests can hold a Curator lock while dlock contends, and the other way
+// round. One command per line; one answer line per command:
+//   mutex PATH MS        acquire an InterProcessMutex (MS < 0: no timeout)  -> "acquired NODE" | "timeout"
+//   write PATH MS        acquire the write half of an InterProcessReadWriteLock
+//   read PATH MS         acquire the read half
+//   semmutex PATH MS     acquire an InterProcessSemaphoreMutex
+//   revocable PATH MS    acquire an InterProcessMutex made revocable; a later
+//                        revocation request prints "revoked NODE" (asynchronously)
+//   release PATH         release what this probe holds at PATH           -> "released"
+//   revoke NODE          Revoker.attemptRevoke                           -> "revoke-sent"
+//   participants PATH    LeaderLatch-style participant ids at PATH       -> "participants ID|LEADER,..."
+//   count PATH           read a SharedCount (4-byte big-endian)          -> "count N"
+//   quit
+import org.apache.curator.framework.CuratorFramework;
+import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.leader.LeaderLatch;
+import org.apache.curator.framework.recipes.leader.Participant;
+import org.apache.curator.framework.recipes.locks.*;
+import org.apache.curator.retry.ExponentialBackoffRetry;
+
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.util.*;
+import java.util.concurrent.TimeUnit;
+
+public class CuratorProbe {
+    static final Map<String, InterProcessLock> held = new HashMap<>();
+    static final Map<String, Lease> leases = new HashMap<>();
+
+    static synchronized void say(String line) {
+        System.out.println(line);
+        System.out.flush();
+    }
+
+    static String nodeOf(InterProcessMutex m) throws Exception {
+        // The holder's node: the first participant of its lock directory.
+        Collection<String> nodes = m.getParticipantNodes();
+        return nodes.isEmpty() ? "?" : nodes.iterator().next();
+    }
+
+    public static void main(String[] args) throws Exception {
+        CuratorFramework client = CuratorFrameworkFactory.newClient(args[0], 10000, 15000, new ExponentialBackoffRetry(100, 5));
+        client.start();
+        if (!client.blockUntilConnected(30, TimeUnit.SECONDS)) throw new RuntimeException("cannot connect to " + args[0]);
+        say("ready");
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
+        String line;
+        while ((line = in.readLine()) != null) {
+            String[] w = line.trim().split(" ");
+            try {
+                switch (w[0]) {
+                    case "mutex": case "write": case "read": case "semmutex": case "revocable": {
+                        String path = w[1];
+                        long ms = Long.parseLong(w[2]);
+                        InterProcessLock lock;
+                        switch (w[0]) {
+                            case "write": lock = new InterProcessReadWriteLock(client, path).writeLock(); break;
+                            case "read": lock = new InterProcessReadWriteLock(client, path).readLock(); break;
+                            case "semmutex": lock = new InterProcessSemaphoreMutex(client, path); break;
+                            default: lock = new InterProcessMutex(client, path);
+                        }
+                        if (w[0].equals("revocable")) {
+                            final InterProcessMutex m = (InterProcessMutex) lock;
+                            m.makeRevocable(forLock -> {
+                                try { say("revoked " + nodeOf(m)); } catch (Exception e) { say("error " + e); }
+                            });
+                        }
+                        boolean ok = ms < 0 ? acquire(lock) : lock.acquire(ms, TimeUnit.MILLISECONDS);
+                        if (!ok) { say("timeout"); break; }
+                        held.put(path, lock);
+                        say("acquired " + (lock instanceof InterProcessMutex ? nodeOf((InterProcessMutex) lock) : path));
+                        break;
+                    }
+                    case "release": {
+                        InterProcessLock lock = held.remove(w[1]);
+                        if (lock == null) { say("error not held " + w[1]); break; }
+                        lock.release();
+                        say("released");
+                        break;
+                    }
+                    case "revoke":
+                        Revoker.attemptRevoke(client, w[1]);
+                        say("revoke-sent");
+                        break;
+                    case "participants": {
+                        LeaderLatch latch = new LeaderLatch(client, w[1]);
+                        StringBuilder sb = new StringBuilder();
+                        for (Participant p : latch.getParticipants()) {
+                            if (sb.length() > 0) sb.append(',');
+                            sb.append(p.getId()).append('|').append(p.isLeader());
+                        }
+                        say("participants " + sb);
+                        break;
+                    }
+                    case "count": {
+                        byte[] d = client.getData().forPath(w[1]);
+                        say("count " + java.nio.ByteBuffer.wrap(d).getInt());
+                        break;
+                    }
+                    case "quit":
+                        for (InterProcessLock l : held.values()) { try { l.release(); } catch (Exception ignored) {} }
+                        client.close();
+                        say("bye");
+                        return;
+                    default:
+                        say("error unknown command " + w[0]);
+                }
+            } catch (Exception e) {
+                say("error " + e.toString().replace('\n', ' '));
+            }
+        }
+        client.close();
+    }
+
+    static boolean acquire(InterProcessLock lock) throws Exception { lock.acquire(); return true; }
+}
