@@ -61,11 +61,13 @@
 
 mod etcd;
 mod port;
+mod proxy;
 mod process;
 mod util;
 mod zk;
 
 pub use etcd::{shared_etcd, try_shared_etcd, EtcdCluster, EtcdOptions, EtcdServer};
 pub use port::free_port;
+pub use proxy::TcpProxy;
 pub use util::{http_get, zk_four_letter};
 pub use zk::{shared_zk, try_shared_zk, ZkEnsemble, ZkOptions, ZkServer};

@@ -226,7 +226,15 @@ impl WaitQueue {
     ) -> Result<Option<Created>> {
         let mut retry = 0;
         loop {
-            let (pending, created, children) = self.enter(data, mode).await?;
+            let (pending, created, children) = match self.enter(data, mode).await {
+                // The container reaper removed the (empty) directory between
+                // its creation and ours: go again, as Curator does.
+                Err(Error::NoNode { .. }) if retry < self.session.options().retry.max_retries => {
+                    retry += 1;
+                    continue;
+                }
+                entered => entered?,
+            };
             match self.wait(&created, children, predicate, deadline, wake).await {
                 Ok(()) => {
                     pending.disarm();

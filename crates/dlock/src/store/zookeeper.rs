@@ -22,7 +22,7 @@
 //!   `Reconnected` with the new session id. Operations issued while
 //!   `Suspended` wait for the connection (or the loss); operations in flight
 //!   when the connection drops fail with
-//!   [`Error::ConnectionLoss`](crate::Error::ConnectionLoss).
+//!   [`Error::ConnectionLoss`].
 //! - **Creates** use `create2` (or `createContainer`), so the full [`Stat`]
 //!   — and with it the fencing token `czxid` — comes back with the reply.
 //!   Missing parents are created as containers only after a create failed
@@ -63,6 +63,7 @@
 //!   `Suspended` → `Reconnected` (same session), as after a connection that
 //!   dropped before the reply arrived.
 
+mod nodelay;
 mod state;
 
 use std::sync::atomic::Ordering;

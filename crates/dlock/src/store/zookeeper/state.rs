@@ -26,6 +26,8 @@ pub(super) struct Config {
     pub timeout: Duration,
     /// The endpoint URL with the password masked, for messages.
     pub endpoint: String,
+    /// The servers' socket addresses (to tune our connections to them).
+    pub peers: Vec<std::net::SocketAddr>,
 }
 
 impl std::fmt::Debug for Config {
@@ -49,6 +51,7 @@ impl Config {
                     .map(|c| format!("{}:{}", c.user, c.password).into_bytes()),
                 timeout,
                 endpoint: endpoint.to_string(),
+                peers: super::nodelay::resolve(&hosts.join(",")),
             }),
             other => Err(Error::InvalidEndpoint {
                 url: other.to_string(),
@@ -406,6 +409,7 @@ impl Inner {
     /// when `Suspended` lasts the negotiated session timeout (Curator's
     /// simulated expiry).
     fn spawn_monitor(self: &Arc<Self>, client: &zk::Client) {
+        super::nodelay::disable_nagle(&self.config.peers);
         let weak = Arc::downgrade(self);
         let mut states = client.state_watcher();
         let session = client.session_id().0;
@@ -438,6 +442,8 @@ impl Inner {
                     }
                     zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
                         expiry = None;
+                        // A reconnection is a new socket.
+                        super::nodelay::disable_nagle(&inner.config.peers);
                         inner.on_connected(session)
                     }
                     // Expired, AuthFailed, Closed: the client is dead.
