@@ -18,7 +18,11 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         "" | "s" => value,
         "m" => value * 60.0,
         "h" => value * 3600.0,
-        other => return Err(format!("unknown unit {other:?} in {text:?} (use ms, s, m or h)")),
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?} (use ms, s, m or h)"
+            ))
+        }
     };
     if !seconds.is_finite() || seconds < 0.0 {
         return Err(format!("{text:?} is not a valid duration"));

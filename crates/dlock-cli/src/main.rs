@@ -1,8 +1,11 @@
 //! `dlock`: distributed locks, semaphores and leader election from the
 //! command line.
 
+mod commands;
 mod demo;
 mod duration;
+mod exit;
+mod run;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -15,8 +18,14 @@ use dlock::{Endpoint, Session, SessionOptions};
 /// an embedded store.
 ///
 /// Examples:
+///   dlock --endpoint zk://127.0.0.1:2181 lock /locks/backup -- ./backup.sh
+///   dlock --endpoint zk://127.0.0.1:2181 inspect /locks/backup --json
 ///   dlock demo flash-sale --buyers 200 --stock 50
-///   dlock --endpoint zk://127.0.0.1:2181 demo flash-sale --lock none
+///
+/// Exit codes: the command's own when one runs; 64 usage error, 65 acquire
+/// timed out, 66 lock lost (the command was stopped), 67 backend
+/// unreachable, 70 other error, 126/127 the command cannot run / was not
+/// found.
 #[derive(Debug, Parser)]
 #[command(name = "dlock", version, verbatim_doc_comment)]
 struct Cli {
@@ -31,8 +40,13 @@ struct Cli {
 pub struct Global {
     /// The store: `embedded`, `zk://host:port[,...][/chroot]` or
     /// `etcd://host:port[,...]`.
-    #[arg(long, env = "DLOCK_ENDPOINT", default_value = "embedded", global = true)]
-    endpoint: String,
+    #[arg(
+        long,
+        env = "DLOCK_ENDPOINT",
+        default_value = "embedded",
+        global = true
+    )]
+    pub endpoint: String,
     /// Session timeout, e.g. `500ms`, `10s`.
     #[arg(long, default_value = "10s", value_parser = duration::parse, global = true)]
     session_timeout: Duration,
@@ -49,6 +63,18 @@ impl Global {
         Ok(dlock::connect_endpoint(&self.endpoint()?, options).await?)
     }
 
+    /// Opens a session on a shared store, refusing the embedded one: it
+    /// lives inside this process, so nobody else could see the lock.
+    pub async fn connect_remote(&self) -> Result<Session> {
+        if self.endpoint()? == Endpoint::Embedded {
+            return Err(exit::Exit::Usage
+                .with("the embedded store lives inside one dlock process, so no other process would see this lock: \
+                       pass --endpoint zk://HOST:PORT or etcd://HOST:PORT (or set DLOCK_ENDPOINT)")
+                .into());
+        }
+        self.connect().await
+    }
+
     /// The backend's name, as the demos report it.
     pub fn backend_name(&self) -> Result<&'static str> {
         Ok(match self.endpoint()? {
@@ -62,30 +88,68 @@ impl Global {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run CMD while holding the Mutex at PATH.
+    ///
+    /// Example: dlock lock /locks/nightly -- ./nightly.sh
+    Lock(commands::LockArgs),
+    /// Run CMD while holding the read lock of the ReadWriteLock at PATH.
+    ReadLock(commands::LockArgs),
+    /// Run CMD while holding the write lock of the ReadWriteLock at PATH.
+    WriteLock(commands::LockArgs),
+    /// Show the holders and waiters at PATH, in queue order.
+    Inspect(commands::InspectArgs),
+    /// Ask the owner of a lock node to release it (Curator-compatible).
+    Revoke(commands::RevokeArgs),
     /// Runnable scenarios from the design documents.
     #[command(subcommand)]
     Demo(demo::Demo),
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                exit::Exit::Usage as u8
+            } else {
+                0
+            };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("dlock: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(exit::Exit::Internal as u8);
         }
     };
+    let global = cli.global;
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Demo(demo) => demo::run(&cli.global, demo).await,
+            Command::Lock(args) => commands::lock(&global, args, commands::LockKind::Mutex).await,
+            Command::ReadLock(args) => {
+                commands::lock(&global, args, commands::LockKind::Read).await
+            }
+            Command::WriteLock(args) => {
+                commands::lock(&global, args, commands::LockKind::Write).await
+            }
+            Command::Inspect(args) => commands::inspect(&global, args).await,
+            Command::Revoke(args) => commands::revoke(&global, args).await,
+            Command::Demo(demo) => demo::run(&global, demo).await.map(|()| 0),
         }
     });
+    // Background work (watch tasks, keep-alives) must not keep us alive.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("dlock: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(exit::Exit::of(&e) as u8)
         }
     }
 }

@@ -28,7 +28,11 @@ fn summary(out: &std::process::Output) -> std::collections::HashMap<String, Stri
 #[test]
 fn the_mutex_sells_exactly_the_stock() {
     let out = dlock(&["demo", "flash-sale", "--buyers", "200", "--stock", "50"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let s = summary(&out);
     assert_eq!(s["backend"], "embedded");
     assert_eq!(s["lock"], "mutex");
@@ -42,8 +46,21 @@ fn the_mutex_sells_exactly_the_stock() {
 
 #[test]
 fn without_a_lock_the_sale_oversells() {
-    let out = dlock(&["demo", "flash-sale", "--buyers", "200", "--stock", "50", "--lock", "none"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = dlock(&[
+        "demo",
+        "flash-sale",
+        "--buyers",
+        "200",
+        "--stock",
+        "50",
+        "--lock",
+        "none",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let s = summary(&out);
     assert_eq!(s["lock"], "none");
     let sold: u64 = s["sold"].parse().unwrap();
@@ -54,18 +71,41 @@ fn without_a_lock_the_sale_oversells() {
 #[test]
 fn the_defaults_sell_twenty_to_a_hundred_buyers() {
     let out = dlock(&["demo", "flash-sale"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let s = summary(&out);
-    assert_eq!((s["buyers"].as_str(), s["stock"].as_str(), s["sold"].as_str()), ("100", "20", "20"));
+    assert_eq!(
+        (
+            s["buyers"].as_str(),
+            s["stock"].as_str(),
+            s["sold"].as_str()
+        ),
+        ("100", "20", "20")
+    );
 }
 
 #[test]
 fn bad_input_is_named_in_one_line() {
     for (args, needle) in [
-        (vec!["demo", "flash-sale", "--lock-path", "relative"], "invalid path \"relative\""),
-        (vec!["--endpoint", "redis://h:1", "demo", "flash-sale"], "unknown scheme \"redis\""),
-        (vec!["--endpoint", "zk://h", "demo", "flash-sale"], "needs a port"),
-        (vec!["--session-timeout", "10parsecs", "demo", "flash-sale"], "unknown unit"),
+        (
+            vec!["demo", "flash-sale", "--lock-path", "relative"],
+            "invalid path \"relative\"",
+        ),
+        (
+            vec!["--endpoint", "redis://h:1", "demo", "flash-sale"],
+            "unknown scheme \"redis\"",
+        ),
+        (
+            vec!["--endpoint", "zk://h", "demo", "flash-sale"],
+            "needs a port",
+        ),
+        (
+            vec!["--session-timeout", "10parsecs", "demo", "flash-sale"],
+            "unknown unit",
+        ),
     ] {
         let out = dlock(&args);
         assert!(!out.status.success(), "{args:?} should fail");
@@ -77,10 +117,30 @@ fn bad_input_is_named_in_one_line() {
 
 #[test]
 fn the_write_half_of_a_read_write_lock_sells_exactly_the_stock() {
-    let out = dlock(&["demo", "flash-sale", "--buyers", "50", "--stock", "30", "--lock", "write"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = dlock(&[
+        "demo",
+        "flash-sale",
+        "--buyers",
+        "50",
+        "--stock",
+        "30",
+        "--lock",
+        "write",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let s = summary(&out);
-    assert_eq!((s["lock"].as_str(), s["sold"].as_str(), s["oversold"].as_str()), ("write", "30", "0"));
+    assert_eq!(
+        (
+            s["lock"].as_str(),
+            s["sold"].as_str(),
+            s["oversold"].as_str()
+        ),
+        ("write", "30", "0")
+    );
 }
 
 /// The Kleppmann scenario: holders stall past their session; unguarded
@@ -90,16 +150,39 @@ fn the_write_half_of_a_read_write_lock_sells_exactly_the_stock() {
 fn fencing_keeps_stalled_holders_from_overselling() {
     let run = |guard: &str| {
         let out = dlock(&[
-            "--session-timeout", "150ms", "demo", "flash-sale", "--buyers", "10", "--stock", "20",
-            "--stall-every", "5", "--guard", guard,
+            "--session-timeout",
+            "150ms",
+            "demo",
+            "flash-sale",
+            "--buyers",
+            "10",
+            "--stock",
+            "20",
+            "--stall-every",
+            "5",
+            "--guard",
+            guard,
         ]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        (summary(&out), String::from_utf8_lossy(&out.stderr).to_string())
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            summary(&out),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
     };
     let (fenced, report) = run("fence");
     assert_eq!(fenced["sold"], "20", "{report}");
     assert_eq!(fenced["oversold"], "0");
-    assert!(report.contains("stalls=") && !report.contains("abandoned=0"), "stalled purchases were abandoned: {report}");
+    assert!(
+        report.contains("stalls=") && !report.contains("abandoned=0"),
+        "stalled purchases were abandoned: {report}"
+    );
     let (unguarded, report) = run("none");
-    assert!(unguarded["oversold"].parse::<u64>().unwrap() > 0, "stale writes oversold: {report}");
+    assert!(
+        unguarded["oversold"].parse::<u64>().unwrap() > 0,
+        "stale writes oversold: {report}"
+    );
 }

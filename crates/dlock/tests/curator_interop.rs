@@ -1,16 +1,15 @@
 //! Wire compatibility with Apache Curator 5.4, proven against the real thing:
 //! Java Curator and dlock contend for the same paths on one ZooKeeper.
 //!
-//! Needs Debian's Curator jars (`scripts/test.sh` installs them) and Java.
+//! Needs Debian's Curator jars (`scripts/test.sh` installs them) and Java;
+//! the Java side is `dlock_testkit::CuratorProbe`.
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::path::PathBuf;
+use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -18,98 +17,7 @@ use common::{await_children, Harness};
 use dlock::store::{CreateMode, CreateOptions};
 use dlock::{Error, Lockable, Mutex, ReadWriteLock, Session};
 
-const JARS: &[&str] = &[
-    "curator-recipes", "curator-framework", "curator-client", "zookeeper", "zookeeper-jute", "guava",
-    "slf4j-api", "slf4j-nop", "netty-handler", "netty-common", "netty-buffer", "netty-transport",
-    "netty-codec", "netty-resolver", "netty-transport-native-epoll", "netty-transport-native-unix-common",
-];
-
-fn classpath() -> String {
-    JARS.iter().map(|j| format!("/usr/share/java/{j}.jar")).collect::<Vec<_>>().join(":")
-}
-
-/// Compiles the probe once per test binary.
-fn probe_classes() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("curator-probe");
-        std::fs::create_dir_all(&out).expect("create the probe's class dir");
-        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop/CuratorProbe.java");
-        for jar in JARS {
-            let p = format!("/usr/share/java/{jar}.jar");
-            assert!(Path::new(&p).exists(), "{p} is missing: install Curator with scripts/test.sh (apt-get install libcurator-recipes-java libslf4j-java)");
-        }
-        let status = Command::new("javac")
-            .args(["-nowarn", "-cp", &classpath(), "-d"])
-            .arg(&out)
-            .arg(&source)
-            .status()
-            .expect("javac (Java 17) must be installed");
-        assert!(status.success(), "javac failed on {}", source.display());
-        out
-    })
-}
-
-/// A Java process running Curator, answering one line per command.
-struct Probe {
-    child: Child,
-    stdin: ChildStdin,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Probe {
-    fn start(connect: &str) -> Result<Probe> {
-        let cp = format!("{}:{}", probe_classes().display(), classpath());
-        let mut child = Command::new("java")
-            .args(["-Xss512k", "-XX:TieredStopAtLevel=1", "-cp", &cp, "CuratorProbe", connect])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("start java")?;
-        let stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let mut probe = Probe { child, stdin, lines };
-        let ready = probe.next_line(Duration::from_secs(60))?;
-        ensure!(ready == "ready", "the probe said {ready:?}");
-        Ok(probe)
-    }
-
-    fn next_line(&mut self, within: Duration) -> Result<String> {
-        self.lines
-            .recv_timeout(within)
-            .with_context(|| format!("no answer from Curator within {within:?}"))
-    }
-
-    /// Sends a command without waiting for its answer.
-    fn send(&mut self, command: &str) -> Result<()> {
-        writeln!(self.stdin, "{command}")?;
-        Ok(self.stdin.flush()?)
-    }
-
-    fn ask(&mut self, command: &str) -> Result<String> {
-        self.send(command)?;
-        let answer = self.next_line(Duration::from_secs(30))?;
-        ensure!(!answer.starts_with("error"), "Curator: {command} -> {answer}");
-        Ok(answer)
-    }
-}
-
-impl Drop for Probe {
-    fn drop(&mut self) {
-        let _ = self.send("quit");
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+type Probe = dlock_testkit::CuratorProbe;
 
 fn zk(h: &Harness) -> String {
     match &h.backend {

@@ -59,13 +59,15 @@
 
 #![warn(missing_docs)]
 
+mod curator;
 mod etcd;
 mod port;
-mod proxy;
 mod process;
+mod proxy;
 mod util;
 mod zk;
 
+pub use curator::{classpath as curator_classpath, CuratorProbe};
 pub use etcd::{shared_etcd, try_shared_etcd, EtcdCluster, EtcdOptions, EtcdServer};
 pub use port::free_port;
 pub use proxy::TcpProxy;

@@ -73,7 +73,12 @@ impl TcpProxy {
                         conns.push(client.try_clone().expect("clone socket"));
                         conns.push(server.try_clone().expect("clone socket"));
                     }
-                    pump(accept.clone(), client.try_clone().unwrap(), server.try_clone().unwrap(), true);
+                    pump(
+                        accept.clone(),
+                        client.try_clone().unwrap(),
+                        server.try_clone().unwrap(),
+                        true,
+                    );
                     pump(accept.clone(), server, client, false);
                 }
             })
@@ -102,7 +107,9 @@ impl TcpProxy {
     /// after *waiting* for an answer: requests it pipelines always leave
     /// before the first answer is let through.
     pub fn delay_replies(&self, delay: std::time::Duration) {
-        self.shared.reply_delay_us.store(delay.as_micros() as u64, Ordering::SeqCst);
+        self.shared
+            .reply_delay_us
+            .store(delay.as_micros() as u64, Ordering::SeqCst);
     }
 
     /// Stops forwarding in both directions (bytes wait, connections stay

@@ -122,7 +122,10 @@ pub async fn run(global: &Global, args: FlashSale) -> Result<()> {
     let mut tasks = Vec::with_capacity(buyers.len());
     for session in &buyers {
         if args.stall_every > 0 && session.faults().is_none() {
-            bail!("--stall-every needs fault injection, which the {} backend lacks", global.backend_name()?);
+            bail!(
+                "--stall-every needs fault injection, which the {} backend lacks",
+                global.backend_name()?
+            );
         }
         let buyer = Buyer {
             session: session.clone(),
@@ -213,15 +216,23 @@ impl Buyer {
                 }
             }
             let data = (stock - 1).to_string().into_bytes();
-            let write = Op::SetData { path: self.stock_path.clone(), data, version: None };
+            let write = Op::SetData {
+                path: self.stock_path.clone(),
+                data,
+                version: None,
+            };
             let written = match (&hold, self.guard) {
-                (Some(h), GuardKind::Fence) => match h.guarded(std::slice::from_ref(&write)).await {
-                    Ok(_) => true,
-                    Err(Error::Lost { .. }) => false,
-                    Err(e) => return Err(e.into()),
-                },
+                (Some(h), GuardKind::Fence) => {
+                    match h.guarded(std::slice::from_ref(&write)).await {
+                        Ok(_) => true,
+                        Err(Error::Lost { .. }) => false,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
                 _ => {
-                    let Op::SetData { path, data, .. } = &write else { unreachable!() };
+                    let Op::SetData { path, data, .. } = &write else {
+                        unreachable!()
+                    };
                     self.session.set_data(path, data, None).await?;
                     true
                 }
@@ -263,7 +274,10 @@ const DEFAULT_STOCK: u32 = 20;
 /// stock the sale starts with.
 async fn init_stock(session: &Session, path: &str, stock: u32) -> Result<u32> {
     let options = CreateOptions::new(CreateMode::Persistent).with_parents();
-    match session.create(path, stock.to_string().as_bytes(), options).await {
+    match session
+        .create(path, stock.to_string().as_bytes(), options)
+        .await
+    {
         Ok(_) => Ok(stock),
         Err(Error::NodeExists { .. }) => Ok(read_stock(session, path).await?.0),
         Err(e) => bail!(e),
@@ -273,7 +287,11 @@ async fn init_stock(session: &Session, path: &str, stock: u32) -> Result<u32> {
 async fn set_stock(session: &Session, path: &str, stock: u32) -> Result<()> {
     let data = stock.to_string();
     match session
-        .create(path, data.as_bytes(), CreateOptions::new(CreateMode::Persistent).with_parents())
+        .create(
+            path,
+            data.as_bytes(),
+            CreateOptions::new(CreateMode::Persistent).with_parents(),
+        )
         .await
     {
         Ok(_) => Ok(()),

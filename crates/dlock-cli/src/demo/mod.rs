@@ -6,6 +6,8 @@ use clap::Subcommand;
 use crate::Global;
 
 mod flash_sale;
+mod leader;
+mod parking_lot;
 
 /// The demos.
 #[derive(Debug, Subcommand)]
@@ -15,11 +17,25 @@ pub enum Demo {
     ///
     /// Example: dlock demo flash-sale --buyers 200 --stock 50
     FlashSale(flash_sale::FlashSale),
+    /// The parking lot (停车场): many cars, few spaces; a distributed
+    /// semaphore admits at most `--spaces` cars at once, checked by a shared
+    /// in-use counter.
+    ///
+    /// Example: dlock demo parking-lot --cars 15 --spaces 3 --semaphore kv
+    ParkingLot(parking_lot::ParkingLot),
+    /// Leader election (选主): candidates lead one at a time, by turns
+    /// (LeaderSelector) or by latch (LeaderLatch); a shared counter checks
+    /// that nobody, in any process, leads at the same time.
+    ///
+    /// Example: dlock demo leader --candidates 5 --terms 20 --recipe latch
+    Leader(leader::Leader),
 }
 
 /// Runs a demo.
 pub async fn run(global: &Global, demo: Demo) -> Result<()> {
     match demo {
         Demo::FlashSale(args) => flash_sale::run(global, args).await,
+        Demo::Leader(args) => leader::run(global, args).await,
+        Demo::ParkingLot(args) => parking_lot::run(global, args).await,
     }
 }

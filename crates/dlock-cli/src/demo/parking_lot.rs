@@ -1,0 +1,195 @@
+//! `dlock demo parking-lot`: the semaphore scenario of the design documents
+//! (停车场): a lot with few spaces, many cars; a semaphore is the attendant.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use dlock::recipes::kv_semaphore::{KvLease, KvSemaphore};
+use dlock::recipes::semaphore::{Lease, Semaphore};
+use dlock::recipes::shared_count::SharedCount;
+use dlock::Session;
+
+use crate::Global;
+
+/// Which semaphore guards the lot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SemaphoreKind {
+    /// Curator's InterProcessSemaphoreV2 layout (`<path>/locks`,
+    /// `<path>/leases`): shares the lot with Curator clients.
+    V2,
+    /// The Consul design: session entries and a compare-and-set `.lock`
+    /// record.
+    Kv,
+}
+
+impl SemaphoreKind {
+    fn name(self) -> &'static str {
+        match self {
+            SemaphoreKind::V2 => "v2",
+            SemaphoreKind::Kv => "kv",
+        }
+    }
+}
+
+/// Arguments of `demo parking-lot`.
+#[derive(Debug, Args)]
+pub struct ParkingLot {
+    /// How many cars, each with its own session.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u32).range(1..))]
+    cars: u32,
+    /// How many spaces: the semaphore's limit.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=i32::MAX as i64))]
+    spaces: u32,
+    /// Which semaphore guards the lot.
+    #[arg(long, value_enum, default_value_t = SemaphoreKind::V2)]
+    semaphore: SemaphoreKind,
+    /// Path of the semaphore.
+    #[arg(long, default_value = "/parking/lot")]
+    path: String,
+    /// Path of the in-use counter: a SharedCount (4-byte big-endian int,
+    /// Curator's layout) that every car, in any process, updates by
+    /// compare-and-set. Created with 0 if absent; never reset.
+    #[arg(long, default_value = "/parking/in-use")]
+    probe_path: String,
+    /// How many times each car parks.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// How long each car stays parked, in milliseconds.
+    #[arg(long, default_value_t = 20)]
+    hold_ms: u64,
+}
+
+/// Runs the parking lot.
+pub async fn run(global: &Global, args: ParkingLot) -> Result<()> {
+    dlock::path::validate(&args.path)?;
+    dlock::path::validate(&args.probe_path)?;
+    let mut cars = Vec::with_capacity(args.cars as usize);
+    for _ in 0..args.cars {
+        let session = global.connect().await?;
+        let counter = SharedCount::new(&session, &args.probe_path, 0)?;
+        counter.start().await?;
+        let lot = match args.semaphore {
+            SemaphoreKind::V2 => Lot::V2(Semaphore::new(&session, &args.path, args.spaces)?),
+            SemaphoreKind::Kv => Lot::Kv(KvSemaphore::new(&session, &args.path, args.spaces)?),
+        };
+        cars.push(Car {
+            session,
+            lot,
+            counter,
+        });
+    }
+    let stats = Arc::new(Stats::default());
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(cars.len());
+    for car in &cars {
+        let (car, stats) = (car.clone(), stats.clone());
+        let (rounds, spaces, hold) = (
+            args.rounds,
+            i64::from(args.spaces),
+            Duration::from_millis(args.hold_ms),
+        );
+        tasks.push(tokio::spawn(async move {
+            car.drive(rounds, spaces, hold, &stats).await
+        }));
+    }
+    for task in tasks {
+        task.await.context("a car panicked")??;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    for car in &cars {
+        car.counter.close().await;
+        car.session.close().await;
+    }
+    println!(
+        "parking-lot backend={} semaphore={} cars={} spaces={} acquisitions={} max_inside={} violations={} seconds={seconds:.3}",
+        global.backend_name()?,
+        args.semaphore.name(),
+        args.cars,
+        args.spaces,
+        stats.acquisitions.load(Ordering::Relaxed),
+        stats.max_inside.load(Ordering::Relaxed),
+        stats.violations.load(Ordering::Relaxed),
+    );
+    Ok(())
+}
+
+#[derive(Default)]
+struct Stats {
+    acquisitions: AtomicU64,
+    max_inside: AtomicI64,
+    violations: AtomicU64,
+}
+
+#[derive(Clone)]
+enum Lot {
+    V2(Semaphore),
+    Kv(KvSemaphore),
+}
+
+enum Space {
+    V2(Lease),
+    Kv(KvLease),
+}
+
+impl Lot {
+    async fn enter(&self) -> Result<Space> {
+        Ok(match self {
+            Lot::V2(s) => Space::V2(s.acquire_one().await?),
+            Lot::Kv(s) => Space::Kv(s.acquire().await?),
+        })
+    }
+}
+
+impl Space {
+    async fn leave(self) -> Result<()> {
+        match self {
+            Space::V2(lease) => lease.release().await?,
+            Space::Kv(lease) => lease.release().await?,
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone)]
+struct Car {
+    session: Session,
+    lot: Lot,
+    counter: SharedCount,
+}
+
+impl Car {
+    /// Parks `rounds` times: take a space, count itself in (a car that sees
+    /// more cars inside than spaces counts a violation), stay, count itself
+    /// out, leave.
+    async fn drive(self, rounds: u32, spaces: i64, hold: Duration, stats: &Stats) -> Result<()> {
+        for _ in 0..rounds {
+            let space = self.lot.enter().await?;
+            let inside = i64::from(self.add(1).await?);
+            stats.max_inside.fetch_max(inside, Ordering::Relaxed);
+            if inside > spaces {
+                stats.violations.fetch_add(1, Ordering::Relaxed);
+            }
+            tokio::time::sleep(hold).await;
+            self.add(-1).await?;
+            space.leave().await?;
+            stats.acquisitions.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Adds `delta` to the in-use counter by compare-and-set; returns the new
+    /// value.
+    async fn add(&self, delta: i32) -> Result<i32> {
+        loop {
+            let seen = self.counter.versioned();
+            let next = seen.value.wrapping_add(delta);
+            // A failed try refreshes the local copy for the next round.
+            if self.counter.try_set(&seen, next).await? {
+                return Ok(next);
+            }
+        }
+    }
+}

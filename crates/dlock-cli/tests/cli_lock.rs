@@ -1,0 +1,297 @@
+//! `dlock lock`, `inspect` and `revoke` as real processes against a real
+//! ZooKeeper.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dlock_testkit::{shared_zk, CuratorProbe};
+
+fn endpoint() -> String {
+    format!("zk://{}", shared_zk().connect_string())
+}
+
+fn dlock() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
+    c.env("DLOCK_ENDPOINT", endpoint());
+    c
+}
+
+fn unique(name: &str) -> String {
+    format!("/cli-{}/{name}", uuid::Uuid::new_v4().simple())
+}
+
+/// Waits for a line in a file that a command appends to (the file is the
+/// event; a short poll of a local file stands in for a watch).
+fn await_line(path: &std::path::Path, needle: &str, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if std::fs::read_to_string(path).is_ok_and(|s| s.lines().any(|l| l.contains(needle))) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// Waits until the lock at `path` has `n` participants, via `inspect`.
+fn await_participants(path: &str, n: usize, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let out = dlock().args(["inspect", path, "--json"]).output().unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if json["participants"].as_array().map_or(0, Vec::len) == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} never reached {n} participants: {json}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Several `dlock lock` processes on one path never run their commands at
+/// the same time: each command's start and end lines come in pairs.
+#[test]
+fn lock_processes_never_overlap() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let path = unique("lock");
+    let children: Vec<Child> = (0..6)
+        .map(|i| {
+            dlock()
+                .args(["lock", &path, "--", "sh", "-c"])
+                .arg(format!(
+                    "echo start {i} >> {0}; sleep 0.05; echo end {i} >> {0}",
+                    log.display()
+                ))
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let lines: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    assert_eq!(lines.len(), 12, "{lines:?}");
+    for pair in lines.chunks(2) {
+        let (start, end) = (&pair[0], &pair[1]);
+        assert!(
+            start.starts_with("start ") && end == &start.replace("start", "end"),
+            "overlap: {lines:?}"
+        );
+    }
+}
+
+/// The command sees the fencing token and its node, and dlock exits with
+/// the command's own code.
+#[test]
+fn the_command_gets_the_token_and_its_exit_code_is_kept() {
+    let path = unique("env");
+    let out = dlock()
+        .args([
+            "lock",
+            &path,
+            "--",
+            "sh",
+            "-c",
+            "echo $DLOCK_FENCE $DLOCK_NODE $DLOCK_ENDPOINT; exit 7",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let words: Vec<&str> = stdout.split_whitespace().collect();
+    assert!(words[0].parse::<i64>().unwrap() > 0, "{stdout}");
+    assert!(
+        words[1].starts_with(&format!("{path}/_c_")) && words[1].contains("-lock-"),
+        "{stdout}"
+    );
+    assert_eq!(words[2], endpoint());
+}
+
+/// A `dlock lock` frozen (SIGSTOP) past its session timeout loses the lock
+/// to another process; resumed, it stops its command and exits with the
+/// lock-lost code.
+#[test]
+fn a_frozen_holder_loses_the_lock_and_stops_its_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let path = unique("frozen");
+    let mut holder = dlock()
+        .args([
+            "--session-timeout",
+            "2s",
+            "lock",
+            &path,
+            "--grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(format!(
+            "echo holder-start >> {0}; sleep 30; echo holder-end >> {0}",
+            log.display()
+        ))
+        .spawn()
+        .unwrap();
+    assert!(await_line(&log, "holder-start", Duration::from_secs(20)));
+    let mut next = dlock()
+        .args(["lock", &path, "--", "sh", "-c"])
+        .arg(format!("echo next-ran >> {}", log.display()))
+        .spawn()
+        .unwrap();
+    await_participants(&path, 2, Duration::from_secs(10));
+    let pid = holder.id() as i32;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // The server expires the frozen holder's session; the next process runs.
+    assert!(
+        await_line(&log, "next-ran", Duration::from_secs(15)),
+        "the lock never passed on"
+    );
+    assert!(next.wait().unwrap().success());
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let status = holder.wait().unwrap();
+    assert_eq!(status.code(), Some(66), "lock-lost exit code");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !text.contains("holder-end"),
+        "the holder's command was stopped: {text}"
+    );
+}
+
+/// `inspect` shows a Curator holder and dlock waiters in queue order.
+#[test]
+fn inspect_shows_a_curator_holder_and_dlock_waiters() {
+    let path = unique("mixed");
+    let mut curator = CuratorProbe::start(&shared_zk().connect_string()).unwrap();
+    let answer = curator.ask(&format!("mutex {path} 10000")).unwrap();
+    let curator_node = answer.strip_prefix("acquired ").unwrap().to_string();
+    let waiters: Vec<Child> = (0..2)
+        .map(|_| {
+            dlock()
+                .args(["lock", &path, "--", "true"])
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    await_participants(&path, 3, Duration::from_secs(20));
+    let out = dlock().args(["inspect", &path, "--json"]).output().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["path"], path.as_str());
+    assert_eq!(json["recipe"], "mutex");
+    let list = json["participants"].as_array().unwrap();
+    assert_eq!(list[0]["node"], curator_node.as_str());
+    assert_eq!(list[0]["role"], "holder");
+    assert!(list[1..].iter().all(|p| p["role"] == "waiter"));
+    assert!(
+        list.windows(2)
+            .all(|w| w[0]["fence"].as_i64() < w[1]["fence"].as_i64()),
+        "queue order: {json}"
+    );
+    let table = dlock().args(["inspect", &path]).output().unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("(mutex): 3 participant(s)") && table.contains(&curator_node),
+        "{table}"
+    );
+    curator.ask(&format!("release {path}")).unwrap();
+    for mut w in waiters {
+        assert!(w.wait().unwrap().success());
+    }
+}
+
+/// `dlock revoke` reaches a revocable Curator holder.
+#[test]
+fn revoke_reaches_a_curator_holder() {
+    let path = unique("revoke");
+    let mut curator = CuratorProbe::start(&shared_zk().connect_string()).unwrap();
+    let answer = curator.ask(&format!("revocable {path} 10000")).unwrap();
+    let node = answer.strip_prefix("acquired ").unwrap().to_string();
+    let out = dlock().args(["revoke", &node]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        curator.next_line(Duration::from_secs(10)).unwrap(),
+        format!("revoked {node}")
+    );
+    curator.ask(&format!("release {path}")).unwrap();
+}
+
+/// A timed-out acquire exits with its own code and runs nothing.
+#[test]
+fn an_acquire_timeout_has_its_exit_code() {
+    let path = unique("busy");
+    let mut holder = dlock()
+        .args(["lock", &path, "--", "sleep", "3"])
+        .spawn()
+        .unwrap();
+    await_participants(&path, 1, Duration::from_secs(10));
+    let out = dlock()
+        .args(["lock", &path, "--timeout", "200ms", "--", "echo", "ran"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(65));
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("could not acquire within"));
+    holder.kill().unwrap();
+    let _ = holder.wait();
+}
+
+/// Bad usage: one line naming the problem, and the documented exit code.
+#[test]
+fn bad_usage_is_named_with_its_exit_code() {
+    let cases: &[(&[&str], i32, &str)] = &[
+        (&["lock", "/x"], 64, "<CMD>"),
+        (
+            &["lock", "relative", "--", "true"],
+            64,
+            "invalid path \"relative\"",
+        ),
+        (
+            &["--endpoint", "embedded", "lock", "/x", "--", "true"],
+            64,
+            "embedded store lives inside one dlock process",
+        ),
+        (
+            &["--endpoint", "mongo://h:1", "lock", "/x", "--", "true"],
+            64,
+            "unknown scheme \"mongo\"",
+        ),
+        (
+            &[
+                "--endpoint",
+                "zk://127.0.0.1:1",
+                "--session-timeout",
+                "1s",
+                "lock",
+                "/x",
+                "--",
+                "true",
+            ],
+            67,
+            "unreachable",
+        ),
+        (
+            &["lock", "/x", "--", "/no/such/program"],
+            127,
+            "cannot run /no/such/program",
+        ),
+    ];
+    for (args, code, needle) in cases {
+        let out = dlock().args(*args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(*code), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}

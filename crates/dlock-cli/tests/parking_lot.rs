@@ -1,0 +1,103 @@
+//! The parking-lot demo, run as the real binary on the embedded store.
+
+use std::collections::HashMap;
+use std::process::Command;
+
+fn dlock(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(args)
+        .env_remove("DLOCK_ENDPOINT")
+        .output()
+        .expect("run dlock")
+}
+
+/// Parses the one summary line into key=value pairs.
+fn summary(out: &std::process::Output) -> HashMap<String, String> {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "exactly one summary line, got {stdout:?}");
+    let mut words = lines[0].split(' ');
+    assert_eq!(words.next(), Some("parking-lot"));
+    words
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').expect("key=value");
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+fn assert_full_and_safe(s: &HashMap<String, String>, cars: u32, spaces: u32, rounds: u32) {
+    assert_eq!(s["backend"], "embedded");
+    assert_eq!(s["cars"], cars.to_string());
+    assert_eq!(s["spaces"], spaces.to_string());
+    assert_eq!(s["acquisitions"], (cars * rounds).to_string());
+    assert_eq!(s["violations"], "0", "{s:?}");
+    assert_eq!(
+        s["max_inside"],
+        spaces.to_string(),
+        "the semaphore admits {spaces} at once: {s:?}"
+    );
+    assert!(s["seconds"].parse::<f64>().unwrap() > 0.0);
+}
+
+#[test]
+fn the_v2_semaphore_fills_the_lot_and_never_overfills_it() {
+    let s = summary(&dlock(&["demo", "parking-lot", "--semaphore", "v2"]));
+    assert_eq!(s["semaphore"], "v2");
+    assert_full_and_safe(&s, 15, 3, 3);
+}
+
+#[test]
+fn the_kv_semaphore_fills_the_lot_and_never_overfills_it() {
+    let s = summary(&dlock(&["demo", "parking-lot", "--semaphore", "kv"]));
+    assert_eq!(s["semaphore"], "kv");
+    assert_full_and_safe(&s, 15, 3, 3);
+}
+
+#[test]
+fn the_flags_are_honoured() {
+    let s = summary(&dlock(&[
+        "demo",
+        "parking-lot",
+        "--cars",
+        "6",
+        "--spaces",
+        "2",
+        "--rounds",
+        "2",
+        "--hold-ms",
+        "30",
+        "--path",
+        "/garage/sem",
+        "--probe-path",
+        "/garage/count",
+    ]));
+    assert_eq!(s["semaphore"], "v2", "the default");
+    assert_full_and_safe(&s, 6, 2, 2);
+}
+
+#[test]
+fn bad_input_is_named_in_one_line() {
+    for (args, needle) in [
+        (
+            vec!["demo", "parking-lot", "--path", "relative"],
+            "invalid path \"relative\"",
+        ),
+        (vec!["demo", "parking-lot", "--spaces", "0"], "--spaces"),
+        (
+            vec!["demo", "parking-lot", "--semaphore", "v3"],
+            "--semaphore",
+        ),
+    ] {
+        let out = dlock(&args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty());
+    }
+}
