@@ -1,6 +1,7 @@
 //! `dlock`: distributed locks, semaphores and leader election from the
 //! command line.
 
+mod bench;
 mod commands;
 mod demo;
 mod duration;
@@ -100,6 +101,10 @@ enum Command {
     Inspect(commands::InspectArgs),
     /// Ask the owner of a lock node to release it (Curator-compatible).
     Revoke(commands::RevokeArgs),
+    /// Measure a workload; prints one line in the peer harnesses' format.
+    ///
+    /// Example: dlock --endpoint zk://127.0.0.1:2181 bench mutex --clients 8 --seconds 10
+    Bench(bench::Bench),
     /// Runnable scenarios from the design documents.
     #[command(subcommand)]
     Demo(demo::Demo),
@@ -140,6 +145,7 @@ fn main() -> ExitCode {
             }
             Command::Inspect(args) => commands::inspect(&global, args).await,
             Command::Revoke(args) => commands::revoke(&global, args).await,
+            Command::Bench(args) => bench::run(&global, args).await.map(|()| 0),
             Command::Demo(demo) => demo::run(&global, demo).await.map(|()| 0),
         }
     });

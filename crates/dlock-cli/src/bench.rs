@@ -1,0 +1,228 @@
+//! `dlock bench`: the peer harnesses' workloads (shared/peers), with their
+//! output line, so results compare side by side.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use dlock::store::{CreateMode, CreateOptions};
+use dlock::{Mutex, ReadWriteLock, Session};
+
+use crate::Global;
+
+/// The workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Workload {
+    /// Each client acquires and releases the Mutex in a loop.
+    Mutex,
+    /// Each client takes the ReadWriteLock's read half, or its write half
+    /// every --write-every acquisitions, in a loop.
+    Rwlock,
+    /// No recipe: create + delete pairs of one node per client, the fewest
+    /// writes any lock cycle needs — the server's ceiling for lock cycles.
+    Raw,
+}
+
+/// Arguments of `bench`.
+#[derive(Debug, Args)]
+pub struct Bench {
+    /// What to measure.
+    #[arg(value_enum)]
+    workload: Workload,
+    /// Clients, each with its own session.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    clients: u32,
+    /// How long to run.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// The recipe's path (default /bench/<workload>).
+    #[arg(long)]
+    path: Option<String>,
+    /// rwlock: one write in this many acquisitions.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    write_every: u32,
+    /// raw: concurrent create+delete pairs per client.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    inflight: u32,
+}
+
+/// Runs a benchmark and prints its one result line.
+pub async fn run(global: &Global, args: Bench) -> Result<()> {
+    let name = match args.workload {
+        Workload::Mutex => "mutex",
+        Workload::Rwlock => "rwlock",
+        Workload::Raw => "raw",
+    };
+    let path = args
+        .path
+        .clone()
+        .unwrap_or_else(|| format!("/bench/{name}"));
+    dlock::path::validate(&path)?;
+    if !(args.seconds > 0.0 && args.seconds.is_finite()) {
+        anyhow::bail!("--seconds must be a positive number, got {}", args.seconds);
+    }
+    // Sessions are set up before the clock starts, as the peers do.
+    let mut sessions = Vec::new();
+    for _ in 0..args.clients {
+        sessions.push(global.connect().await?);
+    }
+    let shared = Arc::new(Shared::default());
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(args.seconds);
+    let mut tasks = Vec::new();
+    for (id, session) in sessions.iter().enumerate() {
+        let (session, path, shared) = (session.clone(), path.clone(), shared.clone());
+        let (workload, write_every, inflight) = (args.workload, args.write_every, args.inflight);
+        tasks.push(tokio::spawn(async move {
+            match workload {
+                Workload::Mutex => mutex_loop(session, path, deadline, shared).await,
+                Workload::Rwlock => {
+                    rwlock_loop(session, path, id as u32, write_every, deadline, shared).await
+                }
+                Workload::Raw => raw_loop(session, path, id, inflight, deadline, shared).await,
+            }
+        }));
+    }
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.context("a client panicked")??);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    for s in &sessions {
+        s.close().await;
+    }
+    latencies.sort_unstable();
+    let ops = latencies.len();
+    let latency = if args.workload == Workload::Raw {
+        "cycle"
+    } else {
+        "acquire"
+    };
+    println!(
+        "peer=dlock recipe={name} clients={} seconds={elapsed:.2} ops={ops} ops_per_s={:.1} {latency}_p50_ms={:.3} {latency}_p99_ms={:.3} violations={}",
+        args.clients,
+        ops as f64 / elapsed,
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.99),
+        shared.violations.load(Ordering::SeqCst),
+    );
+    Ok(())
+}
+
+/// Who is inside the critical section, checked across all clients.
+#[derive(Default)]
+struct Shared {
+    writers: AtomicI64,
+    readers: AtomicI64,
+    violations: AtomicU64,
+}
+
+impl Shared {
+    fn enter_exclusive(&self) {
+        if self.writers.fetch_add(1, Ordering::SeqCst) != 0
+            || self.readers.load(Ordering::SeqCst) != 0
+        {
+            self.violations.fetch_add(1, Ordering::SeqCst);
+        }
+        self.writers.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn enter_shared(&self) {
+        self.readers.fetch_add(1, Ordering::SeqCst);
+        if self.writers.load(Ordering::SeqCst) != 0 {
+            self.violations.fetch_add(1, Ordering::SeqCst);
+        }
+        self.readers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The peers' percentile: the element at `p × n`.
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((p * sorted.len() as f64) as usize).min(sorted.len() - 1);
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+async fn mutex_loop(
+    session: Session,
+    path: String,
+    deadline: Instant,
+    shared: Arc<Shared>,
+) -> Result<Vec<Duration>> {
+    let mutex = Mutex::new(&session, &path)?;
+    let mut latencies = Vec::new();
+    while Instant::now() < deadline {
+        let t0 = Instant::now();
+        let guard = mutex.acquire().await?;
+        latencies.push(t0.elapsed());
+        shared.enter_exclusive();
+        guard.release().await?;
+    }
+    Ok(latencies)
+}
+
+async fn rwlock_loop(
+    session: Session,
+    path: String,
+    id: u32,
+    write_every: u32,
+    deadline: Instant,
+    shared: Arc<Shared>,
+) -> Result<Vec<Duration>> {
+    let rw = ReadWriteLock::new(&session, &path)?;
+    let mut latencies = Vec::new();
+    // A fixed pseudo-random pattern per client, like the peers' seeded Random.
+    let mut x = 0x9e37_79b9_u32.wrapping_mul(id + 1);
+    while Instant::now() < deadline {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let t0 = Instant::now();
+        if x % write_every == 0 {
+            let guard = rw.write().await?;
+            latencies.push(t0.elapsed());
+            shared.enter_exclusive();
+            guard.release().await?;
+        } else {
+            let guard = rw.read().await?;
+            latencies.push(t0.elapsed());
+            shared.enter_shared();
+            guard.release().await?;
+        }
+    }
+    Ok(latencies)
+}
+
+async fn raw_loop(
+    session: Session,
+    path: String,
+    id: usize,
+    inflight: u32,
+    deadline: Instant,
+    _shared: Arc<Shared>,
+) -> Result<Vec<Duration>> {
+    let options = CreateOptions::new(CreateMode::Ephemeral).with_parents();
+    let mut workers = Vec::new();
+    for w in 0..inflight {
+        let (session, node) = (session.clone(), format!("{path}/{id}-{w}"));
+        workers.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            while Instant::now() < deadline {
+                let t0 = Instant::now();
+                session.create(&node, b"x", options).await?;
+                session.delete(&node, None).await?;
+                latencies.push(t0.elapsed());
+            }
+            anyhow::Ok(latencies)
+        }));
+    }
+    let mut all = Vec::new();
+    for w in workers {
+        all.extend(w.await??);
+    }
+    Ok(all)
+}
