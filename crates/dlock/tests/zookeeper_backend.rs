@@ -197,6 +197,27 @@ async fn creates_every_mode() -> Result<()> {
         ensure!(c.path == format!("{dir}/n-{i:010}"), "{}", c.path);
     }
     ensure!(names[1].stat.ephemeral_owner == s.session_id());
+    // The sequence counts child *creations* only: a delete leaves no gap.
+    // (ZooKeeper stores that count; the `cversion` it reports is computed
+    // as `2 × creations − children`, i.e. creations + deletions.)
+    s.delete(&names[0].path, None).await?;
+    let after_delete = s
+        .create(
+            &format!("{dir}/n-"),
+            b"",
+            CreateOptions::new(CreateMode::PersistentSequential),
+        )
+        .await?;
+    ensure!(
+        after_delete.path == format!("{dir}/n-0000000003"),
+        "{}",
+        after_delete.path
+    );
+    let (_, dir_stat) = s.get_data(&dir).await?;
+    ensure!(
+        dir_stat.cversion == 5 && dir_stat.num_children == 3,
+        "{dir_stat:?}"
+    );
     ensure!(names[0].stat.ephemeral_owner == 0 && names[2].stat.ephemeral_owner == 0);
 
     // Ephemeral nodes go with their session.
