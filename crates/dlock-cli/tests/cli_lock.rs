@@ -295,3 +295,48 @@ fn bad_usage_is_named_with_its_exit_code() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
 }
+
+/// A holder process killed with -9 cannot release: the next waiter gets the
+/// lock once the server expires the dead session — within the session
+/// timeout plus a second.
+#[test]
+fn a_killed_holder_hands_over_within_the_session_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let path = unique("killed");
+    let mut holder = dlock()
+        .args(["--session-timeout", "2s", "lock", &path, "--", "sh", "-c"])
+        .arg(format!(
+            "echo holding $$ >> {}; exec sleep 30",
+            log.display()
+        ))
+        .spawn()
+        .unwrap();
+    assert!(await_line(&log, "holding", Duration::from_secs(20)));
+    let orphan: i32 = std::fs::read_to_string(&log)
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut next = dlock()
+        .args(["lock", &path, "--", "sh", "-c"])
+        .arg(format!("echo next >> {}", log.display()))
+        .spawn()
+        .unwrap();
+    await_participants(&path, 2, Duration::from_secs(10));
+    let killed = Instant::now();
+    holder.kill().unwrap(); // SIGKILL: no release, no goodbye to the server
+    let _ = holder.wait();
+    assert!(await_line(&log, "next", Duration::from_secs(10)));
+    let handover = killed.elapsed();
+    assert!(next.wait().unwrap().success());
+    // The killed holder could not stop its command: we do.
+    // SAFETY: signalling the command's pid, which it wrote itself.
+    unsafe { libc::kill(orphan, libc::SIGKILL) };
+    assert!(
+        handover <= Duration::from_secs(3),
+        "handed over after {handover:?} (timeout 2 s + 1 s)"
+    );
+}

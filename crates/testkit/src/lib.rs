@@ -61,6 +61,7 @@
 
 mod curator;
 mod etcd;
+pub mod history;
 mod port;
 mod process;
 mod proxy;
