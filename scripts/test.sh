@@ -41,3 +41,21 @@ extra=()
 export DLOCK_LONG="$long"
 cargo test --workspace --all-targets "${extra[@]}"
 cargo test --workspace --doc
+
+# Every example runs to completion on the embedded store (and, in the long
+# mode, on a private ZooKeeper too), checking its own outcome.
+examples=$(ls crates/dlock/examples/*.rs | xargs -n1 basename | sed 's/\.rs$//')
+for ex in $examples; do
+  echo "example $ex (embedded)"
+  cargo run -q -p dlock --example "$ex"
+done
+if [ "$long" -eq 1 ]; then
+  zk=$(mktemp -d)
+  endpoint=$(scripts/zookeeper.sh start --dir "$zk/server" | sed -n 's/.*endpoint=\([^ ]*\).*/\1/p')
+  trap 'scripts/zookeeper.sh stop --dir "$zk/server" >/dev/null 2>&1; rm -rf "$zk"' EXIT
+  for ex in $examples; do
+    echo "example $ex (zookeeper)"
+    cargo run -q -p dlock --example "$ex" -- --endpoint "zk://$endpoint"
+  done
+fi
+echo "examples: all passed"
