@@ -15,6 +15,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod blocking;
 pub mod endpoint;
 pub mod error;
 pub mod path;

@@ -1,0 +1,201 @@
+//! The recipes for code without an async runtime.
+//!
+//! A [`blocking::Session`](Session) owns a small tokio runtime (one worker
+//! thread) that keeps the session alive between calls — heartbeats, watches
+//! and background deletes run there — and every method blocks the calling
+//! thread until its operation completes. Do not call these from inside an
+//! async runtime; use the async API there.
+//!
+//! ```
+//! let session = dlock::blocking::connect("embedded")?;
+//! let mutex = session.mutex("/doc/blocking")?;
+//! let guard = mutex.acquire()?;
+//! println!("holding with token {}", guard.token());
+//! guard.release()?;
+//! # Ok::<(), dlock::Error>(())
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::store::{FencingToken, Op, OpResult};
+use crate::SessionOptions;
+
+/// A session with its own runtime. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Session {
+    inner: crate::Session,
+    runtime: Arc<tokio::runtime::Runtime>,
+}
+
+/// Connects a new session to `endpoint` (see [`Endpoint`](crate::Endpoint)).
+pub fn connect(endpoint: &str) -> Result<Session> {
+    connect_with(endpoint, SessionOptions::default())
+}
+
+/// Connects a new session to `endpoint` with `options`.
+pub fn connect_with(endpoint: &str, options: SessionOptions) -> Result<Session> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("dlock-blocking")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Backend(format!("cannot start a runtime: {e}")))?;
+    let inner = runtime.block_on(crate::connect_with(endpoint, options))?;
+    Ok(Session {
+        inner,
+        runtime: Arc::new(runtime),
+    })
+}
+
+impl Session {
+    /// The async session inside, for recipes without a blocking wrapper yet
+    /// (run them with [`block_on`](Self::block_on)).
+    pub fn session(&self) -> &crate::Session {
+        &self.inner
+    }
+
+    /// Runs any async dlock operation to completion on this session's
+    /// runtime.
+    ///
+    /// ```
+    /// let session = dlock::blocking::connect("embedded")?;
+    /// let latch_free = session.block_on(async {
+    ///     let rw = dlock::ReadWriteLock::new(session.session(), "/doc/block-on")?;
+    ///     rw.try_write().await.map(|g| g.is_some())
+    /// })?;
+    /// assert!(latch_free);
+    /// # Ok::<(), dlock::Error>(())
+    /// ```
+    pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+        self.runtime.block_on(future)
+    }
+
+    /// A [`Mutex`] at `path`.
+    pub fn mutex(&self, path: &str) -> Result<Mutex> {
+        Ok(Mutex {
+            inner: crate::Mutex::new(&self.inner, path)?,
+            session: self.clone(),
+        })
+    }
+
+    /// A [`ReadWriteLock`] at `path`.
+    pub fn read_write_lock(&self, path: &str) -> Result<ReadWriteLock> {
+        Ok(ReadWriteLock {
+            inner: crate::ReadWriteLock::new(&self.inner, path)?,
+            session: self.clone(),
+        })
+    }
+
+    /// Closes the session.
+    pub fn close(&self) {
+        self.block_on(self.inner.close())
+    }
+}
+
+/// The blocking [`crate::Mutex`].
+#[derive(Clone, Debug)]
+pub struct Mutex {
+    inner: crate::Mutex,
+    session: Session,
+}
+
+impl Mutex {
+    /// Blocks until the lock is ours.
+    pub fn acquire(&self) -> Result<Guard> {
+        self.session.hold(self.inner.acquire())
+    }
+
+    /// Blocks at most `timeout`.
+    pub fn acquire_timeout(&self, timeout: Duration) -> Result<Guard> {
+        self.session.hold(self.inner.acquire_timeout(timeout))
+    }
+
+    /// Takes the lock only if it is free now.
+    pub fn try_acquire(&self) -> Result<Option<Guard>> {
+        let guard = self.session.block_on(self.inner.try_acquire())?;
+        Ok(guard.map(|g| self.session.guard(g)))
+    }
+}
+
+/// The blocking [`crate::ReadWriteLock`] (the guards of its halves are
+/// [`Guard`]s too; downgrading is for the async API).
+#[derive(Clone, Debug)]
+pub struct ReadWriteLock {
+    inner: crate::ReadWriteLock,
+    session: Session,
+}
+
+impl ReadWriteLock {
+    /// Blocks until the read lock is ours.
+    pub fn read(&self) -> Result<Guard> {
+        let session = &self.session;
+        let guard = session.block_on(self.inner.read())?;
+        Ok(session.guard_from(Box::new(guard)))
+    }
+
+    /// Blocks until the write lock is ours.
+    pub fn write(&self) -> Result<Guard> {
+        let session = &self.session;
+        let guard = session.block_on(self.inner.write())?;
+        Ok(session.guard_from(Box::new(guard)))
+    }
+}
+
+impl Session {
+    fn hold(
+        &self,
+        acquire: impl std::future::Future<Output = Result<crate::LockGuard>>,
+    ) -> Result<Guard> {
+        Ok(self.guard(self.block_on(acquire)?))
+    }
+
+    fn guard(&self, guard: crate::LockGuard) -> Guard {
+        self.guard_from(Box::new(guard))
+    }
+
+    fn guard_from(&self, hold: Box<dyn crate::Hold>) -> Guard {
+        Guard {
+            hold: Some(hold),
+            session: self.clone(),
+        }
+    }
+}
+
+/// A held lock. Dropping it releases in the background.
+#[derive(Debug)]
+#[must_use = "dropping the guard releases the lock"]
+pub struct Guard {
+    hold: Option<Box<dyn crate::Hold>>,
+    session: Session,
+}
+
+impl Guard {
+    /// The acquisition's fencing token.
+    pub fn token(&self) -> FencingToken {
+        self.hold.as_ref().expect("held until released").token()
+    }
+
+    /// Applies `ops` only while the lock is held.
+    pub fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
+        let hold = self.hold.as_ref().expect("held until released");
+        self.session.block_on(hold.guarded(ops))
+    }
+
+    /// Releases the lock (see [`LockGuard::release`](crate::LockGuard::release)).
+    pub fn release(mut self) -> Result<()> {
+        let hold = self.hold.take().expect("held until released");
+        self.session.block_on(hold.release())
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(hold) = self.hold.take() {
+            // The guard's own drop schedules the delete on the runtime.
+            let _enter = self.session.runtime.enter();
+            drop(hold);
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! The blocking API, from plain threads.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[test]
+fn threads_exclude_each_other_through_the_blocking_api() {
+    let path = format!("/blocking-{}", uuid::Uuid::new_v4().simple());
+    let inside = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (path, inside) = (path.clone(), inside.clone());
+            std::thread::spawn(move || {
+                let session = dlock::blocking::connect("embedded").unwrap();
+                let mutex = session.mutex(&path).unwrap();
+                for _ in 0..20 {
+                    let guard = mutex.acquire().unwrap();
+                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders");
+                    std::thread::yield_now();
+                    inside.store(false, Ordering::SeqCst);
+                    guard.release().unwrap();
+                }
+                session.close();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn timeouts_try_and_dropped_guards() {
+    let path = format!("/blocking-{}", uuid::Uuid::new_v4().simple());
+    let a = dlock::blocking::connect("embedded").unwrap();
+    let b = dlock::blocking::connect("embedded").unwrap();
+    let held = a.mutex(&path).unwrap().acquire().unwrap();
+    let err = b
+        .mutex(&path)
+        .unwrap()
+        .acquire_timeout(Duration::from_millis(100))
+        .unwrap_err();
+    assert!(matches!(err, dlock::Error::Timeout(_)), "{err}");
+    assert!(b.mutex(&path).unwrap().try_acquire().unwrap().is_none());
+    drop(held); // released in the background
+    let again = b
+        .mutex(&path)
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(5))
+        .unwrap();
+    assert!(again.token() > dlock::FencingToken(0));
+    again.release().unwrap();
+    // Readers share, writers wait.
+    let rw = a.read_write_lock(&format!("{path}-rw")).unwrap();
+    let r1 = rw.read().unwrap();
+    let r2 = b
+        .read_write_lock(&format!("{path}-rw"))
+        .unwrap()
+        .read()
+        .unwrap();
+    r1.release().unwrap();
+    r2.release().unwrap();
+    rw.write().unwrap().release().unwrap();
+    assert_eq!(
+        a.block_on(a.session().children(&format!("{path}-rw")))
+            .map(|c| c.len())
+            .unwrap_or(0),
+        0
+    );
+}
