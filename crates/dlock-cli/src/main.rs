@@ -51,6 +51,10 @@ pub struct Global {
     /// Session timeout, e.g. `500ms`, `10s`.
     #[arg(long, default_value = "10s", value_parser = duration::parse, global = true)]
     session_timeout: Duration,
+    /// Serve Prometheus metrics (acquire latency, waits, holds, losses,
+    /// session states) at http://HOST:PORT/metrics while dlock runs.
+    #[arg(long, value_name = "HOST:PORT", global = true)]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl Global {
@@ -135,6 +139,14 @@ fn main() -> ExitCode {
     };
     let global = cli.global;
     let result = runtime.block_on(async {
+        if let Some(addr) = global.metrics_addr {
+            metrics_exporter_prometheus::PrometheusBuilder::new()
+                .with_http_listener(addr)
+                .install()
+                .map_err(|e| {
+                    exit::Exit::Usage.with(format!("cannot serve metrics at {addr}: {e}"))
+                })?;
+        }
         match cli.command {
             Command::Lock(args) => commands::lock(&global, args, commands::LockKind::Mutex).await,
             Command::ReadLock(args) => {

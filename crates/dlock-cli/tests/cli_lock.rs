@@ -340,3 +340,45 @@ fn a_killed_holder_hands_over_within_the_session_timeout() {
         "handed over after {handover:?} (timeout 2 s + 1 s)"
     );
 }
+
+/// A running `dlock lock --metrics-addr` serves Prometheus text with the
+/// acquire metrics of the lock it holds.
+#[test]
+fn a_running_lock_serves_its_metrics() {
+    let path = unique("metrics");
+    let port = dlock_testkit::free_port();
+    let mut holder = dlock()
+        .args([
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+            "lock",
+            &path,
+            "--",
+            "sleep",
+            "30",
+        ])
+        .spawn()
+        .unwrap();
+    await_participants(&path, 1, Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let body = loop {
+        match dlock_testkit::http_get(port, "/metrics") {
+            Ok((200, body)) if body.contains("dlock_acquire_seconds") => break body,
+            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            other => panic!("no acquire metrics at :{port}: {other:?}"),
+        }
+    };
+    // SIGTERM to dlock is passed on to the command; dlock then releases.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(holder.id() as i32, libc::SIGTERM) };
+    assert_eq!(
+        holder.wait().unwrap().code(),
+        Some(128 + libc::SIGTERM),
+        "the command ended by the forwarded SIGTERM"
+    );
+    assert!(
+        body.contains("dlock_acquire_seconds_count{") && body.contains("recipe=\"mutex\""),
+        "{body}"
+    );
+    assert!(body.contains(&format!("path=\"{path}\"")), "{body}");
+}

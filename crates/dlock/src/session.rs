@@ -189,6 +189,7 @@ impl std::fmt::Debug for Session {
 impl Session {
     /// Wraps a backend's store. Backends call this; users connect instead.
     pub fn from_store(store: Arc<dyn Store>, options: SessionOptions) -> Session {
+        count_state_changes(&*store);
         Session {
             inner: Arc::new(Inner {
                 store,
@@ -318,7 +319,11 @@ impl Session {
     pub async fn get_data_watch(&self, path: &str) -> Result<(Vec<u8>, Stat, Watch)> {
         path::validate(path)?;
         let (data, stat, watch) = self.inner.store.get_data(path, true).await?;
-        Ok((data, stat, watch.expect("the store armed the requested watch")))
+        Ok((
+            data,
+            stat,
+            watch.expect("the store armed the requested watch"),
+        ))
     }
 
     /// Reads a node's metadata, if it exists.
@@ -345,7 +350,10 @@ impl Session {
     pub async fn children_watch(&self, path: &str) -> Result<(Vec<Child>, Watch)> {
         path::validate(path)?;
         let (children, watch) = self.inner.store.children(path, true).await?;
-        Ok((children, watch.expect("the store armed the requested watch")))
+        Ok((
+            children,
+            watch.expect("the store armed the requested watch"),
+        ))
     }
 
     /// Applies all operations atomically, or none.
@@ -453,7 +461,12 @@ impl Session {
         true
     }
 
-    async fn find_protected(&self, parent: &str, prefix: &str, mode: CreateMode) -> Result<Option<Created>> {
+    async fn find_protected(
+        &self,
+        parent: &str,
+        prefix: &str,
+        mode: CreateMode,
+    ) -> Result<Option<Created>> {
         let children = match self.inner.store.children(parent, false).await {
             Ok((children, _)) => children,
             Err(Error::NoNode { .. }) => return Ok(None),
@@ -497,7 +510,8 @@ impl Session {
             loop {
                 match session.inner.store.delete(&path, None).await {
                     Err(e) if e.is_retryable() => {
-                        tokio::time::sleep(session.inner.options.retry.sleep_for(retry.min(8))).await;
+                        tokio::time::sleep(session.inner.options.retry.sleep_for(retry.min(8)))
+                            .await;
                         retry += 1;
                     }
                     Err(Error::NoNode { .. }) | Ok(()) | Err(Error::Closed) => return,
@@ -521,12 +535,15 @@ impl Session {
                 match session.inner.store.children(&parent, false).await {
                     Ok((children, _)) => {
                         for c in children.iter().filter(|c| c.name.starts_with(&prefix)) {
-                            let _ = session.delete_guaranteed(&path::join(&parent, &c.name)).await;
+                            let _ = session
+                                .delete_guaranteed(&path::join(&parent, &c.name))
+                                .await;
                         }
                         return;
                     }
                     Err(e) if e.is_retryable() => {
-                        tokio::time::sleep(session.inner.options.retry.sleep_for(retry.min(8))).await;
+                        tokio::time::sleep(session.inner.options.retry.sleep_for(retry.min(8)))
+                            .await;
                         retry += 1;
                     }
                     Err(_) => return,
@@ -538,7 +555,10 @@ impl Session {
     /// Runs a future in the background, counted by
     /// [`background_tasks`](Self::background_tasks). Works from `Drop` too,
     /// on the runtime the session was created on.
-    pub(crate) fn spawn_background(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+    pub(crate) fn spawn_background(
+        &self,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
         let Some(runtime) = tokio::runtime::Handle::try_current()
             .ok()
             .or_else(|| self.inner.runtime.clone())
@@ -553,6 +573,24 @@ impl Session {
             counter.send_modify(|n| *n -= 1);
         });
     }
+}
+
+/// Counts the session's state changes in the `dlock_session_state_changes_total`
+/// metric, until the store goes away.
+fn count_state_changes(store: &dyn Store) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let mut status = store.status();
+    let backend = store.backend().to_string();
+    runtime.spawn(async move {
+        while status.changed().await.is_ok() {
+            let state = format!("{:?}", status.borrow_and_update().state).to_lowercase();
+            tracing::debug!(%backend, %state, "session state");
+            metrics::counter!("dlock_session_state_changes_total", "backend" => backend.clone(), "state" => state)
+                .increment(1);
+        }
+    });
 }
 
 fn check_create_path(path: &str, mode: CreateMode) -> Result<()> {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tracing::Instrument;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
@@ -178,7 +179,11 @@ impl WaitQueue {
     /// The children in queue order (empty if the directory is gone).
     pub async fn sorted_children(&self, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
         let store = self.session.store();
-        match self.session.retrying(|| store.children(&self.dir, watch)).await {
+        match self
+            .session
+            .retrying(|| store.children(&self.dir, watch))
+            .await
+        {
             Ok((mut children, w)) => {
                 sort_sequenced(&mut children, self.sort_names);
                 Ok((children, w))
@@ -224,6 +229,56 @@ impl WaitQueue {
         deadline: Option<Instant>,
         wake: Option<&Notify>,
     ) -> Result<Option<Created>> {
+        let span = tracing::debug_span!(
+            "dlock.acquire",
+            recipe = self.recipe(),
+            path = %self.dir,
+            session = %format_args!("{:#x}", self.session.session_id()),
+            node = tracing::field::Empty,
+            token = tracing::field::Empty,
+        );
+        let started = Instant::now();
+        let labels = [("recipe", self.recipe().to_string()), ("path", self.dir.clone())];
+        let result = self
+            .acquire_inner(data, mode, predicate, deadline, wake, &labels)
+            .instrument(span.clone())
+            .await;
+        match &result {
+            Ok(Some(created)) => {
+                span.record("node", created.path.as_str());
+                span.record("token", created.token().0);
+                metrics::histogram!("dlock_acquire_seconds", &labels).record(started.elapsed().as_secs_f64());
+            }
+            Ok(None) => metrics::counter!("dlock_acquire_timeouts_total", &labels).increment(1),
+            Err(e) => {
+                tracing::debug!(parent: &span, error = %e, "acquire failed");
+                metrics::counter!("dlock_acquire_errors_total", &labels).increment(1);
+            }
+        }
+        result
+    }
+
+    /// The recipe a lock name belongs to, for spans and metrics.
+    pub fn recipe(&self) -> &'static str {
+        match self.lock_name {
+            "lock-" => "mutex",
+            "__READ__" => "read",
+            "__WRIT__" => "write",
+            "lease-" => "semaphore",
+            "latch-" => "latch",
+            _ => "other",
+        }
+    }
+
+    async fn acquire_inner(
+        &self,
+        data: &[u8],
+        mode: CreateMode,
+        predicate: &dyn Predicate,
+        deadline: Option<Instant>,
+        wake: Option<&Notify>,
+        labels: &[(&'static str, String); 2],
+    ) -> Result<Option<Created>> {
         let mut retry = 0;
         loop {
             let (pending, created, children) = match self.enter(data, mode).await {
@@ -235,9 +290,15 @@ impl WaitQueue {
                 }
                 entered => entered?,
             };
+            let at_once = predicate.check(&children, created.name()).ok() == Some(Verdict::Acquired);
+            let queued = Instant::now();
             match self.wait(&created, children, predicate, deadline, wake).await {
                 Ok(()) => {
                     pending.disarm();
+                    if !at_once {
+                        metrics::counter!("dlock_handoffs_total", labels).increment(1);
+                        metrics::histogram!("dlock_wait_seconds", labels).record(queued.elapsed().as_secs_f64());
+                    }
                     return Ok(Some(created));
                 }
                 Err(Stop::TimedOut) => {
@@ -263,8 +324,16 @@ impl WaitQueue {
     /// Creates our node (protected, parents as containers) and lists the
     /// queue, in one round trip where the backend can. A revocable queue
     /// stores no data (as Curator) and watches our node for requests.
-    pub async fn enter(&self, data: &[u8], mode: CreateMode) -> Result<(PendingNode, Created, Vec<Child>)> {
-        let data = if self.revocation.is_some() { &[][..] } else { data };
+    pub async fn enter(
+        &self,
+        data: &[u8],
+        mode: CreateMode,
+    ) -> Result<(PendingNode, Created, Vec<Child>)> {
+        let data = if self.revocation.is_some() {
+            &[][..]
+        } else {
+            data
+        };
         let prefix = format!("_c_{}-", uuid::Uuid::new_v4());
         let mut pending = PendingNode {
             session: self.session.clone(),
@@ -319,12 +388,15 @@ impl WaitQueue {
                 Verdict::WatchChildren => match children_watch.take() {
                     Some(watch) => watch,
                     None => {
-                        let (fresh, watch) = self.sorted_children(true).await.map_err(Stop::Failed)?;
+                        let (fresh, watch) =
+                            self.sorted_children(true).await.map_err(Stop::Failed)?;
                         children = fresh;
                         children_watch = watch;
                         if children_watch.is_none() {
                             // The directory is gone, and our node with it.
-                            return Err(Stop::Failed(Error::NoNode { path: self.dir.clone() }));
+                            return Err(Stop::Failed(Error::NoNode {
+                                path: self.dir.clone(),
+                            }));
                         }
                         continue;
                     }
@@ -370,16 +442,23 @@ pub(crate) struct HeldNode {
     pub what: &'static str,
     pub created: Created,
     pub session_id: crate::store::SessionId,
+    pub acquired_at: Instant,
 }
 
 impl HeldNode {
-    pub fn new(session: &Session, recipe_path: &str, what: &'static str, created: Created) -> Arc<Self> {
+    pub fn new(
+        session: &Session,
+        recipe_path: &str,
+        what: &'static str,
+        created: Created,
+    ) -> Arc<Self> {
         Arc::new(HeldNode {
             session: session.clone(),
             recipe_path: recipe_path.to_string(),
             what,
             session_id: session.session_id(),
             created,
+            acquired_at: Instant::now(),
         })
     }
 
@@ -403,8 +482,12 @@ impl HeldNode {
     /// Deletes the node; reports [`Error::Lost`] if it was lost before.
     pub async fn release(&self) -> Result<()> {
         let lost = self.is_lost();
+        let labels = [("recipe", self.what.to_string()), ("path", self.recipe_path.clone())];
+        metrics::histogram!("dlock_hold_seconds", &labels).record(self.acquired_at.elapsed().as_secs_f64());
+        tracing::debug!(node = %self.created.path, token = self.created.token().0, lost, "release");
         self.session.delete_guaranteed(&self.created.path).await?;
         if lost {
+            metrics::counter!("dlock_losses_total", &labels).increment(1);
             Err(self.lost_error())
         } else {
             Ok(())
