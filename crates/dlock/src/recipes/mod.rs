@@ -1,10 +1,17 @@
 //! The recipes, each written once over the store contract.
 
+pub mod error_policy;
 pub mod guard;
+pub mod kv_semaphore;
+pub mod leader_latch;
+pub mod leader_selector;
 pub mod multi_lock;
 pub mod mutex;
 pub(crate) mod queue;
 pub mod revocation;
 pub mod rwlock;
+pub mod semaphore;
+pub mod semaphore_mutex;
+pub mod shared_count;
 
 pub use queue::Participant;

@@ -180,11 +180,15 @@ impl MultiLock {
     /// if one is not had in time, releases the others and fails with
     /// [`Error::Timeout`].
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<MultiGuard> {
-        self.acquire_for(Some(timeout)).await?.ok_or(Error::Timeout(timeout))
+        self.acquire_for(Some(timeout))
+            .await?
+            .ok_or(Error::Timeout(timeout))
     }
 
     async fn acquire_for(&self, timeout: Option<Duration>) -> Result<Option<MultiGuard>> {
-        let mut taken = MultiGuard { holds: Vec::with_capacity(self.locks.len()) };
+        let mut taken = MultiGuard {
+            holds: Vec::with_capacity(self.locks.len()),
+        };
         for lock in &self.locks {
             match lock.lock_for(timeout).await {
                 Ok(Some(hold)) => taken.holds.push(hold),

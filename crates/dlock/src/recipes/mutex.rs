@@ -114,12 +114,22 @@ impl Mutex {
 
     async fn acquire_until(&self, timeout: Option<Duration>) -> Result<Option<MutexGuard>> {
         let session = &self.queue.session;
-        let data = self.data.as_deref().unwrap_or(&session.options().default_data);
+        let data = self
+            .data
+            .as_deref()
+            .unwrap_or(&session.options().default_data);
         let created = self
             .queue
-            .acquire(data, CreateMode::EphemeralSequential, &FirstN(1), deadline(timeout), None)
+            .acquire(
+                data,
+                CreateMode::EphemeralSequential,
+                &FirstN(1),
+                deadline(timeout),
+                None,
+            )
             .await?;
-        Ok(created.map(|created| LockGuard::new(HeldNode::new(session, self.path(), "lock", created))))
+        Ok(created
+            .map(|created| LockGuard::new(HeldNode::new(session, self.path(), "lock", created))))
     }
 }
 

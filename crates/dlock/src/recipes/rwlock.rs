@@ -15,7 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::guard::LockGuard;
-use super::queue::{deadline, position, FirstN, HeldNode, Participant, Predicate, Verdict, WaitQueue};
+use super::queue::{
+    deadline, position, FirstN, HeldNode, Participant, Predicate, Verdict, WaitQueue,
+};
 use crate::error::{Error, Result};
 use crate::session::Session;
 use crate::store::{sequence_key, Child, CreateMode};
@@ -34,7 +36,10 @@ impl Predicate for NoWriterAhead {
     fn check(&self, sorted: &[Child], ours: &str) -> Result<Verdict> {
         let index = position(sorted, ours)?;
         Ok(
-            match sorted[..index].iter().find(|c| c.name.contains(WRITE_LOCK_NAME)) {
+            match sorted[..index]
+                .iter()
+                .find(|c| c.name.contains(WRITE_LOCK_NAME))
+            {
                 None => Verdict::Acquired,
                 Some(writer) => Verdict::WatchNode(writer.name.clone()),
             },
@@ -130,7 +135,9 @@ impl ReadWriteLock {
 
     /// Waits at most `timeout` for the write lock.
     pub async fn write_timeout(&self, timeout: Duration) -> Result<WriteGuard> {
-        self.write_until(Some(timeout)).await?.ok_or(Error::Timeout(timeout))
+        self.write_until(Some(timeout))
+            .await?
+            .ok_or(Error::Timeout(timeout))
     }
 
     /// Takes the write lock only if it is free now.
@@ -151,10 +158,21 @@ impl ReadWriteLock {
         }
         let q = &self.writers;
         let created = q
-            .acquire(self.data(), CreateMode::EphemeralSequential, &FirstN(1), deadline(timeout), None)
+            .acquire(
+                self.data(),
+                CreateMode::EphemeralSequential,
+                &FirstN(1),
+                deadline(timeout),
+                None,
+            )
             .await?;
         Ok(created.map(|created| WriteGuard {
-            guard: LockGuard::new(HeldNode::new(&q.session, self.path(), "write lock", created)),
+            guard: LockGuard::new(HeldNode::new(
+                &q.session,
+                self.path(),
+                "write lock",
+                created,
+            )),
             lock: self.clone(),
         }))
     }
@@ -166,7 +184,9 @@ impl ReadWriteLock {
 
     /// Waits at most `timeout` for the read lock.
     pub async fn read_timeout(&self, timeout: Duration) -> Result<ReadGuard> {
-        self.read_until(Some(timeout)).await?.ok_or(Error::Timeout(timeout))
+        self.read_until(Some(timeout))
+            .await?
+            .ok_or(Error::Timeout(timeout))
     }
 
     /// Takes the read lock only if no writer holds or waits now.
@@ -181,9 +201,17 @@ impl ReadWriteLock {
     async fn read_until(&self, timeout: Option<Duration>) -> Result<Option<ReadGuard>> {
         let q = &self.readers;
         let created = q
-            .acquire(self.data(), CreateMode::EphemeralSequential, &NoWriterAhead, deadline(timeout), None)
+            .acquire(
+                self.data(),
+                CreateMode::EphemeralSequential,
+                &NoWriterAhead,
+                deadline(timeout),
+                None,
+            )
             .await?;
-        Ok(created.map(|created| self.read_guard(HeldNode::new(&q.session, self.path(), "read lock", created))))
+        Ok(created.map(|created| {
+            self.read_guard(HeldNode::new(&q.session, self.path(), "read lock", created))
+        }))
     }
 
     fn read_guard(&self, node: Arc<HeldNode>) -> ReadGuard {
@@ -244,12 +272,24 @@ impl WriteGuard {
         let name = format!("{READ_LOCK_NAME}{sequence}");
         let (created, _) = q
             .session
-            .create_protected(&q.dir, &prefix, &name, self.lock.data(), CreateMode::Ephemeral, false)
+            .create_protected(
+                &q.dir,
+                &prefix,
+                &name,
+                self.lock.data(),
+                CreateMode::Ephemeral,
+                false,
+            )
             .await?;
         if let Some(listener) = &q.revocation {
             super::revocation::watch(&q.session, created.path.clone(), listener.clone());
         }
-        Ok(self.lock.read_guard(HeldNode::new(&q.session, q.dir.as_str(), "read lock", created)))
+        Ok(self.lock.read_guard(HeldNode::new(
+            &q.session,
+            q.dir.as_str(),
+            "read lock",
+            created,
+        )))
     }
 
     /// Acquires the write lock again without a round trip.

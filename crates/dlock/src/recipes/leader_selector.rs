@@ -1,0 +1,548 @@
+//! [`LeaderSelector`]: leader election by turns — Curator's `LeaderSelector`:
+//! candidates queue on a [`Mutex`]; the holder leads by running the user's
+//! `take_leadership` and gives leadership up when it returns.
+//!
+//! Layout (a compatibility contract with Curator 5.4): exactly a mutex on
+//! the election path — `<path>/_c_<uuid>-lock-<seq>` ephemeral-sequential
+//! nodes holding the candidate's id as UTF-8 (without an id, the session's
+//! default data, Curator's host address). dlock and Java selectors on one
+//! path take turns with each other, and with plain `InterProcessMutex`
+//! holders on that path.
+//!
+//! What Curator fixed after 5.4 is in: interrupting leadership never
+//! cancels a queued turn (CURATOR-518), and [`requeue`](LeaderSelector::requeue)
+//! works right after leadership was lost or interrupted (CURATOR-671).
+
+use std::fmt;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard as StdMutexGuard};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+use super::error_policy::ErrorPolicy;
+use super::guard::LockGuard;
+use super::leader_latch::leader_participants;
+pub use super::leader_latch::{LeaderParticipant, Leadership};
+use super::mutex::Mutex;
+use super::queue::HeldNode;
+use crate::error::{Error, Result};
+use crate::session::Session;
+use crate::store::SessionStatus;
+
+type TakeLeadership = Arc<dyn Fn(Leadership) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// Where a selector is in its life (Curator's `LeaderSelector.State`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SelectorState {
+    /// Made, not started.
+    Latent,
+    /// Started: queued, leading, or idle until requeued.
+    Started,
+    /// Closed: no longer a candidate.
+    Closed,
+}
+
+/// Leader election by turns (Curator's `LeaderSelector`).
+///
+/// Give it an async `take_leadership`: when this candidate's turn comes, it
+/// is called with the term's [`Leadership`] (epoch, node, cancellation
+/// signal) and leads for as long as the future runs; leadership is given up
+/// when it returns. Then the candidate waits until
+/// [`requeue`](Self::requeue)d — or queues again by itself with
+/// [`with_auto_requeue`](Self::with_auto_requeue).
+///
+/// A term is **cancelled** — the `Leadership` signals it, and after the
+/// [grace](Self::with_cancel_grace) (none by default) the future is dropped
+/// — when the session fails it per the [`ErrorPolicy`] (by default a
+/// suspension already counts), on [`interrupt_leadership`](Self::interrupt_leadership),
+/// and on [`close`](Self::close). Either way leadership is released before
+/// anyone else can lead, and one selector never leads twice at once.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// use dlock::recipes::leader_selector::LeaderSelector;
+/// let session = dlock::connect("embedded").await?;
+/// let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+/// let selector = LeaderSelector::new(&session, "/doc/selector", move |term| {
+///     let tx = tx.clone();
+///     async move {
+///         // Lead: do the work, fenced by the epoch; return to give up.
+///         tx.send(term.epoch()).unwrap();
+///     }
+/// })?
+/// .with_id("worker-1")
+/// .with_auto_requeue();
+/// selector.start()?;
+/// let (first, second) = (rx.recv().await.unwrap(), rx.recv().await.unwrap());
+/// assert!(second > first); // every term has a larger epoch
+/// selector.close().await?;
+/// # Ok(()) }
+/// ```
+pub struct LeaderSelector {
+    mutex: Mutex,
+    id: String,
+    policy: ErrorPolicy,
+    auto_requeue: bool,
+    grace: Duration,
+    take: TakeLeadership,
+    shared: Arc<Shared>,
+    shutdown: watch::Sender<bool>,
+    worker: StdMutex<Option<JoinHandle<()>>>,
+}
+
+impl fmt::Debug for LeaderSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaderSelector")
+            .field("path", &self.path())
+            .field("id", &self.id)
+            .field("state", &self.state())
+            .field("leadership", &*self.shared.leadership.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaderSelector {
+    /// A candidate at `path` (a ZooKeeper-style path), through `session`,
+    /// that leads by running `take_leadership`. No id,
+    /// [`ErrorPolicy::Standard`], no auto-requeue, no cancellation grace.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidPath`] for a path ZooKeeper would refuse, or the root.
+    pub fn new<F, Fut>(session: &Session, path: &str, take_leadership: F) -> Result<Self>
+    where
+        F: Fn(Leadership) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        Ok(LeaderSelector {
+            mutex: Mutex::new(session, path)?,
+            id: String::new(),
+            policy: ErrorPolicy::Standard,
+            auto_requeue: false,
+            grace: Duration::ZERO,
+            take: Arc::new(move |term| take_leadership(term).boxed()),
+            shared: Arc::new(Shared::new()),
+            shutdown: watch::channel(false).0,
+            worker: StdMutex::new(None),
+        })
+    }
+
+    /// Sets this candidate's id, stored as UTF-8 in its lock nodes (before
+    /// [`start`](Self::start)). An empty id stores the session's default
+    /// data instead, as Curator does.
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.id = id.into();
+        self.mutex = match self.id.is_empty() {
+            true => {
+                Mutex::new(self.mutex.session(), self.mutex.path()).expect("the path was valid")
+            }
+            false => self.mutex.with_data(self.id.as_bytes().to_vec()),
+        };
+        self
+    }
+
+    /// Sets which session states end a term (before
+    /// [`start`](Self::start)).
+    pub fn with_error_policy(mut self, policy: ErrorPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Queues again by itself after every term (Curator's `autoRequeue`).
+    pub fn with_auto_requeue(mut self) -> Self {
+        self.auto_requeue = true;
+        self
+    }
+
+    /// How long a cancelled `take_leadership` may go on after its
+    /// [`Leadership`] signalled the cancellation, before it is dropped.
+    /// Default: zero — dropped at once. Leadership is released only after.
+    pub fn with_cancel_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// This candidate's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The election's path.
+    pub fn path(&self) -> &str {
+        self.mutex.path()
+    }
+
+    /// The session this selector uses.
+    pub fn session(&self) -> &Session {
+        self.mutex.session()
+    }
+
+    /// Where the selector is in its life.
+    pub fn state(&self) -> SelectorState {
+        *self.shared.state.borrow()
+    }
+
+    /// Starts the background task and queues for the first turn.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if it was started before, or if there is
+    /// no tokio runtime to run it on.
+    pub fn start(&self) -> Result<()> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::InvalidArgument("a LeaderSelector runs on a tokio runtime".into())
+        })?;
+        let mut started = false;
+        self.shared.state.send_if_modified(|state| {
+            started = *state == SelectorState::Latent;
+            if started {
+                *state = SelectorState::Started;
+            }
+            started
+        });
+        if !started {
+            return Err(Error::InvalidArgument(format!(
+                "the selector at {} cannot be started more than once",
+                self.path()
+            )));
+        }
+        let worker = Worker {
+            mutex: self.mutex.clone(),
+            policy: self.policy,
+            auto_requeue: self.auto_requeue,
+            grace: self.grace,
+            take: self.take.clone(),
+            shared: self.shared.clone(),
+        };
+        let handle = runtime.spawn(worker.run(self.shutdown.subscribe()));
+        *lock(&self.worker) = Some(handle);
+        self.requeue()?;
+        Ok(())
+    }
+
+    /// Queues for another turn. Returns `true` if this arranged a new turn:
+    /// now if the selector is idle, or right after the current term if it
+    /// leads (also when that term is being lost or interrupted:
+    /// CURATOR-671); `false` if a turn is already pending.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Closed`] after [`close`](Self::close);
+    /// [`Error::InvalidArgument`] before [`start`](Self::start).
+    pub fn requeue(&self) -> Result<bool> {
+        match self.state() {
+            SelectorState::Started => {}
+            SelectorState::Closed => return Err(Error::Closed),
+            SelectorState::Latent => {
+                return Err(Error::InvalidArgument(format!(
+                    "the selector at {} was not started",
+                    self.path()
+                )))
+            }
+        }
+        let mut queue = self.shared.queue();
+        Ok(match queue.phase {
+            Phase::Idle => {
+                queue.phase = Phase::Queued;
+                self.shared.wake.notify_one();
+                true
+            }
+            Phase::Queued => false,
+            Phase::Leading if queue.again => false,
+            Phase::Leading => {
+                queue.again = true;
+                true
+            }
+        })
+    }
+
+    /// Cancels the current term, if this candidate leads (its `Leadership`
+    /// signals, `take_leadership` is dropped after the grace, leadership is
+    /// released). A queued turn is not affected (CURATOR-518). Returns
+    /// whether a term was cancelled.
+    pub fn interrupt_leadership(&self) -> bool {
+        match &*lock(&self.shared.interrupt) {
+            Some(cancel) => {
+                cancel.send_replace(true);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether this candidate leads now: from winning the turn until
+    /// `take_leadership` returned or was cancelled.
+    pub fn has_leadership(&self) -> bool {
+        self.state() == SelectorState::Started && self.shared.leadership.borrow().is_some()
+    }
+
+    /// The current term (or `None`), now and after every change.
+    pub fn watch_leadership(&self) -> watch::Receiver<Option<Leadership>> {
+        self.shared.leadership.subscribe()
+    }
+
+    /// The last error the background task met while queueing, if any.
+    pub fn last_error(&self) -> Option<Error> {
+        lock(&self.shared.last_error).clone()
+    }
+
+    /// Leaves the election: a running term is cancelled and leadership
+    /// released, a queued turn is withdrawn, and the background task ends
+    /// before this returns.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if it was never started; [`Error::Closed`]
+    /// if it was closed already.
+    pub async fn close(&self) -> Result<()> {
+        let mut was = SelectorState::Started;
+        self.shared.state.send_if_modified(|state| {
+            was = *state;
+            if *state == SelectorState::Started {
+                *state = SelectorState::Closed;
+                return true;
+            }
+            false
+        });
+        match was {
+            SelectorState::Started => {}
+            SelectorState::Latent => {
+                return Err(Error::InvalidArgument(format!(
+                    "the selector at {} was not started",
+                    self.path()
+                )))
+            }
+            SelectorState::Closed => return Err(Error::Closed),
+        }
+        self.shutdown.send_replace(true);
+        let worker = lock(&self.worker).take();
+        if let Some(worker) = worker {
+            if let Err(e) = worker.await {
+                tracing::error!(path = %self.path(), error = %e, "the selector task failed");
+            }
+        }
+        Ok(())
+    }
+
+    /// Every candidate in queue order, the leader first (Curator's
+    /// `getParticipants`), with ids from the node data.
+    pub async fn participants(&self) -> Result<Vec<LeaderParticipant>> {
+        Ok(leader_participants(self.mutex.participants().await?))
+    }
+
+    /// The current leader, if there is any candidate (Curator's
+    /// `getLeader`).
+    pub async fn leader(&self) -> Result<Option<LeaderParticipant>> {
+        Ok(self.participants().await?.into_iter().next())
+    }
+}
+
+/// Where the candidate is between turns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Not queued: waits for `requeue`.
+    Idle,
+    /// Queued: waiting for (or acquiring) the lock.
+    Queued,
+    /// Leading (or ending a term).
+    Leading,
+}
+
+struct Queue {
+    phase: Phase,
+    /// Queue again after the current term.
+    again: bool,
+}
+
+/// What the selector and its task share.
+struct Shared {
+    state: watch::Sender<SelectorState>,
+    leadership: watch::Sender<Option<Leadership>>,
+    queue: StdMutex<Queue>,
+    wake: Notify,
+    /// The current term's cancellation, while leading.
+    interrupt: StdMutex<Option<watch::Sender<bool>>>,
+    last_error: StdMutex<Option<Error>>,
+}
+
+fn lock<T>(mutex: &StdMutex<T>) -> StdMutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn new() -> Self {
+        Shared {
+            state: watch::channel(SelectorState::Latent).0,
+            leadership: watch::channel(None).0,
+            queue: StdMutex::new(Queue {
+                phase: Phase::Idle,
+                again: false,
+            }),
+            wake: Notify::new(),
+            interrupt: StdMutex::new(None),
+            last_error: StdMutex::new(None),
+        }
+    }
+
+    fn queue(&self) -> StdMutexGuard<'_, Queue> {
+        lock(&self.queue)
+    }
+}
+
+/// The one task that runs a selector's turns, one after another.
+struct Worker {
+    mutex: Mutex,
+    policy: ErrorPolicy,
+    auto_requeue: bool,
+    grace: Duration,
+    take: TakeLeadership,
+    shared: Arc<Shared>,
+}
+
+impl Worker {
+    async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let session = self.mutex.session().clone();
+        let mut failures = 0u32;
+        'work: loop {
+            // Wait for a turn to be requested.
+            while self.shared.queue().phase != Phase::Queued {
+                tokio::select! {
+                    biased;
+                    _ = shutdown.changed() => break 'work,
+                    _ = self.shared.wake.notified() => {}
+                }
+            }
+            // Queue; dropping the acquire (on close) withdraws our node.
+            let acquired = tokio::select! {
+                biased;
+                _ = shutdown.changed() => break 'work,
+                acquired = self.mutex.acquire() => acquired,
+            };
+            let guard = match acquired {
+                Ok(guard) => {
+                    failures = 0;
+                    guard
+                }
+                Err(Error::Closed) => break 'work,
+                Err(e) => {
+                    tracing::warn!(path = %self.mutex.path(), error = %e, "leader selector: queueing failed");
+                    *lock(&self.shared.last_error) = Some(e);
+                    let pause = session.options().retry.sleep_for(failures.min(8));
+                    failures += 1;
+                    tokio::select! {
+                        biased;
+                        _ = shutdown.changed() => break 'work,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                    continue;
+                }
+            };
+            // Won the turn; lead unless the connection failed us meanwhile
+            // (then take_leadership is not even called).
+            let since = session.status();
+            let usable = !guard.is_lost()
+                && !self.policy.is_error_state(since.state)
+                && since.session_id == guard.held_node().session_id;
+            let shutting = usable && self.lead(&session, &guard, since, &mut shutdown).await;
+            release(guard, &session).await;
+            if shutting || *shutdown.borrow() || shutdown.has_changed().is_err() {
+                break;
+            }
+            {
+                let mut queue = self.shared.queue();
+                queue.phase = match queue.again || self.auto_requeue {
+                    true => Phase::Queued,
+                    false => Phase::Idle,
+                };
+                queue.again = false;
+            }
+            // A store that answers at once (the embedded one) and a
+            // take_leadership that returns at once would otherwise never
+            // let a single-threaded runtime run anything else.
+            tokio::task::yield_now().await;
+        }
+        self.shared.leadership.send_replace(None);
+    }
+
+    /// Runs one term; returns whether the selector is shutting down.
+    async fn lead(
+        &self,
+        session: &Session,
+        guard: &LockGuard,
+        since: SessionStatus,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> bool {
+        let (cancel, _) = watch::channel(false);
+        let node = HeldNode::new(
+            session,
+            self.mutex.path(),
+            "leadership",
+            guard.held_node().created.clone(),
+        );
+        let term = Leadership::new(node, cancel.subscribe());
+        {
+            let mut queue = self.shared.queue();
+            queue.phase = Phase::Leading;
+            *lock(&self.shared.interrupt) = Some(cancel.clone());
+            self.shared.leadership.send_replace(Some(term.clone()));
+        }
+        let mut work = Box::pin(AssertUnwindSafe((self.take)(term)).catch_unwind());
+        let mut status = session.watch_status();
+        let mut interrupted = cancel.subscribe();
+        let policy = self.policy;
+        let mut shutting = false;
+        let returned = tokio::select! {
+            biased;
+            _ = shutdown.changed() => {
+                shutting = true;
+                None
+            }
+            _ = status.wait_for(|now| policy.ends_leadership(&since, now)) => None,
+            _ = interrupted.wait_for(|cancelled| *cancelled) => None,
+            result = &mut work => Some(result),
+        };
+        let result = match returned {
+            Some(result) => Some(result),
+            None => {
+                // Cancelled: tell it, give it its grace, then drop it.
+                cancel.send_replace(true);
+                match self.grace.is_zero() {
+                    true => None,
+                    false => tokio::time::timeout(self.grace, &mut work).await.ok(),
+                }
+            }
+        };
+        if let Some(Err(panic)) = result {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(path = %self.mutex.path(), panic = %what, "take_leadership panicked");
+        }
+        // The term is over (its future gone) before the lock is released.
+        drop(work);
+        *lock(&self.shared.interrupt) = None;
+        self.shared.leadership.send_replace(None);
+        cancel.send_replace(true);
+        shutting
+    }
+}
+
+/// Releases the lock: at once if the session can, else in the background as
+/// soon as it can.
+async fn release(guard: LockGuard, session: &Session) {
+    if !session.state().is_connected() {
+        drop(guard);
+        return;
+    }
+    match guard.release().await {
+        Ok(()) | Err(Error::Lost { .. }) => {}
+        Err(e) => tracing::warn!(error = %e, "leader selector: releasing the lock failed"),
+    }
+}

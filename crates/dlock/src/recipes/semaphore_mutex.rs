@@ -1,0 +1,93 @@
+//! [`SemaphoreMutex`]: a non-re-entrant lock whose guard may be released
+//! from any task — Curator's `InterProcessSemaphoreMutex`.
+//!
+//! It is a [`Semaphore`] with a maximum of one lease, on the semaphore's
+//! layout (`<path>/locks`, `<path>/leases`), so it excludes Curator's
+//! `InterProcessSemaphoreMutex` on the same path. It does **not** exclude a
+//! [`Mutex`](crate::Mutex) or Curator's `InterProcessMutex` on that path
+//! (different layout), exactly as in Curator.
+
+use std::time::Duration;
+
+use super::queue::Participant;
+use super::semaphore::{Lease, Semaphore};
+use crate::error::Result;
+use crate::session::Session;
+
+/// A non-re-entrant distributed lock (Curator's
+/// `InterProcessSemaphoreMutex`).
+///
+/// Unlike [`Mutex`](crate::Mutex), a holder that acquires again waits for
+/// itself (there is no re-entrancy), and the guard is a plain owned
+/// [`Lease`]: move it to another task and release it there.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// use dlock::recipes::semaphore_mutex::SemaphoreMutex;
+/// let session = dlock::connect("embedded").await?;
+/// let lock = SemaphoreMutex::new(&session, "/doc/semaphore-mutex")?;
+/// let guard = lock.acquire().await?;
+/// assert!(lock.try_acquire().await?.is_none(), "not re-entrant");
+/// // Released by another task.
+/// tokio::spawn(async move { guard.release().await }).await.unwrap()?;
+/// assert!(lock.try_acquire().await?.is_some());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SemaphoreMutex {
+    semaphore: Semaphore,
+}
+
+/// The hold of a [`SemaphoreMutex`]: its one [`Lease`].
+pub type SemaphoreMutexGuard = Lease;
+
+impl SemaphoreMutex {
+    /// A lock at `path`, used through `session`.
+    pub fn new(session: &Session, path: &str) -> Result<Self> {
+        Ok(SemaphoreMutex {
+            semaphore: Semaphore::new(session, path, 1)?,
+        })
+    }
+
+    /// Stores `data` in the lease node instead of the session's default
+    /// data.
+    pub fn with_data(mut self, data: impl Into<Vec<u8>>) -> Self {
+        self.semaphore = self.semaphore.with_data(data);
+        self
+    }
+
+    /// The lock's path.
+    pub fn path(&self) -> &str {
+        self.semaphore.path()
+    }
+
+    /// The session this lock uses.
+    pub fn session(&self) -> &Session {
+        self.semaphore.session()
+    }
+
+    /// The lease nodes (the holder's, and the head waiter's while it checks).
+    pub async fn participants(&self) -> Result<Vec<Participant>> {
+        self.semaphore.participants().await
+    }
+
+    /// Waits as long as it takes to acquire the lock. Cancellation-safe.
+    pub async fn acquire(&self) -> Result<SemaphoreMutexGuard> {
+        self.semaphore.acquire_one().await
+    }
+
+    /// Waits at most `timeout`; fails with [`Error::Timeout`](crate::Error::Timeout)
+    /// (leaving no node behind) if the lock could not be had in time.
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<SemaphoreMutexGuard> {
+        Ok(one(self.semaphore.acquire_timeout(1, timeout).await?))
+    }
+
+    /// Acquires only if the lock is free now.
+    pub async fn try_acquire(&self) -> Result<Option<SemaphoreMutexGuard>> {
+        Ok(self.semaphore.try_acquire(1).await?.map(one))
+    }
+}
+
+fn one(mut leases: Vec<Lease>) -> Lease {
+    leases.pop().expect("one lease")
+}

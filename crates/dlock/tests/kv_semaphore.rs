@@ -1,0 +1,305 @@
+//! KvSemaphore (the Consul design: session entries + a compare-and-set
+//! record), on every backend.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use common::{await_children, persistent, Harness};
+use dlock::recipes::kv_semaphore::{holder_id, KvLease, KvSemaphore, Record, RECORD};
+use dlock::{Error, Session};
+
+const WITHIN: Duration = Duration::from_secs(20);
+const SHORT: Duration = Duration::from_millis(200);
+
+async fn record(session: &Session, path: &str) -> Result<Option<Record>> {
+    match session.get_data(&format!("{path}/{RECORD}")).await {
+        Ok((data, _)) => Ok(Some(Record::parse(path, &data)?)),
+        Err(Error::NoNode { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn names(session: &Session, path: &str) -> Result<Vec<String>> {
+    let mut names: Vec<String> = session
+        .children(path)
+        .await?
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// The layout: an ephemeral entry named after the session, and the JSON
+/// record; the last release removes both.
+async fn the_layout_is_the_consul_design(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/lot");
+    let lease = KvSemaphore::new(&s, &path, 2)?.acquire().await?;
+    let me = holder_id(s.session_id());
+    ensure!(lease.holder() == me && lease.node() == format!("{path}/{me}"));
+    let (_, entry) = s.get_data(lease.node()).await?;
+    ensure!(
+        entry.ephemeral_owner == s.session_id(),
+        "the entry lives with the session"
+    );
+    let (data, stat) = s.get_data(&format!("{path}/{RECORD}")).await?;
+    ensure!(stat.ephemeral_owner == 0, "the record is persistent");
+    ensure!(String::from_utf8(data)? == format!(r#"{{"limit":2,"holders":["{me}"]}}"#));
+    ensure!(
+        lease.token().0 == stat.mzxid,
+        "the token is the admitting write's zxid"
+    );
+    let second = KvSemaphore::new(&h.session().await, &path, 2)?
+        .acquire()
+        .await?;
+    ensure!(second.token() > lease.token());
+    lease.release().await?;
+    ensure!(record(&s, &path).await?.context("record")?.holders == [second.holder()]);
+    second.release().await?;
+    ensure!(
+        record(&s, &path).await?.is_none(),
+        "the last release deletes the record"
+    );
+    ensure!(s
+        .children(&path)
+        .await
+        .map(|c| c.is_empty())
+        .unwrap_or(true));
+    Ok(())
+}
+
+/// Never more holders than the limit, with many contenders competing.
+async fn the_limit_holds_under_contention(h: &Harness) -> Result<()> {
+    let path = h.path("/lot");
+    let (inside, peak, done) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let mut cars = Vec::new();
+    for _ in 0..8 {
+        let sem = KvSemaphore::new(&h.session().await, &path, 3)?;
+        let (inside, peak, done) = (inside.clone(), peak.clone(), done.clone());
+        cars.push(tokio::spawn(async move {
+            for _ in 0..3 {
+                let lease = sem.acquire_timeout(WITHIN).await?;
+                peak.fetch_max(inside.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                let holders = sem.holders().await?;
+                ensure!(
+                    holders.len() <= 3 && holders.iter().any(|h| h == lease.holder()),
+                    "{holders:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(3)).await; // parked
+                inside.fetch_sub(1, Ordering::SeqCst);
+                lease.release().await?;
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for car in cars {
+        tokio::time::timeout(WITHIN, car).await???;
+    }
+    let peak = peak.load(Ordering::SeqCst);
+    ensure!(peak > 0 && peak <= 3, "peak {peak}");
+    ensure!(done.load(Ordering::SeqCst) == 24);
+    Ok(())
+}
+
+/// A full semaphore: trying fails, waiting times out, and a release admits
+/// the waiter (woken by the watch, not by polling).
+async fn a_release_admits_a_waiter(h: &Harness) -> Result<()> {
+    let path = h.path("/lot");
+    let (sa, sb, sc) = (h.session().await, h.session().await, h.session().await);
+    let a = KvSemaphore::new(&sa, &path, 2)?.acquire().await?;
+    let b = KvSemaphore::new(&sb, &path, 2)?.acquire().await?;
+    let c = KvSemaphore::new(&sc, &path, 2)?;
+    ensure!(c.try_acquire().await?.is_none());
+    ensure!(c.acquire_timeout(SHORT).await.unwrap_err() == Error::Timeout(SHORT));
+    ensure!(
+        names(&sa, &path).await?.len() == 3,
+        "no entry left by the failed tries"
+    );
+    let waiting = c.clone();
+    let waiter = tokio::spawn(async move { waiting.acquire().await });
+    await_children(&sa, &path, 4, WITHIN).await?; // .lock + 3 entries
+    ensure!(!waiter.is_finished());
+    a.release().await?;
+    let c_lease = tokio::time::timeout(WITHIN, waiter).await???;
+    let rec = record(&sa, &path).await?.context("record")?;
+    ensure!(
+        rec.limit == 2 && rec.holders == [b.holder(), c_lease.holder()],
+        "{rec:?}"
+    );
+    b.release().await?;
+    c_lease.release().await?;
+    Ok(())
+}
+
+/// A holder whose session expires is pruned by the next contender, which
+/// takes its slot; the dead holder's late release does not disturb anyone.
+async fn an_expired_holder_is_pruned(h: &Harness) -> Result<()> {
+    let path = h.path("/lot");
+    let (s1, s2) = (h.session().await, h.session().await);
+    let dead = KvSemaphore::new(&s1, &path, 1)?.acquire().await?;
+    let sem2 = KvSemaphore::new(&s2, &path, 1)?;
+    let waiter = tokio::spawn(async move { sem2.acquire().await });
+    await_children(&s2, &path, 3, WITHIN).await?;
+    s1.faults().context("faults")?.expire().await?;
+    let lease = tokio::time::timeout(WITHIN, waiter).await???;
+    ensure!(dead.is_lost());
+    tokio::time::timeout(WITHIN, dead.lost()).await?;
+    let rec = record(&s2, &path).await?.context("record")?;
+    ensure!(
+        rec.holders == [lease.holder()],
+        "the dead holder was pruned: {rec:?}"
+    );
+    let err = dead.release().await.unwrap_err();
+    ensure!(matches!(err, Error::Lost { .. }), "{err}");
+    let rec = record(&s2, &path).await?.context("record")?;
+    ensure!(rec.holders == [lease.holder()], "{rec:?}");
+    lease.release().await?;
+    Ok(())
+}
+
+/// Stale holders in the record (their sessions gone before anyone looked)
+/// are pruned when a contender joins.
+async fn stale_holders_are_pruned_on_join(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/lot");
+    let stale = Record {
+        limit: 2,
+        holders: vec!["00000000deadbeef".into(), "00000000cafebabe".into()],
+    };
+    s.create(
+        &format!("{path}/{RECORD}"),
+        stale.to_json().as_bytes(),
+        persistent(),
+    )
+    .await?;
+    let lease = KvSemaphore::new(&s, &path, 2)?
+        .try_acquire()
+        .await?
+        .context("slots of dead holders")?;
+    ensure!(record(&s, &path).await?.context("record")?.holders == [lease.holder()]);
+    lease.release().await?;
+    ensure!(record(&s, &path).await?.is_none());
+    Ok(())
+}
+
+/// Contenders that disagree on the limit get a clear error, and leave no
+/// entry behind.
+async fn a_limit_mismatch_is_an_error(h: &Harness) -> Result<()> {
+    let path = h.path("/lot");
+    let (s1, s2) = (h.session().await, h.session().await);
+    let lease = KvSemaphore::new(&s1, &path, 2)?.acquire().await?;
+    let err = KvSemaphore::new(&s2, &path, 3)?
+        .acquire()
+        .await
+        .unwrap_err();
+    ensure!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    let text = err.to_string();
+    ensure!(
+        text.contains("limit conflict")
+            && text.contains("limit of 2")
+            && text.contains("contender 3"),
+        "{text}"
+    );
+    ensure!(names(&s1, &path).await? == [RECORD.to_string(), lease.holder().to_string()]);
+    let err = KvSemaphore::new(&s2, &path, 0).unwrap_err();
+    ensure!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    lease.release().await?;
+    Ok(())
+}
+
+/// One session holds one slot of a semaphore; a second acquire on it is a
+/// typed error, not a deadlock.
+async fn one_slot_per_session(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let sem = KvSemaphore::new(&s, &h.path("/lot"), 3)?;
+    let lease = sem.acquire().await?;
+    let err = sem.try_acquire().await.unwrap_err();
+    ensure!(
+        matches!(err, Error::InvalidArgument(_))
+            && err.to_string().contains("one lease per session"),
+        "{err}"
+    );
+    ensure!(
+        s.exists(lease.node()).await?.is_some(),
+        "the holder's entry survives"
+    );
+    lease.release().await?;
+    Ok(())
+}
+
+/// A cancelled waiter removes its entry; a dropped lease goes back.
+async fn cancellation_and_drop_leave_nothing(h: &Harness) -> Result<()> {
+    let path = h.path("/lot");
+    let (s1, s2) = (h.session().await, h.session().await);
+    let sem1 = KvSemaphore::new(&s1, &path, 1)?;
+    let held: KvLease = sem1.acquire().await?;
+    let sem2 = KvSemaphore::new(&s2, &path, 1)?;
+    let waiting = sem2.clone();
+    let waiter = tokio::spawn(async move { waiting.acquire().await });
+    await_children(&s1, &path, 3, WITHIN).await?;
+    waiter.abort();
+    let _ = waiter.await;
+    await_children(&s1, &path, 2, WITHIN).await?;
+    drop(held);
+    await_children(&s1, &path, 0, WITHIN).await?;
+    sem2.acquire_timeout(WITHIN).await?.release().await?;
+    Ok(())
+}
+
+/// A record that is not the expected JSON is a typed error, and the
+/// contender's entry is removed.
+async fn a_malformed_record_is_a_typed_error(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/lot");
+    let record_path = format!("{path}/{RECORD}");
+    for bad in [
+        &b"not json"[..],
+        br#"{"limit":"3","holders":[]}"#,
+        br#"{"limit":3}"#,
+        br#"[1,2]"#,
+    ] {
+        s.create(&record_path, bad, persistent()).await?;
+        let err = KvSemaphore::new(&s, &path, 3)?
+            .try_acquire()
+            .await
+            .unwrap_err();
+        ensure!(matches!(err, Error::MalformedData { .. }), "{err}");
+        await_children(&s, &path, 1, WITHIN).await?;
+        s.delete(&record_path, None).await?;
+    }
+    Ok(())
+}
+
+per_backend!(embedded => crate::common::embedded();
+    the_layout_is_the_consul_design,
+    the_limit_holds_under_contention,
+    a_release_admits_a_waiter,
+    an_expired_holder_is_pruned,
+    stale_holders_are_pruned_on_join,
+    a_limit_mismatch_is_an_error,
+    one_slot_per_session,
+    cancellation_and_drop_leave_nothing,
+    a_malformed_record_is_a_typed_error,
+);
+
+per_backend!(zookeeper => crate::common::zookeeper();
+    the_layout_is_the_consul_design,
+    the_limit_holds_under_contention,
+    a_release_admits_a_waiter,
+    an_expired_holder_is_pruned,
+    stale_holders_are_pruned_on_join,
+    a_limit_mismatch_is_an_error,
+    one_slot_per_session,
+    cancellation_and_drop_leave_nothing,
+    a_malformed_record_is_a_typed_error,
+);
