@@ -108,9 +108,24 @@ mod tests {
         for ok in ["/", "/a", "/a/b.c", "/a/..b", "/ä", "/a b"] {
             assert!(validate(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "a", "/a/", "//", "/a/./b", "/a/../b", "/.", "/a\u{0}b", "/a\u{1}", "/\u{80}x", "/\u{e000}"] {
+        for bad in [
+            "",
+            "a",
+            "/a/",
+            "//",
+            "/a/./b",
+            "/a/../b",
+            "/.",
+            "/a\u{0}b",
+            "/a\u{1}",
+            "/\u{80}x",
+            "/\u{e000}",
+        ] {
             let err = validate(bad).unwrap_err();
-            assert!(matches!(err, Error::InvalidPath { .. }), "{bad:?} gave {err}");
+            assert!(
+                matches!(err, Error::InvalidPath { .. }),
+                "{bad:?} gave {err}"
+            );
         }
         // Exclusive bounds, exactly as ZooKeeper codes them.
         assert!(validate("/\u{1f}").is_ok());

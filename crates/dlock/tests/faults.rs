@@ -26,12 +26,25 @@ async fn connect(hosts: &str, timeout: Duration) -> Result<Session> {
 /// a compare-and-set on the resource's version inside a multi that also
 /// checks the lock node. The resource's data is the log of accepted writes,
 /// in acceptance order.
-async fn fenced_append(session: &Session, guard: &LockGuard, resource: &str, begin: bool) -> Result<bool> {
+async fn fenced_append(
+    session: &Session,
+    guard: &LockGuard,
+    resource: &str,
+    begin: bool,
+) -> Result<bool> {
     loop {
         let (data, stat) = session.get_data(resource).await?;
         let mut log = String::from_utf8(data)?;
-        log.push_str(&format!("{}:{}\n", guard.token(), if begin { "b" } else { "w" }));
-        let write = Op::SetData { path: resource.into(), data: log.into_bytes(), version: Some(stat.version) };
+        log.push_str(&format!(
+            "{}:{}\n",
+            guard.token(),
+            if begin { "b" } else { "w" }
+        ));
+        let write = Op::SetData {
+            path: resource.into(),
+            data: log.into_bytes(),
+            version: Some(stat.version),
+        };
         match guard.guarded(&[write]).await {
             Ok(_) => return Ok(true),
             Err(Error::Lost { .. }) => return Ok(false),
@@ -62,13 +75,24 @@ async fn the_ensemble_leader_dies_during_contention() -> Result<()> {
     let root = root();
     let (lock, resource) = (format!("{root}/lock"), format!("{root}/resource"));
     let admin = connect(&hosts, Duration::from_secs(6)).await?;
-    admin.create(&resource, b"", CreateOptions::new(CreateMode::Persistent).with_parents()).await?;
+    admin
+        .create(
+            &resource,
+            b"",
+            CreateOptions::new(CreateMode::Persistent).with_parents(),
+        )
+        .await?;
     let sections = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut clients = Vec::new();
     for _ in 0..4 {
         let session = connect(&hosts, Duration::from_secs(6)).await?;
-        let (lock, resource, sections, stop) = (lock.clone(), resource.clone(), sections.clone(), stop.clone());
+        let (lock, resource, sections, stop) = (
+            lock.clone(),
+            resource.clone(),
+            sections.clone(),
+            stop.clone(),
+        );
         clients.push(tokio::spawn(async move {
             let mutex = Mutex::new(&session, &lock)?;
             while !stop.load(Ordering::SeqCst) {
@@ -77,7 +101,9 @@ async fn the_ensemble_leader_dies_during_contention() -> Result<()> {
                     Err(e) if e.is_retryable() => continue,
                     Err(e) => return Err(anyhow::Error::from(e)),
                 };
-                if fenced_append(&session, &guard, &resource, true).await? && fenced_append(&session, &guard, &resource, false).await? {
+                if fenced_append(&session, &guard, &resource, true).await?
+                    && fenced_append(&session, &guard, &resource, false).await?
+                {
                     sections.fetch_add(1, Ordering::SeqCst);
                 }
                 let _ = guard.release().await;
@@ -98,10 +124,14 @@ async fn the_ensemble_leader_dies_during_contention() -> Result<()> {
         }
     };
     wait_for(20).await.context("no progress before the fault")?;
-    let leader = ensemble.leader_index().context("the ensemble has a leader")?;
+    let leader = ensemble
+        .leader_index()
+        .context("the ensemble has a leader")?;
     ensemble.kill(leader);
     let before = sections.load(Ordering::SeqCst);
-    wait_for(before + 20).await.context("no progress after the leader died")?;
+    wait_for(before + 20)
+        .await
+        .context("no progress after the leader died")?;
     stop.store(true, Ordering::SeqCst);
     for c in clients {
         c.await??;
@@ -123,17 +153,36 @@ async fn a_short_cut_keeps_the_lock() -> Result<()> {
     let holder = connect(&proxy.address(), Duration::from_secs(6)).await?;
     let observer = connect(&shared_zk().connect_string(), Duration::from_secs(6)).await?;
     let root = root();
-    let guard = Mutex::new(&holder, &format!("{root}/lock"))?.acquire().await?;
+    let guard = Mutex::new(&holder, &format!("{root}/lock"))?
+        .acquire()
+        .await?;
     let session = holder.session_id();
     let mut status = holder.watch_status();
     proxy.cut();
-    tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| s.state == SessionState::Suspended)).await??;
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        status.wait_for(|s| s.state == SessionState::Suspended),
+    )
+    .await??;
     ensure!(guard.is_suspended() && !guard.is_lost());
     proxy.restore();
-    tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| s.state == SessionState::Reconnected)).await??;
-    ensure!(holder.session_id() == session && !guard.is_lost(), "same session, still held");
-    ensure!(observer.exists(guard.node()).await?.is_some(), "the lock node survived");
-    ensure!(Mutex::new(&observer, &format!("{root}/lock"))?.try_acquire().await?.is_none());
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        status.wait_for(|s| s.state == SessionState::Reconnected),
+    )
+    .await??;
+    ensure!(
+        holder.session_id() == session && !guard.is_lost(),
+        "same session, still held"
+    );
+    ensure!(
+        observer.exists(guard.node()).await?.is_some(),
+        "the lock node survived"
+    );
+    ensure!(Mutex::new(&observer, &format!("{root}/lock"))?
+        .try_acquire()
+        .await?
+        .is_none());
     guard.release().await?;
     for s in [&holder, &observer] {
         let _ = s.delete(&format!("{root}/lock"), None).await;
@@ -154,7 +203,13 @@ async fn a_long_cut_loses_the_lock_without_a_double_holder() -> Result<()> {
     let other = connect(&shared_zk().connect_string(), timeout).await?;
     let root = root();
     let (lock, resource) = (format!("{root}/lock"), format!("{root}/resource"));
-    other.create(&resource, b"", CreateOptions::new(CreateMode::Persistent).with_parents()).await?;
+    other
+        .create(
+            &resource,
+            b"",
+            CreateOptions::new(CreateMode::Persistent).with_parents(),
+        )
+        .await?;
     let g1 = Mutex::new(&holder, &lock)?.acquire().await?;
     ensure!(fenced_append(&holder, &g1, &resource, true).await?);
     let m2 = Mutex::new(&other, &lock)?;
@@ -164,11 +219,17 @@ async fn a_long_cut_loses_the_lock_without_a_double_holder() -> Result<()> {
     ensure!(fenced_append(&other, &g2, &resource, true).await?);
     proxy.restore();
     tokio::time::timeout(Duration::from_secs(10), g1.lost()).await?;
-    ensure!(!fenced_append(&holder, &g1, &resource, false).await?, "the old holder's write was rejected");
+    ensure!(
+        !fenced_append(&holder, &g1, &resource, false).await?,
+        "the old holder's write was rejected"
+    );
     ensure!(fenced_append(&other, &g2, &resource, false).await?);
     let log = parse_log(&other.get_data(&resource).await?.0);
     ensure!(check_fenced_log(&log).map_err(anyhow::Error::msg)? == 2);
-    ensure!(matches!(g1.release().await.unwrap_err(), Error::Lost { .. }));
+    ensure!(matches!(
+        g1.release().await.unwrap_err(),
+        Error::Lost { .. }
+    ));
     g2.release().await?;
     other.delete(&resource, None).await?;
     holder.close().await;
@@ -189,29 +250,54 @@ async fn a_paused_holder_is_fenced_and_unfenced_writes_are_unsafe() -> Result<()
         let other = connect(&shared_zk().connect_string(), timeout).await?;
         let root = root();
         let (lock, counter) = (format!("{root}/lock"), format!("{root}/counter"));
-        other.create(&counter, b"0", CreateOptions::new(CreateMode::Persistent).with_parents()).await?;
+        other
+            .create(
+                &counter,
+                b"0",
+                CreateOptions::new(CreateMode::Persistent).with_parents(),
+            )
+            .await?;
         // Each client adds one to the counter under the lock: two increments.
         let g1 = Mutex::new(&stalled, &lock)?.acquire().await?;
         let seen: i64 = std::str::from_utf8(&stalled.get_data(&counter).await?.0)?.parse()?;
         proxy.pause();
-        let g2 = Mutex::new(&other, &lock)?.acquire_timeout(timeout * 3).await?;
+        let g2 = Mutex::new(&other, &lock)?
+            .acquire_timeout(timeout * 3)
+            .await?;
         let now: i64 = std::str::from_utf8(&other.get_data(&counter).await?.0)?.parse()?;
-        g2.guarded(&[Op::SetData { path: counter.clone(), data: (now + 1).to_string().into(), version: None }]).await?;
+        g2.guarded(&[Op::SetData {
+            path: counter.clone(),
+            data: (now + 1).to_string().into(),
+            version: None,
+        }])
+        .await?;
         g2.release().await?;
         proxy.resume();
         let late = (seen + 1).to_string().into_bytes();
         let result = if fenced {
-            g1.guarded(&[Op::SetData { path: counter.clone(), data: late, version: None }]).await.map(|_| ())
+            g1.guarded(&[Op::SetData {
+                path: counter.clone(),
+                data: late,
+                version: None,
+            }])
+            .await
+            .map(|_| ())
         } else {
             stalled.set_data(&counter, &late, None).await.map(|_| ())
         };
         let value: i64 = std::str::from_utf8(&other.get_data(&counter).await?.0)?.parse()?;
         if fenced {
             ensure!(matches!(result, Err(Error::Lost { .. })), "{result:?}");
-            ensure!(value == 1, "fenced: the stale write was rejected, value {value}");
+            ensure!(
+                value == 1,
+                "fenced: the stale write was rejected, value {value}"
+            );
         } else {
             result?;
-            ensure!(value == 1, "unfenced: the stale write landed over the other's ({value})");
+            ensure!(
+                value == 1,
+                "unfenced: the stale write landed over the other's ({value})"
+            );
             // Both clients incremented, but the value says 1: a lost update.
         }
         let _ = g1.release().await;

@@ -18,7 +18,9 @@ async fn an_uncontended_acquire_and_release_is_two_round_trips() -> anyhow::Resu
     // A persistent lock directory is never reaped between cycles, so every
     // cycle is the steady state (no directory to re-create).
     let options = CreateOptions::new(CreateMode::Persistent).with_parents();
-    session.create(&format!("{root}/lock"), b"", options).await?;
+    session
+        .create(&format!("{root}/lock"), b"", options)
+        .await?;
     let mutex = Mutex::new(&session, &format!("{root}/lock"))?;
     mutex.acquire().await?.release().await?;
     proxy.delay_replies(Duration::from_millis(20));
@@ -31,7 +33,10 @@ async fn an_uncontended_acquire_and_release_is_two_round_trips() -> anyhow::Resu
     // A keep-alive ping may add a flight to a cycle; never fewer than two.
     let fewest = *cycles.iter().min().unwrap();
     assert_eq!(fewest, 2, "round trips per acquire+release: {cycles:?}");
-    assert!(cycles.iter().filter(|&&c| c == 2).count() >= 4, "{cycles:?}");
+    assert!(
+        cycles.iter().filter(|&&c| c == 2).count() >= 4,
+        "{cycles:?}"
+    );
     // The container reaper may have removed the empty directories already.
     for dir in [format!("{root}/lock"), root] {
         match session.delete(&dir, None).await {

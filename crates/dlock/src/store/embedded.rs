@@ -207,9 +207,20 @@ struct Node {
 
 /// What a multi-operation must put back if a later operation fails.
 enum Undo {
-    Created { path: String, parent_stat: Stat },
-    Deleted { path: String, node: Node, parent_stat: Stat },
-    DataSet { path: String, data: Vec<u8>, stat: Stat },
+    Created {
+        path: String,
+        parent_stat: Stat,
+    },
+    Deleted {
+        path: String,
+        node: Node,
+        parent_stat: Stat,
+    },
+    DataSet {
+        path: String,
+        data: Vec<u8>,
+        stat: Stat,
+    },
 }
 
 struct Tree {
@@ -370,14 +381,31 @@ impl Tree {
             }
         }
         let (nn, cn) = (&mut self.node_notifications, &mut self.child_notifications);
-        Self::fire(&mut self.node_watches, &full, WatchEvent::NodeCreated, fired, nn);
-        Self::fire(&mut self.child_watches, parent_path, WatchEvent::ChildrenChanged, fired, cn);
+        Self::fire(
+            &mut self.node_watches,
+            &full,
+            WatchEvent::NodeCreated,
+            fired,
+            nn,
+        );
+        Self::fire(
+            &mut self.child_watches,
+            parent_path,
+            WatchEvent::ChildrenChanged,
+            fired,
+            cn,
+        );
         Ok(Created { path: full, stat })
     }
 
     /// Creates the missing ancestors of `path` as empty containers, each in
     /// its own transaction, as Curator's `mkdirs` does.
-    fn create_parents(&mut self, session: SessionId, path: &str, fired: &mut Vec<Fired>) -> Result<()> {
+    fn create_parents(
+        &mut self,
+        session: SessionId,
+        path: &str,
+        fired: &mut Vec<Fired>,
+    ) -> Result<()> {
         for ancestor in path::ancestors(path) {
             if !self.nodes.contains_key(ancestor) {
                 self.create(session, ancestor, &[], CreateMode::Container, fired, None)?;
@@ -417,7 +445,10 @@ impl Tree {
         }
         self.reap_candidates.remove(path);
         let parent_path = path::parent(path);
-        let parent = self.nodes.get_mut(parent_path).expect("a node's parent exists");
+        let parent = self
+            .nodes
+            .get_mut(parent_path)
+            .expect("a node's parent exists");
         if let Some(undo) = undo {
             undo.push(Undo::Deleted {
                 path: path.to_string(),
@@ -432,9 +463,27 @@ impl Tree {
             self.reap_candidates.insert(parent_path.to_string());
         }
         let (nn, cn) = (&mut self.node_notifications, &mut self.child_notifications);
-        Self::fire(&mut self.node_watches, path, WatchEvent::NodeDeleted, fired, nn);
-        Self::fire(&mut self.child_watches, path, WatchEvent::NodeDeleted, fired, cn);
-        Self::fire(&mut self.child_watches, parent_path, WatchEvent::ChildrenChanged, fired, cn);
+        Self::fire(
+            &mut self.node_watches,
+            path,
+            WatchEvent::NodeDeleted,
+            fired,
+            nn,
+        );
+        Self::fire(
+            &mut self.child_watches,
+            path,
+            WatchEvent::NodeDeleted,
+            fired,
+            cn,
+        );
+        Self::fire(
+            &mut self.child_watches,
+            parent_path,
+            WatchEvent::ChildrenChanged,
+            fired,
+            cn,
+        );
         Ok(())
     }
 
@@ -487,7 +536,10 @@ impl Tree {
                             owned.remove(&path);
                         }
                     }
-                    let parent = self.nodes.get_mut(path::parent(&path)).expect("parent exists");
+                    let parent = self
+                        .nodes
+                        .get_mut(path::parent(&path))
+                        .expect("parent exists");
                     parent.children.remove(path::node_name(&path));
                     parent.stat = parent_stat;
                     parent.creations -= 1;
@@ -500,7 +552,10 @@ impl Tree {
                     if let Some(owned) = self.sessions.get_mut(&node.stat.ephemeral_owner) {
                         owned.insert(path.clone());
                     }
-                    let parent = self.nodes.get_mut(path::parent(&path)).expect("parent exists");
+                    let parent = self
+                        .nodes
+                        .get_mut(path::parent(&path))
+                        .expect("parent exists");
                     parent.children.insert(path::node_name(&path).to_string());
                     parent.stat = parent_stat;
                     self.nodes.insert(path, node);
@@ -515,7 +570,12 @@ impl Tree {
         self.zxid = zxid;
     }
 
-    fn multi(&mut self, session: SessionId, ops: &[Op], fired: &mut Vec<Fired>) -> Result<Vec<OpResult>> {
+    fn multi(
+        &mut self,
+        session: SessionId,
+        ops: &[Op],
+        fired: &mut Vec<Fired>,
+    ) -> Result<Vec<OpResult>> {
         let start_zxid = self.zxid;
         let mut undo = Vec::new();
         // Watches fire only if the whole transaction commits.
@@ -533,7 +593,11 @@ impl Tree {
                 Op::Create { path, data, mode } => self
                     .create(session, path, data, *mode, &mut pending, Some(&mut undo))
                     .map(OpResult::Created),
-                Op::SetData { path, data, version } => self
+                Op::SetData {
+                    path,
+                    data,
+                    version,
+                } => self
                     .set_data(path, data, *version, &mut pending, Some(&mut undo))
                     .map(OpResult::Set),
                 Op::Delete { path, version } => self
@@ -691,7 +755,10 @@ impl EmbeddedStore {
 
     /// Runs `op` on the tree in the current session; marks the session lost
     /// if the server no longer knows it.
-    async fn run<T>(&self, op: impl FnOnce(&mut Tree, SessionId, &mut Vec<Fired>) -> Result<T>) -> Result<T> {
+    async fn run<T>(
+        &self,
+        op: impl FnOnce(&mut Tree, SessionId, &mut Vec<Fired>) -> Result<T>,
+    ) -> Result<T> {
         let session = self.session().await?;
         let result = self.server.apply(|tree, fired| {
             tree.check_session(session)?;
@@ -705,7 +772,9 @@ impl EmbeddedStore {
 
     fn mark_lost(&self, session: SessionId) {
         self.status.send_if_modified(|s| {
-            let change = s.session_id == session && s.state != SessionState::Lost && s.state != SessionState::Closed;
+            let change = s.session_id == session
+                && s.state != SessionState::Lost
+                && s.state != SessionState::Closed;
             if change {
                 s.state = SessionState::Lost;
                 s.changes += 1;
@@ -810,7 +879,8 @@ impl Store for EmbeddedStore {
     }
 
     async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
-        self.run(|t, _, f| t.set_data(path, data, version, f, None)).await
+        self.run(|t, _, f| t.set_data(path, data, version, f, None))
+            .await
     }
 
     async fn get_data(&self, path: &str, watch: bool) -> Result<(Vec<u8>, Stat, Option<Watch>)> {

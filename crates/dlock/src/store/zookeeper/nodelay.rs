@@ -62,22 +62,38 @@ fn peer_of(fd: libc::c_int) -> Option<SocketAddr> {
     let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     // SAFETY: the pointer and length describe `storage`, which outlives the call.
-    let rc = unsafe { libc::getpeername(fd, (&mut storage as *mut libc::sockaddr_storage).cast(), &mut len) };
+    let rc = unsafe {
+        libc::getpeername(
+            fd,
+            (&mut storage as *mut libc::sockaddr_storage).cast(),
+            &mut len,
+        )
+    };
     if rc != 0 {
         return None;
     }
     match storage.ss_family as libc::c_int {
         libc::AF_INET => {
             // SAFETY: the family says the storage holds a sockaddr_in.
-            let a: &libc::sockaddr_in = unsafe { &*(&storage as *const libc::sockaddr_storage).cast() };
+            let a: &libc::sockaddr_in =
+                unsafe { &*(&storage as *const libc::sockaddr_storage).cast() };
             let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
-            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(a.sin_port))))
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(a.sin_port),
+            )))
         }
         libc::AF_INET6 => {
             // SAFETY: the family says the storage holds a sockaddr_in6.
-            let a: &libc::sockaddr_in6 = unsafe { &*(&storage as *const libc::sockaddr_storage).cast() };
+            let a: &libc::sockaddr_in6 =
+                unsafe { &*(&storage as *const libc::sockaddr_storage).cast() };
             let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
-            Some(SocketAddr::V6(SocketAddrV6::new(ip, u16::from_be(a.sin6_port), a.sin6_flowinfo, a.sin6_scope_id)))
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
         }
         _ => None,
     }
