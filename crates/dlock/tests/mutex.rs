@@ -23,13 +23,19 @@ async fn node_layout_is_curators(h: &Harness) -> Result<()> {
     let name = guard.node().rsplit('/').next().unwrap().to_string();
     ensure!(guard.node() == h.path(&format!("/locks/a/{name}")));
     ensure!(name.len() == 40 + "lock-".len() + 10, "{name}");
-    ensure!(name.starts_with("_c_") && name.as_bytes()[39] == b'-', "{name}");
+    ensure!(
+        name.starts_with("_c_") && name.as_bytes()[39] == b'-',
+        "{name}"
+    );
     uuid::Uuid::parse_str(&name[3..39])?;
     ensure!(name[40..].starts_with("lock-") && name[45..].bytes().all(|b| b.is_ascii_digit()));
     let (data, stat) = s.get_data(guard.node()).await?;
     ensure!(stat.ephemeral_owner == s.session_id());
     ensure!(data == s.options().default_data);
-    ensure!(guard.token().0 == stat.czxid, "the token is the node's czxid");
+    ensure!(
+        guard.token().0 == stat.czxid,
+        "the token is the node's czxid"
+    );
     let node = guard.node().to_string();
     guard.release().await?;
     ensure!(s.exists(&node).await?.is_none());
@@ -79,12 +85,23 @@ async fn reentrant_holds_until_the_last_release(h: &Harness) -> Result<()> {
     ensure!(outer.holds() == 3 && inner.node() == outer.node() && inner.token() == outer.token());
     inner.release().await?;
     middle.release().await?;
-    ensure!(rival.try_acquire().await?.is_none(), "still held after inner releases");
+    ensure!(
+        rival.try_acquire().await?.is_none(),
+        "still held after inner releases"
+    );
     ensure!(s.exists(outer.node()).await?.is_some());
     let node = outer.node().to_string();
     outer.release().await?;
-    ensure!(s.exists(&node).await?.is_none(), "the last release deletes the node");
-    rival.try_acquire().await?.expect("free now").release().await?;
+    ensure!(
+        s.exists(&node).await?.is_none(),
+        "the last release deletes the node"
+    );
+    rival
+        .try_acquire()
+        .await?
+        .expect("free now")
+        .release()
+        .await?;
     Ok(())
 }
 
@@ -97,7 +114,12 @@ async fn reentrant_holder_excludes_another_task(h: &Harness) -> Result<()> {
     let bar = foo.reenter()?;
     let snafu = bar.reenter()?;
     let contender = mutex.clone();
-    let b = tokio::spawn(async move { contender.acquire_timeout(Duration::from_millis(300)).await.map(|_| ()) });
+    let b = tokio::spawn(async move {
+        contender
+            .acquire_timeout(Duration::from_millis(300))
+            .await
+            .map(|_| ())
+    });
     let err = b.await?.unwrap_err();
     ensure!(matches!(err, Error::Timeout(_)), "{err}");
     for g in [snafu, bar, foo] {
@@ -144,7 +166,10 @@ async fn two_clients_take_turns(h: &Harness) -> Result<()> {
     let first_token = g1.token();
     g1.release().await?;
     let g2 = tokio::time::timeout(WITHIN, waiter).await???;
-    ensure!(g2.token() > first_token, "a later acquisition has a larger token");
+    ensure!(
+        g2.token() > first_token,
+        "a later acquisition has a larger token"
+    );
     ensure!(m1.try_acquire().await?.is_none(), "exactly one holder");
     g2.release().await?;
     Ok(())
@@ -165,9 +190,15 @@ async fn a_killed_holder_hands_over_and_learns_it(h: &Harness) -> Result<()> {
     let g2 = tokio::time::timeout(h.timeout() + Duration::from_secs(1), waiter).await???;
     ensure!(g2.token() > g1.token());
     let err = g1.guarded(&[]).await.unwrap_err();
-    ensure!(matches!(err, Error::Lost { .. }), "guarded write after loss: {err}");
+    ensure!(
+        matches!(err, Error::Lost { .. }),
+        "guarded write after loss: {err}"
+    );
     let err = g1.release().await.unwrap_err();
-    ensure!(matches!(err, Error::Lost { .. }), "release reports the loss: {err}");
+    ensure!(
+        matches!(err, Error::Lost { .. }),
+        "release reports the loss: {err}"
+    );
     g2.release().await?;
     Ok(())
 }
@@ -184,12 +215,18 @@ async fn a_silent_holder_loses_the_lock_after_its_timeout(h: &Harness) -> Result
     let started = tokio::time::Instant::now();
     s1.faults().expect("faults").suspend(h.timeout() * 3);
     tokio::time::timeout(Duration::from_secs(1), async {
-        s1.watch_status().wait_for(|s| s.state == SessionState::Suspended).await.map(|_| ())
+        s1.watch_status()
+            .wait_for(|s| s.state == SessionState::Suspended)
+            .await
+            .map(|_| ())
     })
     .await??;
     ensure!(g1.is_suspended() && !g1.is_lost());
     let g2 = tokio::time::timeout(h.timeout() + Duration::from_secs(1), waiter).await???;
-    ensure!(started.elapsed() >= h.timeout() / 2, "not before the session could expire");
+    ensure!(
+        started.elapsed() >= h.timeout() / 2,
+        "not before the session could expire"
+    );
     g1.lost().await;
     let _ = g1.release().await;
     g2.release().await?;
@@ -223,9 +260,15 @@ async fn timeouts_and_cancellation_leave_nothing(h: &Harness) -> Result<()> {
     let path = h.path("/locks/t");
     let m = Mutex::new(&s, &path)?;
     let held = m.acquire().await?;
-    let err = m.acquire_timeout(Duration::from_millis(50)).await.unwrap_err();
+    let err = m
+        .acquire_timeout(Duration::from_millis(50))
+        .await
+        .unwrap_err();
     ensure!(err == Error::Timeout(Duration::from_millis(50)), "{err}");
-    ensure!(s.children(&path).await?.len() == 1, "the timed-out node was removed");
+    ensure!(
+        s.children(&path).await?.len() == 1,
+        "the timed-out node was removed"
+    );
     let m2 = m.clone();
     let waiting = tokio::spawn(async move { m2.acquire().await });
     await_children(&s, &path, 2, WITHIN).await?;
@@ -245,17 +288,26 @@ async fn a_lost_create_reply_leaves_one_node(h: &Harness) -> Result<()> {
     s.faults().expect("faults").lose_next_create_reply();
     let g = Mutex::new(&s, &path)?.acquire().await?;
     let kids = s.children(&path).await?;
-    ensure!(kids.len() == 1 && g.node().ends_with(&kids[0].name), "{kids:?}");
+    ensure!(
+        kids.len() == 1 && g.node().ends_with(&kids[0].name),
+        "{kids:?}"
+    );
     ensure!(s.retries() >= 1, "the create was retried");
     g.release().await?;
-    ensure!(s.children(&path).await.map(|k| k.is_empty()).unwrap_or(true));
+    ensure!(s
+        .children(&path)
+        .await
+        .map(|k| k.is_empty())
+        .unwrap_or(true));
     Ok(())
 }
 
 /// Each release wakes exactly one waiter: a waiter costs one watch, and
 /// handing over the lock notifies one watch.
 async fn a_release_wakes_exactly_one_waiter(h: &Harness) -> Result<()> {
-    let common::Backend::Embedded(server) = &h.backend else { anyhow::bail!("embedded only") };
+    let common::Backend::Embedded(server) = &h.backend else {
+        anyhow::bail!("embedded only")
+    };
     let path = h.path("/herd");
     let holder = h.session().await;
     let g = Mutex::new(&holder, &path)?.acquire().await?;
@@ -283,7 +335,11 @@ async fn a_release_wakes_exactly_one_waiter(h: &Harness) -> Result<()> {
     })
     .await?;
     let stats = server.watch_stats();
-    ensure!(stats.node_watches == waiters, "{} watches for {waiters} waiters", stats.node_watches);
+    ensure!(
+        stats.node_watches == waiters,
+        "{} watches for {waiters} waiters",
+        stats.node_watches
+    );
     let before = stats.node_notifications;
     g.release().await?;
     tokio::time::timeout(WITHIN, async {
@@ -307,16 +363,36 @@ async fn guarded_writes_need_the_lock(h: &Harness) -> Result<()> {
     let data = h.path("/guarded/value");
     s.create(&data, b"0", persistent()).await?;
     let g = Mutex::new(&s, &h.path("/guarded/lock"))?.acquire().await?;
-    let set = |v: &str| Op::SetData { path: data.clone(), data: v.into(), version: None };
+    let set = |v: &str| Op::SetData {
+        path: data.clone(),
+        data: v.into(),
+        version: None,
+    };
     g.guarded(&[set("1")]).await?;
     ensure!(s.get_data(&data).await?.0 == b"1");
     // Someone deletes our node (an operator, or the store after expiry).
     s.delete(g.node(), None).await?;
     let err = g.guarded(&[set("2")]).await.unwrap_err();
     ensure!(matches!(err, Error::Lost { .. }), "{err}");
-    ensure!(s.get_data(&data).await?.0 == b"1", "the fenced write did not land");
+    ensure!(
+        s.get_data(&data).await?.0 == b"1",
+        "the fenced write did not land"
+    );
     let _ = g.release().await;
     s.delete(&data, None).await?;
+    Ok(())
+}
+
+/// A release whose future is dropped midway (its delete waiting for the
+/// connection) still releases: the node goes in the background.
+async fn a_cancelled_release_still_releases(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/locks/cancelled-release");
+    let g = Mutex::new(&s, &path)?.acquire().await?;
+    s.faults().expect("faults").suspend(h.timeout() / 4);
+    let release = tokio::time::timeout(Duration::from_millis(10), g.release()).await;
+    ensure!(release.is_err(), "the release could not finish while suspended");
+    await_children(&s, &path, 0, WITHIN).await?;
     Ok(())
 }
 
@@ -333,8 +409,14 @@ async fn invalid_paths_are_refused(h: &Harness) -> Result<()> {
 /// Sorting is Curator's string compare of the suffix after the lock name.
 #[test]
 fn sort_key_is_the_suffix_after_the_last_lock_name() {
-    assert_eq!(sequence_key("_c_x-lock-0000000007", &["lock-"]), "0000000007");
-    assert_eq!(sequence_key("_c_lock--lock-0000000007", &["lock-"]), "0000000007");
+    assert_eq!(
+        sequence_key("_c_x-lock-0000000007", &["lock-"]),
+        "0000000007"
+    );
+    assert_eq!(
+        sequence_key("_c_lock--lock-0000000007", &["lock-"]),
+        "0000000007"
+    );
     assert_eq!(sequence_key("foreign", &["lock-"]), "foreign");
 }
 
@@ -352,6 +434,7 @@ per_backend!(embedded => crate::common::embedded();
     a_lost_create_reply_leaves_one_node,
     a_release_wakes_exactly_one_waiter,
     guarded_writes_need_the_lock,
+    a_cancelled_release_still_releases,
     invalid_paths_are_refused,
 );
 
@@ -368,5 +451,28 @@ per_backend!(zookeeper => crate::common::zookeeper();
     timeouts_and_cancellation_leave_nothing,
     a_lost_create_reply_leaves_one_node,
     guarded_writes_need_the_lock,
+    a_cancelled_release_still_releases,
+    invalid_paths_are_refused,
+);
+
+// etcd: every case but `a_release_wakes_exactly_one_waiter`, which counts
+// the embedded store's watches (one watch per waiter and one wake-up per
+// release hold on etcd too: each waiter watches only its predecessor's
+// key).
+#[cfg(feature = "etcd")]
+per_backend!(etcd => crate::common::etcd();
+    node_layout_is_curators,
+    waiters_are_served_in_fifo_order,
+    reentrant_holds_until_the_last_release,
+    reentrant_holder_excludes_another_task,
+    tasks_sharing_one_mutex_exclude_each_other,
+    two_clients_take_turns,
+    a_killed_holder_hands_over_and_learns_it,
+    a_silent_holder_loses_the_lock_after_its_timeout,
+    lock_directories_are_reaped,
+    timeouts_and_cancellation_leave_nothing,
+    a_lost_create_reply_leaves_one_node,
+    guarded_writes_need_the_lock,
+    a_cancelled_release_still_releases,
     invalid_paths_are_refused,
 );

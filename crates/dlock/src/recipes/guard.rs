@@ -15,7 +15,17 @@ use crate::store::{FencingToken, Op, OpResult, SessionState};
 #[must_use = "dropping the guard releases the lock"]
 pub struct LockGuard {
     held: Arc<Held>,
-    released: bool,
+    state: GuardState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GuardState {
+    /// This hold counts.
+    Held,
+    /// The last hold is deleting the node.
+    Releasing,
+    /// Done.
+    Released,
 }
 
 #[derive(Debug)]
@@ -31,7 +41,7 @@ impl LockGuard {
                 node,
                 holds: AtomicUsize::new(1),
             }),
-            released: false,
+            state: GuardState::Held,
         }
     }
 
@@ -64,7 +74,7 @@ impl LockGuard {
         self.held.holds.fetch_add(1, Ordering::SeqCst);
         Ok(LockGuard {
             held: self.held.clone(),
-            released: false,
+            state: GuardState::Held,
         })
     }
 
@@ -120,17 +130,27 @@ impl LockGuard {
     /// [`Error::Lost`] if the lock had been lost before (the node is gone
     /// either way), so the caller learns its work was not protected.
     pub async fn release(mut self) -> Result<()> {
-        self.released = true;
         if self.held.holds.fetch_sub(1, Ordering::SeqCst) > 1 {
+            self.state = GuardState::Released;
             return Ok(());
         }
-        self.held.node.release().await
+        // If this future is dropped before the delete completes, the drop
+        // finishes the job in the background.
+        self.state = GuardState::Releasing;
+        let result = self.held.node.release().await;
+        self.state = GuardState::Released;
+        result
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if !self.released && self.held.holds.fetch_sub(1, Ordering::SeqCst) == 1 {
+        let last = match self.state {
+            GuardState::Held => self.held.holds.fetch_sub(1, Ordering::SeqCst) == 1,
+            GuardState::Releasing => true,
+            GuardState::Released => false,
+        };
+        if last {
             let node = &self.held.node;
             node.session.delete_in_background(node.created.path.clone());
         }

@@ -92,11 +92,14 @@ impl PendingNode {
 
     /// Deletes the node now (retrying), instead of in the background.
     pub async fn delete(mut self) -> Result<()> {
-        self.armed = false;
-        match self.path.take() {
-            Some(path) => self.session.delete_guaranteed(&path).await,
+        // Disarmed only once done: if this future is dropped midway, the
+        // drop deletes the node in the background.
+        let result = match &self.path {
+            Some(path) => self.session.delete_guaranteed(path).await,
             None => Ok(()),
-        }
+        };
+        self.armed = false;
+        result
     }
 }
 
@@ -452,11 +455,17 @@ impl HeldNode {
         what: &'static str,
         created: Created,
     ) -> Arc<Self> {
+        // The node's owner is the session it was acquired in, even if the
+        // client has moved to a new session since (then it is lost already).
+        let session_id = match created.stat.ephemeral_owner {
+            0 => session.session_id(),
+            owner => owner,
+        };
         Arc::new(HeldNode {
             session: session.clone(),
             recipe_path: recipe_path.to_string(),
             what,
-            session_id: session.session_id(),
+            session_id,
             created,
             acquired_at: Instant::now(),
         })

@@ -759,6 +759,10 @@ impl EmbeddedStore {
         &self,
         op: impl FnOnce(&mut Tree, SessionId, &mut Vec<Fired>) -> Result<T>,
     ) -> Result<T> {
+        // Every operation spends the task's cooperative budget, as network
+        // I/O would: a loop of operations that never waits must still let
+        // other tasks run (on a current-thread runtime it would starve them).
+        tokio::task::consume_budget().await;
         let session = self.session().await?;
         let result = self.server.apply(|tree, fired| {
             tree.check_session(session)?;
