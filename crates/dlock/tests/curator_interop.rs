@@ -22,7 +22,7 @@ type Probe = dlock_testkit::CuratorProbe;
 fn zk(h: &Harness) -> String {
     match &h.backend {
         common::Backend::ZooKeeper(hosts) => hosts.clone(),
-        common::Backend::Embedded(_) => unreachable!("interop runs on ZooKeeper"),
+        _ => unreachable!("interop runs on ZooKeeper"),
     }
 }
 
@@ -33,10 +33,19 @@ async fn curator_holder_excludes_dlock(h: &Harness) -> Result<()> {
     let path = h.path("/interop/m1");
     let mut curator = Probe::start(&zk(h))?;
     let answer = curator.ask(&format!("mutex {path} 10000"))?;
-    ensure!(answer.starts_with(&format!("acquired {path}/_c_")) && answer.contains("-lock-"), "{answer}");
+    ensure!(
+        answer.starts_with(&format!("acquired {path}/_c_")) && answer.contains("-lock-"),
+        "{answer}"
+    );
     let mutex = Mutex::new(&s, &path)?;
-    ensure!(mutex.try_acquire().await?.is_none(), "dlock got a lock Curator holds");
-    let err = mutex.acquire_timeout(Duration::from_millis(300)).await.unwrap_err();
+    ensure!(
+        mutex.try_acquire().await?.is_none(),
+        "dlock got a lock Curator holds"
+    );
+    let err = mutex
+        .acquire_timeout(Duration::from_millis(300))
+        .await
+        .unwrap_err();
     ensure!(matches!(err, Error::Timeout(_)), "{err}");
     let waiting = tokio::spawn({
         let mutex = mutex.clone();
@@ -75,7 +84,10 @@ async fn an_expired_dlock_holder_hands_over_to_curator(h: &Harness) -> Result<()
     let g = Mutex::new(&s, &path)?.acquire().await?;
     curator.send(&format!("mutex {path} -1"))?;
     await_children(&s, &path, 2, Duration::from_secs(10)).await?;
-    s.faults().context("ZooKeeper fault injection")?.expire().await?;
+    s.faults()
+        .context("ZooKeeper fault injection")?
+        .expire()
+        .await?;
     let answer = curator.next_line(s.session_timeout() + Duration::from_secs(1))?;
     ensure!(answer.starts_with("acquired"), "{answer}");
     tokio::time::timeout(Duration::from_secs(5), g.lost()).await?;
@@ -93,12 +105,21 @@ async fn read_write_halves_interoperate(h: &Harness) -> Result<()> {
     let answer = curator.ask(&format!("write {path} 10000"))?;
     ensure!(answer.contains("__WRIT__"), "{answer}");
     let rw = ReadWriteLock::new(&s, &path)?;
-    ensure!(rw.try_read().await?.is_none(), "dlock read while Curator writes");
+    ensure!(
+        rw.try_read().await?.is_none(),
+        "dlock read while Curator writes"
+    );
     curator.ask(&format!("release {path}"))?;
     let r = rw.read().await?;
-    ensure!(curator.ask(&format!("write {path} 300"))? == "timeout", "Curator wrote while dlock reads");
+    ensure!(
+        curator.ask(&format!("write {path} 300"))? == "timeout",
+        "Curator wrote while dlock reads"
+    );
     let answer = curator.ask(&format!("read {path} 5000"))?;
-    ensure!(answer.starts_with("acquired"), "readers share across implementations: {answer}");
+    ensure!(
+        answer.starts_with("acquired"),
+        "readers share across implementations: {answer}"
+    );
     curator.ask(&format!("release {path}"))?;
     r.release().await?;
     Ok(())
@@ -112,7 +133,10 @@ async fn revocation_crosses_implementations(h: &Harness) -> Result<()> {
     // dlock revokes a Curator holder.
     let path = h.path("/interop/rev1");
     let answer = curator.ask(&format!("revocable {path} 10000"))?;
-    let node = answer.strip_prefix("acquired ").context("acquired")?.to_string();
+    let node = answer
+        .strip_prefix("acquired ")
+        .context("acquired")?
+        .to_string();
     dlock::revoke(&s, &node).await?;
     ensure!(curator.next_line(Duration::from_secs(10))? == format!("revoked {node}"));
     curator.ask(&format!("release {path}"))?;
@@ -133,13 +157,20 @@ async fn revocation_crosses_implementations(h: &Harness) -> Result<()> {
 }
 
 /// Buys from the stock under `lock` until it is gone; returns how many.
-async fn dlock_buyer(session: Session, lock: Box<dyn Lockable>, stock: String, sold: Arc<AtomicU64>) -> Result<()> {
+async fn dlock_buyer(
+    session: Session,
+    lock: Box<dyn Lockable>,
+    stock: String,
+    sold: Arc<AtomicU64>,
+) -> Result<()> {
     loop {
         let hold = lock.lock_for(None).await?.context("no timeout given")?;
         let (data, _) = session.get_data(&stock).await?;
         let left: u32 = std::str::from_utf8(&data)?.trim().parse()?;
         if left > 0 {
-            session.set_data(&stock, (left - 1).to_string().as_bytes(), None).await?;
+            session
+                .set_data(&stock, (left - 1).to_string().as_bytes(), None)
+                .await?;
             sold.fetch_add(1, Ordering::SeqCst);
         }
         hold.release().await?;
@@ -157,14 +188,38 @@ async fn mixed_buyers_sell_exactly_the_stock(h: &Harness, kind: &str) -> Result<
     let (lock_path, stock_path) = (h.path("/shop/lock"), h.path("/shop/stock"));
     let admin = h.session().await;
     admin
-        .create(&stock_path, stock_total.to_string().as_bytes(), CreateOptions::new(CreateMode::Persistent).with_parents())
+        .create(
+            &stock_path,
+            stock_total.to_string().as_bytes(),
+            CreateOptions::new(CreateMode::Persistent).with_parents(),
+        )
         .await?;
-    let run_sh = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/peers/curator/run.sh");
-    ensure!(run_sh.exists(), "the Curator peer harness is missing at {}", run_sh.display());
+    let run_sh =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/peers/curator/run.sh");
+    ensure!(
+        run_sh.exists(),
+        "the Curator peer harness is missing at {}",
+        run_sh.display()
+    );
     let curator = tokio::process::Command::new("bash")
         .arg(&run_sh)
-        .args(["buy", "--connect", &zk(h), "--path", &lock_path, "--stock", &stock_path, "--clients", "3", "--lock", kind])
-        .env("PEER_BUILD_DIR", PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("peerbench-curator"))
+        .args([
+            "buy",
+            "--connect",
+            &zk(h),
+            "--path",
+            &lock_path,
+            "--stock",
+            &stock_path,
+            "--clients",
+            "3",
+            "--lock",
+            kind,
+        ])
+        .env(
+            "PEER_BUILD_DIR",
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("peerbench-curator"),
+        )
         .stdout(Stdio::piped())
         .spawn()?;
     // Let Curator's JVM get going: start when it has sold its first item.
@@ -186,9 +241,15 @@ async fn mixed_buyers_sell_exactly_the_stock(h: &Harness, kind: &str) -> Result<
         let lock: Box<dyn Lockable> = match kind {
             "mutex" => Box::new(Mutex::new(&s, &lock_path)?),
             "write" => Box::new(ReadWriteLock::new(&s, &lock_path)?.write_half()),
+            "semaphore-mutex" => Box::new(dlock::SemaphoreMutex::new(&s, &lock_path)?),
             other => bail!("no dlock buyer for {other}"),
         };
-        buyers.push(tokio::spawn(dlock_buyer(s, lock, stock_path.clone(), sold.clone())));
+        buyers.push(tokio::spawn(dlock_buyer(
+            s,
+            lock,
+            stock_path.clone(),
+            sold.clone(),
+        )));
     }
     for b in buyers {
         b.await??;
@@ -203,8 +264,14 @@ async fn mixed_buyers_sell_exactly_the_stock(h: &Harness, kind: &str) -> Result<
         .and_then(|n| n.parse().ok())
         .with_context(|| format!("unexpected Curator output {line:?}"))?;
     let dlock_sold = sold.load(Ordering::SeqCst);
-    ensure!(dlock_sold + curator_sold == stock_total, "dlock sold {dlock_sold}, Curator {curator_sold}, of {stock_total}");
-    ensure!(dlock_sold > 0 && curator_sold > 0, "both sides sold: dlock {dlock_sold}, Curator {curator_sold}");
+    ensure!(
+        dlock_sold + curator_sold == stock_total,
+        "dlock sold {dlock_sold}, Curator {curator_sold}, of {stock_total}"
+    );
+    ensure!(
+        dlock_sold > 0 && curator_sold > 0,
+        "both sides sold: dlock {dlock_sold}, Curator {curator_sold}"
+    );
     ensure!(admin.get_data(&stock_path).await?.0 == b"0");
     admin.delete(&stock_path, None).await?;
     Ok(())
@@ -218,6 +285,10 @@ async fn mixed_write_lock_buyers_sell_exactly_the_stock(h: &Harness) -> Result<(
     mixed_buyers_sell_exactly_the_stock(h, "write").await
 }
 
+async fn mixed_semaphore_mutex_buyers_sell_exactly_the_stock(h: &Harness) -> Result<()> {
+    mixed_buyers_sell_exactly_the_stock(h, "semaphore-mutex").await
+}
+
 per_backend!(zookeeper => crate::common::zookeeper();
     curator_holder_excludes_dlock,
     dlock_holder_excludes_curator,
@@ -226,4 +297,5 @@ per_backend!(zookeeper => crate::common::zookeeper();
     revocation_crosses_implementations,
     mixed_mutex_buyers_sell_exactly_the_stock,
     mixed_write_lock_buyers_sell_exactly_the_stock,
+    mixed_semaphore_mutex_buyers_sell_exactly_the_stock,
 );

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dlock::store::{CreateMode, CreateOptions, Op};
-use dlock::{Error, Lockable, Mutex, ReadWriteLock, Session};
+use dlock::{Error, Lockable, Mutex, ReadWriteLock, SemaphoreMutex, Session};
 
 use crate::Global;
 
@@ -19,6 +19,9 @@ pub enum LockKind {
     Mutex,
     /// The write half of a ReadWriteLock (Curator InterProcessReadWriteLock).
     Write,
+    /// A SemaphoreMutex (Curator InterProcessSemaphoreMutex: the semaphore
+    /// layout with one lease).
+    SemaphoreMutex,
     /// No lock at all: shows the overselling the lock prevents.
     None,
 }
@@ -28,6 +31,7 @@ impl LockKind {
         match self {
             LockKind::Mutex => "mutex",
             LockKind::Write => "write",
+            LockKind::SemaphoreMutex => "semaphore-mutex",
             LockKind::None => "none",
         }
     }
@@ -36,6 +40,7 @@ impl LockKind {
         Ok(match self {
             LockKind::Mutex => Some(Box::new(Mutex::new(session, path)?)),
             LockKind::Write => Some(Box::new(ReadWriteLock::new(session, path)?.write_half())),
+            LockKind::SemaphoreMutex => Some(Box::new(SemaphoreMutex::new(session, path)?)),
             LockKind::None => None,
         })
     }

@@ -9,12 +9,14 @@ use async_trait::async_trait;
 use super::guard::LockGuard;
 use super::mutex::Mutex;
 use super::rwlock::{ReadGuard, ReadWriteLock, WriteGuard};
+use super::semaphore::Lease;
+use super::semaphore_mutex::SemaphoreMutex;
 use crate::error::{Error, Result};
 use crate::store::{FencingToken, Op, OpResult};
 
 /// A lock [`MultiLock`] can take. Implemented by [`Mutex`], the halves of a
 /// [`ReadWriteLock`] ([`ReadWriteLock::read_half`],
-/// [`ReadWriteLock::write_half`]) and the semaphore mutex; implement it for
+/// [`ReadWriteLock::write_half`]) and [`SemaphoreMutex`]; implement it for
 /// your own kinds.
 #[async_trait]
 pub trait Lockable: Send + Sync + fmt::Debug {
@@ -79,6 +81,32 @@ impl Hold for WriteGuard {
 
     async fn release(self: Box<Self>) -> Result<()> {
         WriteGuard::release(*self).await
+    }
+}
+
+#[async_trait]
+impl Hold for Lease {
+    fn token(&self) -> FencingToken {
+        Lease::token(self)
+    }
+
+    async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
+        Lease::guarded(self, ops).await
+    }
+
+    async fn release(self: Box<Self>) -> Result<()> {
+        Lease::release(*self).await
+    }
+}
+
+#[async_trait]
+impl Lockable for SemaphoreMutex {
+    async fn lock_for(&self, timeout: Option<Duration>) -> Result<Option<Box<dyn Hold>>> {
+        let lease = match timeout {
+            Some(t) => timed_out(self.acquire_timeout(t).await)?,
+            None => Some(self.acquire().await?),
+        };
+        Ok(lease.map(|l| Box::new(l) as Box<dyn Hold>))
     }
 }
 

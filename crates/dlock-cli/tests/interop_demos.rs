@@ -1,0 +1,153 @@
+//! The demos as several processes on one real ZooKeeper, next to Apache
+//! Curator 5.4's peer harness (shared/peers/curator).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use dlock::store::{CreateMode, CreateOptions};
+use dlock_testkit::shared_zk;
+
+fn dlock() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
+    c.env(
+        "DLOCK_ENDPOINT",
+        format!("zk://{}", shared_zk().connect_string()),
+    );
+    c.stdout(Stdio::piped());
+    c
+}
+
+fn curator(args: &[&str]) -> Child {
+    let run =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/peers/curator/run.sh");
+    assert!(
+        run.exists(),
+        "the Curator peer harness is missing at {}",
+        run.display()
+    );
+    Command::new("bash")
+        .arg(run)
+        .args(args)
+        .args(["--connect", &shared_zk().connect_string()])
+        .env(
+            "PEER_BUILD_DIR",
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("peerbench-curator"),
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run the Curator harness")
+}
+
+/// `key=value` pairs of the last line a process printed.
+fn fields(child: Child) -> HashMap<String, String> {
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "failed: {text}");
+    let line = text.lines().last().unwrap_or_else(|| panic!("no output"));
+    line.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn unique(name: &str) -> String {
+    format!("/demo-{}/{name}", uuid::Uuid::new_v4().simple())
+}
+
+/// Three dlock processes and Curator buyers share one sale: together they
+/// sell exactly the stock, and the stock ends at zero.
+#[test]
+fn processes_and_curator_share_one_flash_sale() {
+    let (lock, stock) = (unique("lock"), unique("stock"));
+    let total = 600u64;
+    let admin =
+        dlock::blocking::connect(&format!("zk://{}", shared_zk().connect_string())).unwrap();
+    let options = CreateOptions::new(CreateMode::Persistent).with_parents();
+    admin
+        .block_on(
+            admin
+                .session()
+                .create(&stock, total.to_string().as_bytes(), options),
+        )
+        .unwrap();
+    let java = curator(&["buy", "--path", &lock, "--stock", &stock, "--clients", "2"]);
+    let processes: Vec<Child> = (0..3)
+        .map(|_| {
+            dlock()
+                .args([
+                    "demo",
+                    "flash-sale",
+                    "--buyers",
+                    "4",
+                    "--hold-ms",
+                    "2",
+                    "--lock-path",
+                    &lock,
+                    "--stock-path",
+                    &stock,
+                ])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let dlock_sold: Vec<u64> = processes
+        .into_iter()
+        .map(|p| fields(p)["sold"].parse().unwrap())
+        .collect();
+    let curator_sold: u64 = fields(java)["sold"].parse().unwrap();
+    let sold = dlock_sold.iter().sum::<u64>() + curator_sold;
+    assert_eq!(
+        sold, total,
+        "dlock processes sold {dlock_sold:?}, Curator {curator_sold}"
+    );
+    let (left, _) = admin.block_on(admin.session().get_data(&stock)).unwrap();
+    assert_eq!(left, b"0");
+    admin
+        .block_on(admin.session().delete(&stock, None))
+        .unwrap();
+}
+
+/// Curator's semaphore (`semprobe`) and dlock's parking lot share one
+/// semaphore and one in-use counter: neither ever sees more than 3 inside,
+/// and dlock sees the semaphore really admit 3.
+#[test]
+fn curator_and_dlock_share_one_parking_lot() {
+    let (lot, probe) = (unique("lot"), unique("in-use"));
+    let java = curator(&[
+        "semprobe",
+        "--leases",
+        "3",
+        "--path",
+        &lot,
+        "--probe",
+        &probe,
+        "--clients",
+        "4",
+        "--rounds",
+        "10",
+    ]);
+    let ours = dlock()
+        .args([
+            "demo",
+            "parking-lot",
+            "--spaces",
+            "3",
+            "--cars",
+            "8",
+            "--rounds",
+            "5",
+            "--path",
+            &lot,
+            "--probe-path",
+            &probe,
+        ])
+        .spawn()
+        .unwrap();
+    let ours = fields(ours);
+    let theirs = fields(java);
+    assert_eq!(ours["violations"], "0", "{ours:?}");
+    assert_eq!(theirs["violations"], "0", "{theirs:?}");
+    assert_eq!(ours["max_inside"], "3", "the semaphore admits 3: {ours:?}");
+    assert_eq!(theirs["acquisitions"], "40");
+}
