@@ -20,6 +20,11 @@ pub enum Workload {
     /// Each client takes the ReadWriteLock's read half, or its write half
     /// every --write-every acquisitions, in a loop.
     Rwlock,
+    /// Each client takes one lease of a Semaphore (--leases) in a loop.
+    Semaphore,
+    /// Each client joins a LeaderLatch, waits to lead, and leaves: one
+    /// leadership change per op (etcd's Campaign + Resign).
+    Election,
     /// No recipe: create + delete pairs of one node per client, the fewest
     /// writes any lock cycle needs — the server's ceiling for lock cycles.
     Raw,
@@ -43,6 +48,9 @@ pub struct Bench {
     /// rwlock: one write in this many acquisitions.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     write_every: u32,
+    /// semaphore: how many leases.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    leases: u32,
     /// raw: concurrent create+delete pairs per client.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     inflight: u32,
@@ -53,6 +61,8 @@ pub async fn run(global: &Global, args: Bench) -> Result<()> {
     let name = match args.workload {
         Workload::Mutex => "mutex",
         Workload::Rwlock => "rwlock",
+        Workload::Semaphore => "semaphore",
+        Workload::Election => "election",
         Workload::Raw => "raw",
     };
     let path = args
@@ -74,7 +84,8 @@ pub async fn run(global: &Global, args: Bench) -> Result<()> {
     let mut tasks = Vec::new();
     for (id, session) in sessions.iter().enumerate() {
         let (session, path, shared) = (session.clone(), path.clone(), shared.clone());
-        let (workload, write_every, inflight) = (args.workload, args.write_every, args.inflight);
+        let (workload, write_every, inflight, leases) =
+            (args.workload, args.write_every, args.inflight, args.leases);
         tasks.push(tokio::spawn(async move {
             match workload {
                 Workload::Mutex => mutex_loop(session, path, deadline, shared).await,
@@ -82,6 +93,10 @@ pub async fn run(global: &Global, args: Bench) -> Result<()> {
                     rwlock_loop(session, path, id as u32, write_every, deadline, shared).await
                 }
                 Workload::Raw => raw_loop(session, path, id, inflight, deadline, shared).await,
+                Workload::Semaphore => {
+                    semaphore_loop(session, path, leases, deadline, shared).await
+                }
+                Workload::Election => election_loop(session, path, id, deadline, shared).await,
             }
         }));
     }
@@ -116,6 +131,7 @@ pub async fn run(global: &Global, args: Bench) -> Result<()> {
 struct Shared {
     writers: AtomicI64,
     readers: AtomicI64,
+    leased: AtomicI64,
     violations: AtomicU64,
 }
 
@@ -136,6 +152,54 @@ impl Shared {
         }
         self.readers.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+impl Shared {
+    fn enter_lease(&self, leases: u32) {
+        if self.leased.fetch_add(1, Ordering::SeqCst) >= i64::from(leases) {
+            self.violations.fetch_add(1, Ordering::SeqCst);
+        }
+        self.leased.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn semaphore_loop(
+    session: Session,
+    path: String,
+    leases: u32,
+    deadline: Instant,
+    shared: Arc<Shared>,
+) -> Result<Vec<Duration>> {
+    let semaphore = dlock::Semaphore::new(&session, &path, leases)?;
+    let mut latencies = Vec::new();
+    while Instant::now() < deadline {
+        let t0 = Instant::now();
+        let lease = semaphore.acquire_one().await?;
+        latencies.push(t0.elapsed());
+        shared.enter_lease(leases);
+        lease.release().await?;
+    }
+    Ok(latencies)
+}
+
+async fn election_loop(
+    session: Session,
+    path: String,
+    id: usize,
+    deadline: Instant,
+    shared: Arc<Shared>,
+) -> Result<Vec<Duration>> {
+    let mut latencies = Vec::new();
+    while Instant::now() < deadline {
+        let latch = dlock::LeaderLatch::new(&session, &path)?.with_id(id.to_string());
+        let t0 = Instant::now();
+        latch.start()?;
+        latch.await_leadership().await?;
+        latencies.push(t0.elapsed());
+        shared.enter_exclusive();
+        latch.close().await?;
+    }
+    Ok(latencies)
 }
 
 /// The peers' percentile: the element at `p × n`.

@@ -101,6 +101,18 @@ enum Command {
     ReadLock(commands::LockArgs),
     /// Run CMD while holding the write lock of the ReadWriteLock at PATH.
     WriteLock(commands::LockArgs),
+    /// Run CMD while holding leases of the Semaphore at PATH (Curator
+    /// SemaphoreV2 layout, or --kv for the KvSemaphore).
+    ///
+    /// Example: dlock semaphore /limits/api --leases 3 -- ./call-api.sh
+    Semaphore(commands::SemaphoreArgs),
+    /// Run CMD while leader of the election at PATH (LeaderSelector layout).
+    ///
+    /// Example: dlock elect /services/cron --id host-a --requeue -- ./cron.sh
+    Elect(commands::ElectArgs),
+    /// Read or change a SharedCount (Curator-compatible 4-byte counter).
+    #[command(subcommand)]
+    Count(commands::CountCommand),
     /// Show the holders and waiters at PATH, in queue order.
     Inspect(commands::InspectArgs),
     /// Ask the owner of a lock node to release it (Curator-compatible).
@@ -155,6 +167,9 @@ fn main() -> ExitCode {
             Command::WriteLock(args) => {
                 commands::lock(&global, args, commands::LockKind::Write).await
             }
+            Command::Semaphore(args) => commands::semaphore(&global, args).await,
+            Command::Elect(args) => commands::elect(&global, args).await,
+            Command::Count(command) => commands::count(&global, command).await,
             Command::Inspect(args) => commands::inspect(&global, args).await,
             Command::Revoke(args) => commands::revoke(&global, args).await,
             Command::Bench(args) => bench::run(&global, args).await.map(|()| 0),

@@ -26,6 +26,21 @@ pub struct Holding {
     pub node: String,
     /// Gives it back.
     pub release: Release,
+    /// Resolves if the recipe itself declares the hold over (leadership
+    /// cancelled by its error policy), besides the session watch.
+    pub ended: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+}
+
+impl Holding {
+    /// A hold that ends only with its session.
+    pub fn new(token: FencingToken, node: String, release: Release) -> Self {
+        Holding {
+            token,
+            node,
+            release,
+            ended: None,
+        }
+    }
 }
 
 /// Options shared by the commands that run something.
@@ -76,9 +91,16 @@ pub async fn run_holding(
         })?;
     let pid = child.id().context("the command has no pid")? as libc::pid_t;
     let mut signals = Signals::new()?;
+    let ended = async {
+        match holding.ended {
+            Some(ended) => ended.await,
+            None => std::future::pending().await,
+        }
+    };
     let outcome = tokio::select! {
         status = child.wait() => Outcome::Exited(status?),
         () = lost(session, held_session, options.suspend_grace) => Outcome::Lost,
+        () = ended => Outcome::Lost,
         signal = signals.next() => Outcome::Signalled(signal),
     };
     let code = match outcome {

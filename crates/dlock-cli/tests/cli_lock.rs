@@ -382,3 +382,109 @@ fn a_running_lock_serves_its_metrics() {
     );
     assert!(body.contains(&format!("path=\"{path}\"")), "{body}");
 }
+
+/// Ten `dlock semaphore --leases 3` processes: never more than three
+/// commands inside at once, and the semaphore really admits three.
+#[test]
+fn a_semaphore_admits_at_most_its_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let path = unique("sem");
+    let children: Vec<Child> = (0..10)
+        .map(|_| {
+            dlock()
+                .args(["semaphore", &path, "--leases", "3", "--", "sh", "-c"])
+                .arg(format!(
+                    "echo in >> {0}; sleep 0.3; echo out >> {0}",
+                    log.display()
+                ))
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let (mut inside, mut most) = (0, 0);
+    let text = std::fs::read_to_string(&log).unwrap();
+    for line in text.lines() {
+        inside += if line == "in" { 1 } else { -1 };
+        most = most.max(inside);
+    }
+    assert_eq!(text.lines().filter(|l| *l == "in").count(), 10);
+    assert!(most <= 3, "{most} inside at once:\n{text}");
+    assert_eq!(most, 3, "the semaphore admits three:\n{text}");
+}
+
+/// Two `dlock elect` candidates: the first leader's command runs, exits,
+/// and leadership passes to the other, whose command runs after it.
+#[test]
+fn elect_hands_over_when_the_leaders_command_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let path = unique("elect");
+    let run = |id: &str| {
+        dlock()
+            .args(["elect", &path, "--id", id, "--", "sh", "-c"])
+            .arg(format!(
+                "echo start $DLOCK_FENCE >> {0}; sleep 0.3; echo end >> {0}",
+                log.display()
+            ))
+            .spawn()
+            .unwrap()
+    };
+    let first = run("a");
+    assert!(await_line(&log, "start", Duration::from_secs(20)));
+    let second = run("b");
+    for mut c in [first, second] {
+        assert!(c.wait().unwrap().success());
+    }
+    let lines: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert!(
+        lines[0].starts_with("start")
+            && lines[1] == "end"
+            && lines[2].starts_with("start")
+            && lines[3] == "end",
+        "{lines:?}"
+    );
+    let epoch = |l: &str| l.split_whitespace().nth(1).unwrap().parse::<i64>().unwrap();
+    assert!(
+        epoch(&lines[2]) > epoch(&lines[0]),
+        "the second term has a larger epoch: {lines:?}"
+    );
+}
+
+/// `count`: set, get, compare-and-set (exit code 1 when the value differs).
+#[test]
+fn count_gets_sets_and_compares() {
+    let path = unique("count");
+    let run = |args: &[&str]| dlock().arg("count").args(args).output().unwrap();
+    assert!(run(&["set", &path, "5"]).status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&run(&["get", &path]).stdout).trim(),
+        "5"
+    );
+    assert!(run(&["cas", &path, "5", "-7"]).status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&run(&["get", &path]).stdout).trim(),
+        "-7"
+    );
+    let stale = run(&["cas", &path, "5", "9"]);
+    assert_eq!(stale.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&stale.stderr).contains("is not 5"));
+    assert_eq!(
+        String::from_utf8_lossy(&run(&["get", &path]).stdout).trim(),
+        "-7"
+    );
+    let missing = run(&["get", &unique("none")]);
+    assert_eq!(missing.status.code(), Some(70));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no node at"));
+    // Counters persist by design; this test removes its own.
+    let admin = dlock::blocking::connect(&endpoint()).unwrap();
+    admin.block_on(admin.session().delete(&path, None)).unwrap();
+}
