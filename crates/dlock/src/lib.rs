@@ -6,13 +6,44 @@
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
-//! let session = dlock::connect("embedded").await?;
+//! let session = dlock::connect("embedded").await?; // or "zk://host:2181", "etcd://host:2379"
 //! let mutex = dlock::Mutex::new(&session, "/locks/doc-example")?;
 //! let guard = mutex.acquire().await?;
 //! println!("holding {} with fencing token {}", guard.node(), guard.token());
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! ## Which recipe do I need?
+//!
+//! | You want | dlock | Curator 5.4 | Guarantee |
+//! |---|---|---|---|
+//! | one holder at a time, fair, re-entrant | [`Mutex`] | `InterProcessMutex` | FIFO; one watch per waiter |
+//! | one holder, released from any task, not re-entrant | [`SemaphoreMutex`] | `InterProcessSemaphoreMutex` | semaphore layout, 1 lease |
+//! | many readers or one writer | [`ReadWriteLock`] | `InterProcessReadWriteLock` | fair; downgrade yes, upgrade refused |
+//! | several locks as one, all or nothing | [`MultiLock`] | `InterProcessMultiLock` | ordered; rollback on failure |
+//! | at most N holders | [`Semaphore`] | `InterProcessSemaphoreV2` | leases; limit from a number or a [`SharedCount`] |
+//! | at most N holders, Consul style | [`KvSemaphore`] | (Consul `api.Semaphore`) | CAS on a `.lock` record; dead holders pruned |
+//! | a shared counter | [`SharedCount`] | `SharedCount` | 4-byte big-endian; versioned compare-and-set |
+//! | one leader, stays in the race | [`LeaderLatch`] | `LeaderLatch` | leader = first; epoch per term |
+//! | one leader at a time, taking turns | [`LeaderSelector`] | `LeaderSelector` | run a task while leader; requeue |
+//! | ask a holder to let go | [`revoke`] + `.revocable(..)` | `Revoker`, `makeRevocable` | cooperative |
+//!
+//! Every recipe runs on every backend: [`store::embedded`] (in-process, with
+//! fault injection — the default for demos and tests), ZooKeeper 3.5+
+//! (`zk://`, the same nodes as Curator: a dlock lock and a Java Curator lock
+//! on one path exclude each other), and etcd v3 (`etcd://`, with the `etcd`
+//! feature). Code without an async runtime uses [`blocking`].
+//!
+//! ## Safety, in one paragraph
+//!
+//! A lock is only as good as its session: if the holder stalls longer than
+//! the session timeout, the server hands the lock to the next waiter while
+//! the stalled holder may still believe it holds. Every guard therefore has a
+//! **lost signal** ([`LockGuard::lost`]), a **fencing token** that only grows
+//! ([`LockGuard::token`]), and **guarded writes** that land only while the
+//! lock is held ([`LockGuard::guarded`]). SAFETY.md in the repository says
+//! what each recipe guarantees and when.
 #![deny(missing_docs)]
 
 pub mod blocking;
