@@ -19,7 +19,10 @@ async fn main() -> anyhow::Result<()> {
     let both = |s: &dlock::Session| -> dlock::Result<dlock::MultiLock> {
         Ok(dlock::MultiLock::new(vec![
             Box::new(dlock::Mutex::new(s, &format!("{root}/reentrant"))?),
-            Box::new(dlock::ReadWriteLock::new(s, &format!("{root}/exclusive"))?.write_half()),
+            Box::new(dlock::SemaphoreMutex::new(
+                s,
+                &format!("{root}/non-reentrant"),
+            )?),
         ]))
     };
     let held = both(&a)?.acquire().await?;
