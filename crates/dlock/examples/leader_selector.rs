@@ -11,6 +11,24 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Counts leaders in; out again when dropped.
+struct Leading(Arc<AtomicUsize>);
+
+impl Leading {
+    fn enter(leading: &Arc<AtomicUsize>, violations: &AtomicUsize) -> Self {
+        if leading.fetch_add(1, Ordering::SeqCst) != 0 {
+            violations.fetch_add(1, Ordering::SeqCst);
+        }
+        Leading(leading.clone())
+    }
+}
+
+impl Drop for Leading {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let endpoint = endpoint();
@@ -38,12 +56,11 @@ async fn main() -> anyhow::Result<()> {
                 done_tx.clone(),
             );
             async move {
-                if leading.fetch_add(1, Ordering::SeqCst) != 0 {
-                    violations.fetch_add(1, Ordering::SeqCst);
-                }
+                // Counted out on drop too: closing a selector cancels its
+                // running task by dropping it.
+                let _leading = Leading::enter(&leading, &violations);
                 println!("candidate-{i} leads (epoch {})", term.epoch());
                 tokio::time::sleep(Duration::from_millis(20)).await;
-                leading.fetch_sub(1, Ordering::SeqCst);
                 if terms.fetch_add(1, Ordering::SeqCst) + 1 == 9 {
                     let _ = done_tx.send(());
                 }
