@@ -34,8 +34,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -q && apt-get install -y -q "${missing[@]}"
 fi
 
-echo "building dlock (release, with etcd)..." >&2
-cargo build --release -q -p dlock-cli --features etcd
+features=()
+case "$only" in ""|etcd) features=(--features etcd) ;; esac
+echo "building dlock (release ${features[*]})..." >&2
+cargo build --release -q -p dlock-cli "${features[@]}"
 dlock="$root/target/release/dlock"
 work=$(mktemp -d)
 trap 'scripts/zookeeper.sh stop --dir "$work/zk" >/dev/null 2>&1 || true; scripts/etcd.sh stop --dir "$work/etcd" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
@@ -43,7 +45,8 @@ trap 'scripts/zookeeper.sh stop --dir "$work/zk" >/dev/null 2>&1 || true; script
 # Production-like servers: fsync on, ZooKeeper's default container reaping
 # interval (60 s), tickTime 2000 as shipped.
 zk=$(DLOCK_ZK_CONTAINER_CHECK_MS=60000 scripts/zookeeper.sh start --dir "$work/zk" --tick-time 2000 | sed -n 's/.*endpoint=\([^ ]*\).*/\1/p')
-etcd=$(scripts/etcd.sh start --dir "$work/etcd" | sed -n 's/.*endpoint=\([^ ]*\).*/\1/p')
+etcd=""
+case "$only" in ""|etcd) etcd=$(scripts/etcd.sh start --dir "$work/etcd" | sed -n 's/.*endpoint=\([^ ]*\).*/\1/p') ;; esac
 echo "zookeeper=$zk etcd=$etcd seconds=$seconds rounds=$rounds" >&2
 
 results="$work/results"
