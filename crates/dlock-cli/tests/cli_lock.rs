@@ -287,6 +287,25 @@ fn bad_usage_is_named_with_its_exit_code() {
             127,
             "cannot run /no/such/program",
         ),
+        (
+            &["semaphore", "/x", "--leases", "0", "--", "true"],
+            64,
+            "0 is not in 1..",
+        ),
+        (
+            &[
+                "semaphore",
+                "/x",
+                "--leases",
+                "2",
+                "--qty",
+                "3",
+                "--",
+                "true",
+            ],
+            64,
+            "--qty 3 is more than the 2 leases",
+        ),
     ];
     for (args, code, needle) in cases {
         let out = dlock().args(*args).output().unwrap();

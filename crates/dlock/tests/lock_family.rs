@@ -36,7 +36,10 @@ async fn rw_participants_show_holders_and_waiters(h: &Harness) -> Result<()> {
     let (reads, writes): (Vec<_>, Vec<_>) = all.iter().partition(|p| p.node.contains("__READ__"));
     ensure!(reads.len() == 20 && writes.len() == 8);
     ensure!(reads.iter().all(|p| p.holds) && writes.iter().all(|p| !p.holds));
-    ensure!(all[..20].iter().all(|p| p.node.contains("__READ__")), "queue order");
+    ensure!(
+        all[..20].iter().all(|p| p.node.contains("__READ__")),
+        "queue order"
+    );
     for r in readers {
         r.release().await?;
     }
@@ -53,7 +56,10 @@ async fn upgrading_is_refused(h: &Harness) -> Result<()> {
     let rw = ReadWriteLock::new(&s, &h.path("/rw"))?;
     let r = rw.read().await?;
     let err = rw.write_timeout(SHORT).await.unwrap_err();
-    ensure!(matches!(&err, Error::InvalidArgument(m) if m.contains("upgrade")), "{err}");
+    ensure!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("upgrade")),
+        "{err}"
+    );
     r.release().await?;
     rw.write().await?.release().await?;
     Ok(())
@@ -113,10 +119,16 @@ async fn a_queued_writer_cannot_slip_into_a_downgrade(h: &Harness) -> Result<()>
     // node ahead of it: it keeps waiting, watching the read node.
     await_children(&s1, &path, 2, WITHIN).await?;
     let fresh = ReadWriteLock::new(&s1, &path)?.participants().await?;
-    ensure!(fresh[0].node == r1.node() && fresh[0].holds && !fresh[1].holds, "{fresh:#?}");
+    ensure!(
+        fresh[0].node == r1.node() && fresh[0].holds && !fresh[1].holds,
+        "{fresh:#?}"
+    );
     ensure!(!acquired.load(Ordering::SeqCst), "writer 2 slipped in");
     r1.release().await?;
-    tokio::time::timeout(WITHIN, writer2).await???.release().await?;
+    tokio::time::timeout(WITHIN, writer2)
+        .await???
+        .release()
+        .await?;
     Ok(())
 }
 
@@ -131,7 +143,12 @@ async fn writers_are_alone_and_readers_share(h: &Harness) -> Result<()> {
     let mut tasks = Vec::new();
     for client in 0..8 {
         let rw = ReadWriteLock::new(&h.session().await, &path)?;
-        let (ri, wi, mr, wr) = (readers_inside.clone(), writers_inside.clone(), max_readers.clone(), writes.clone());
+        let (ri, wi, mr, wr) = (
+            readers_inside.clone(),
+            writers_inside.clone(),
+            max_readers.clone(),
+            writes.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             for i in 0..25 {
                 if (client * 25 + i) % 10 == 0 {
@@ -159,7 +176,10 @@ async fn writers_are_alone_and_readers_share(h: &Harness) -> Result<()> {
         t.await??;
     }
     ensure!(writes.load(Ordering::SeqCst) == 20);
-    ensure!(max_readers.load(Ordering::SeqCst) > 1, "readers never overlapped");
+    ensure!(
+        max_readers.load(Ordering::SeqCst) > 1,
+        "readers never overlapped"
+    );
     Ok(())
 }
 
@@ -199,7 +219,10 @@ async fn a_revocable_holder_is_asked_to_release(h: &Harness) -> Result<()> {
         let _ = tx.send(node.to_string());
     });
     let g = m1.acquire().await?;
-    ensure!(s1.get_data(g.node()).await?.0.is_empty(), "revocable nodes carry no data");
+    ensure!(
+        s1.get_data(g.node()).await?.0.is_empty(),
+        "revocable nodes carry no data"
+    );
     let m2 = Mutex::new(&s2, &path)?;
     let nodes = m2.participants().await?;
     ensure!(nodes.len() == 1 && nodes[0].node == g.node());
@@ -207,7 +230,10 @@ async fn a_revocable_holder_is_asked_to_release(h: &Harness) -> Result<()> {
     let asked = tokio::time::timeout(WITHIN, rx.recv()).await?;
     ensure!(asked.as_deref() == Some(g.node()));
     g.release().await?;
-    m2.acquire_timeout(Duration::from_secs(5)).await?.release().await?;
+    m2.acquire_timeout(Duration::from_secs(5))
+        .await?
+        .release()
+        .await?;
     // Revoking a node that is gone is fine.
     dlock::revoke(&s2, &nodes[0].node).await?;
     Ok(())
@@ -226,7 +252,9 @@ async fn a_revocable_waiter_is_told_too(h: &Harness) -> Result<()> {
     await_children(&s, &path, 2, WITHIN).await?;
     let queue = Mutex::new(&s, &path)?.participants().await?;
     dlock::revoke(&s, &queue[1].node).await?;
-    ensure!(tokio::time::timeout(WITHIN, rx.recv()).await?.as_deref() == Some(queue[1].node.as_str()));
+    ensure!(
+        tokio::time::timeout(WITHIN, rx.recv()).await?.as_deref() == Some(queue[1].node.as_str())
+    );
     waiting.abort();
     let _ = waiting.await;
     holder.release().await?;
@@ -238,14 +266,27 @@ async fn a_revocable_waiter_is_told_too(h: &Harness) -> Result<()> {
 async fn mutex_participants_in_queue_order(h: &Harness) -> Result<()> {
     let (s1, s2) = (h.session().await, h.session().await);
     let path = h.path("/locks/p");
-    let g = Mutex::new(&s1, &path)?.with_data(b"one".to_vec()).acquire().await?;
+    let g = Mutex::new(&s1, &path)?
+        .with_data(b"one".to_vec())
+        .acquire()
+        .await?;
     let m2 = Mutex::new(&s2, &path)?.with_data(b"two".to_vec());
     let waiting = tokio::spawn(async move { m2.acquire().await });
     await_children(&s1, &path, 2, WITHIN).await?;
     let all = Mutex::new(&s1, &path)?.participants().await?;
     ensure!(all.len() == 2);
-    ensure!(all[0].holds && all[0].data == b"one" && all[0].session == s1.session_id() && all[0].token == g.token());
-    ensure!(!all[1].holds && all[1].data == b"two" && all[1].session == s2.session_id() && all[1].token > g.token());
+    ensure!(
+        all[0].holds
+            && all[0].data == b"one"
+            && all[0].session == s1.session_id()
+            && all[0].token == g.token()
+    );
+    ensure!(
+        !all[1].holds
+            && all[1].data == b"two"
+            && all[1].session == s2.session_id()
+            && all[1].token > g.token()
+    );
     g.release().await?;
     waiting.await??.release().await?;
     Ok(())
@@ -275,6 +316,43 @@ async fn multi_locks_exclude_each_other(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// Curator's base test `testKilledSession`, for a MultiLock: the holder's
+/// session expires; the waiting multi-lock gets both locks.
+async fn a_killed_multi_lock_holder_hands_over(h: &Harness) -> Result<()> {
+    let (s1, s2) = (h.session().await, h.session().await);
+    let g1 = two_locks(h, &s1)?.acquire().await?;
+    let m2 = two_locks(h, &s2)?;
+    let waiting = tokio::spawn(async move { m2.acquire().await });
+    await_children(&s2, &h.path("/locks/our-lock-1"), 2, WITHIN).await?;
+    s1.faults().expect("faults").expire().await?;
+    let g2 = tokio::time::timeout(WITHIN, waiting).await???;
+    let err = g1.release().await.unwrap_err();
+    ensure!(matches!(err, Error::Lost { .. } | Error::Several(_)), "{err}");
+    g2.release().await?;
+    Ok(())
+}
+
+/// Curator's base test `testContainerCleanup`, for a MultiLock: after many
+/// rounds with fresh instances, the lock directories are reaped.
+async fn multi_lock_directories_are_reaped(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let mut tasks = Vec::new();
+    for _ in 0..5 {
+        let multi = two_locks(h, &s)?;
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..3 {
+                multi.acquire().await?.release().await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    common::await_gone(&s, &h.path("/locks"), WITHIN).await?;
+    Ok(())
+}
+
 /// A lock whose acquire or release fails on purpose.
 #[derive(Debug)]
 struct Faulty {
@@ -291,7 +369,10 @@ impl Hold for FaultyHold {
     fn token(&self) -> FencingToken {
         self.0.token()
     }
-    async fn guarded(&self, ops: &[dlock::store::Op]) -> dlock::Result<Vec<dlock::store::OpResult>> {
+    async fn guarded(
+        &self,
+        ops: &[dlock::store::Op],
+    ) -> dlock::Result<Vec<dlock::store::OpResult>> {
         self.0.guarded(ops).await
     }
     async fn release(self: Box<Self>) -> dlock::Result<()> {
@@ -325,13 +406,26 @@ async fn a_failing_release_does_not_stop_the_others(h: &Harness) -> Result<()> {
     let bad = Mutex::new(&s, &h.path("/locks/bad"))?;
     let multi = MultiLock::new(vec![
         Box::new(good.clone()),
-        Box::new(Faulty { inner: bad.clone(), fail_acquire: false, releases: Arc::default() }),
+        Box::new(Faulty {
+            inner: bad.clone(),
+            fail_acquire: false,
+            releases: Arc::default(),
+        }),
     ]);
     let g = multi.acquire().await?;
     let err = g.release().await.unwrap_err();
-    ensure!(matches!(&err, Error::Backend(m) if m.contains("on purpose")), "{err}");
-    ensure!(good.try_acquire().await?.map(|g| g).is_some(), "the good lock was released");
-    ensure!(bad.try_acquire().await?.is_none(), "the bad lock is still held");
+    ensure!(
+        matches!(&err, Error::Backend(m) if m.contains("on purpose")),
+        "{err}"
+    );
+    ensure!(
+        good.try_acquire().await?.map(|g| g).is_some(),
+        "the good lock was released"
+    );
+    ensure!(
+        bad.try_acquire().await?.is_none(),
+        "the bad lock is still held"
+    );
     // Clean up the deliberately leaked hold.
     for p in bad.participants().await? {
         s.delete(&p.node, None).await?;
@@ -346,10 +440,17 @@ async fn a_failing_acquire_rolls_back(h: &Harness) -> Result<()> {
     let good = Mutex::new(&s, &h.path("/locks/good"))?;
     let multi = MultiLock::new(vec![
         Box::new(good.clone()),
-        Box::new(Faulty { inner: good.clone(), fail_acquire: true, releases: Arc::default() }),
+        Box::new(Faulty {
+            inner: good.clone(),
+            fail_acquire: true,
+            releases: Arc::default(),
+        }),
     ]);
     let err = multi.acquire().await.unwrap_err();
-    ensure!(matches!(&err, Error::Backend(m) if m.contains("acquire failed")), "{err}");
+    ensure!(
+        matches!(&err, Error::Backend(m) if m.contains("acquire failed")),
+        "{err}"
+    );
     ensure!(good.try_acquire().await?.is_some(), "rolled back");
     Ok(())
 }
@@ -367,6 +468,8 @@ per_backend!(embedded => crate::common::embedded();
     a_revocable_waiter_is_told_too,
     mutex_participants_in_queue_order,
     multi_locks_exclude_each_other,
+    a_killed_multi_lock_holder_hands_over,
+    multi_lock_directories_are_reaped,
     a_failing_release_does_not_stop_the_others,
     a_failing_acquire_rolls_back,
 );
@@ -384,6 +487,28 @@ per_backend!(zookeeper => crate::common::zookeeper();
     a_revocable_waiter_is_told_too,
     mutex_participants_in_queue_order,
     multi_locks_exclude_each_other,
+    a_killed_multi_lock_holder_hands_over,
+    multi_lock_directories_are_reaped,
+    a_failing_release_does_not_stop_the_others,
+    a_failing_acquire_rolls_back,
+);
+
+#[cfg(feature = "etcd")]
+per_backend!(etcd => crate::common::etcd();
+    rw_participants_show_holders_and_waiters,
+    upgrading_is_refused,
+    downgrading_is_only_for_the_writer,
+    a_writer_downgrades_to_reader,
+    a_queued_writer_cannot_slip_into_a_downgrade,
+    writers_are_alone_and_readers_share,
+    rw_nodes_carry_the_lock_data,
+    a_dead_writer_lets_readers_in,
+    a_revocable_holder_is_asked_to_release,
+    a_revocable_waiter_is_told_too,
+    mutex_participants_in_queue_order,
+    multi_locks_exclude_each_other,
+    a_killed_multi_lock_holder_hands_over,
+    multi_lock_directories_are_reaped,
     a_failing_release_does_not_stop_the_others,
     a_failing_acquire_rolls_back,
 );
