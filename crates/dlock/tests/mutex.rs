@@ -110,9 +110,10 @@ async fn reentrant_holds_until_the_last_release(h: &Harness) -> Result<()> {
 async fn reentrant_holder_excludes_another_task(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let mutex = Mutex::new(&s, &h.path("/locks/our-lock"))?;
-    let foo = mutex.acquire().await?;
-    let bar = foo.reenter()?;
-    let snafu = bar.reenter()?;
+    // Curator's test names its three levels foo, bar and snafu.
+    let outer = mutex.acquire().await?;
+    let middle = outer.reenter()?;
+    let inner = middle.reenter()?;
     let contender = mutex.clone();
     let b = tokio::spawn(async move {
         contender
@@ -122,7 +123,7 @@ async fn reentrant_holder_excludes_another_task(h: &Harness) -> Result<()> {
     });
     let err = b.await?.unwrap_err();
     ensure!(matches!(err, Error::Timeout(_)), "{err}");
-    for g in [snafu, bar, foo] {
+    for g in [inner, middle, outer] {
         g.release().await?;
     }
     await_children(&s, &h.path("/locks/our-lock"), 0, WITHIN).await?;

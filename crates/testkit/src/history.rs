@@ -129,11 +129,7 @@ impl History {
                     leader = Some((e.client, epoch));
                     terms += 1;
                 }
-                Event::Exit(_) => {
-                    if leader.is_some_and(|(c, _)| c == e.client) {
-                        leader = None;
-                    }
-                }
+                Event::Exit(_) if leader.is_some_and(|(c, _)| c == e.client) => leader = None,
                 _ => {}
             }
         }
