@@ -39,8 +39,10 @@ fi
 extra=()
 [ "$long" -eq 1 ] && extra=(-- --include-ignored)
 export DLOCK_LONG="$long"
-cargo test --workspace --all-targets "${extra[@]}"
-cargo test --workspace --doc
+# --all-features: the etcd backend too (its build needs protoc, installed
+# above as protobuf-compiler; the default build leaves etcd out).
+cargo test --workspace --all-features --all-targets "${extra[@]}"
+cargo test --workspace --all-features --doc
 
 # Every example runs to completion on the embedded store (and, in the long
 # mode, on a private ZooKeeper too), checking its own outcome.

@@ -81,7 +81,11 @@ impl fmt::Display for Endpoint {
         };
         match self {
             Endpoint::Embedded => f.write_str("embedded"),
-            Endpoint::ZooKeeper { hosts, chroot, credentials } => write!(
+            Endpoint::ZooKeeper {
+                hosts,
+                chroot,
+                credentials,
+            } => write!(
                 f,
                 "zk://{}{}{}",
                 user(credentials),
@@ -154,7 +158,11 @@ impl FromStr for Endpoint {
                         Some(c.to_string())
                     }
                 };
-                Ok(Endpoint::ZooKeeper { hosts, chroot, credentials })
+                Ok(Endpoint::ZooKeeper {
+                    hosts,
+                    chroot,
+                    credentials,
+                })
             }
             "etcd" => {
                 if chroot.is_some_and(|c| c != "/") {
@@ -202,9 +210,12 @@ pub async fn connect_endpoint(endpoint: &Endpoint, options: SessionOptions) -> R
             url: endpoint.to_string(),
             reason: "dlock was built without the zookeeper feature".into(),
         }),
+        #[cfg(feature = "etcd")]
+        Endpoint::Etcd { .. } => crate::store::etcd::connect(endpoint, options).await,
+        #[cfg(not(feature = "etcd"))]
         Endpoint::Etcd { .. } => Err(Error::InvalidEndpoint {
             url: endpoint.to_string(),
-            reason: "the etcd backend is not built yet".into(),
+            reason: "dlock was built without the etcd feature (cargo build --features etcd; needs protoc)".into(),
         }),
     }
 }

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use common::{await_gone, ephemeral, is_node_event, persistent, Harness};
-use dlock::store::{sort_sequenced, Child, CreateMode, CreateOptions, Op, OpResult, SessionState, WatchEvent};
+use dlock::store::{
+    sort_sequenced, Child, CreateMode, CreateOptions, Op, OpResult, SessionState, WatchEvent,
+};
 use dlock::Error;
 
 const WITHIN: Duration = Duration::from_secs(10);
@@ -25,8 +27,15 @@ async fn sequential_names_count_the_parents_creations(h: &Harness) -> Result<()>
     let c = s.create(&format!("{dir}/n-"), b"", seq).await?;
     ensure!(a.path == format!("{dir}/n-0000000000"), "{}", a.path);
     ensure!(b.path == format!("{dir}/n-0000000001"), "{}", b.path);
-    ensure!(c.path == format!("{dir}/n-0000000002"), "the delete does not count: {}", c.path);
-    ensure!(s.exists(&dir).await?.unwrap().cversion == 4, "cversion counts the delete");
+    ensure!(
+        c.path == format!("{dir}/n-0000000002"),
+        "the delete does not count: {}",
+        c.path
+    );
+    ensure!(
+        s.exists(&dir).await?.unwrap().cversion == 4,
+        "cversion counts the delete"
+    );
     // Non-sequential children count too: sequences have gaps.
     s.create(&format!("{dir}/plain"), b"", persistent()).await?;
     s.delete(&format!("{dir}/plain"), None).await?;
@@ -44,7 +53,9 @@ async fn fencing_tokens_only_grow(h: &Harness) -> Result<()> {
     let mut last = 0;
     for i in 0..6 {
         let s = if i % 2 == 0 { &s1 } else { &s2 };
-        let c = s.create(&h.path(&format!("/f/{i}")), b"", ephemeral()).await?;
+        let c = s
+            .create(&h.path(&format!("/f/{i}")), b"", ephemeral())
+            .await?;
         ensure!(c.stat.czxid > last, "czxid {} after {last}", c.stat.czxid);
         ensure!(c.token().0 == c.stat.czxid);
         last = c.stat.czxid;
@@ -60,7 +71,10 @@ async fn ephemeral_nodes_die_with_their_session(h: &Harness) -> Result<()> {
     let owner = h.session().await;
     let observer = h.session().await;
     let node = owner.create(&h.path("/eph/a"), b"x", ephemeral()).await?;
-    let stat = observer.exists(&node.path).await?.expect("visible to others");
+    let stat = observer
+        .exists(&node.path)
+        .await?
+        .expect("visible to others");
     ensure!(stat.ephemeral_owner == owner.session_id());
     let (_, watch) = observer.exists_watch(&node.path).await?;
     owner.close().await;
@@ -75,8 +89,14 @@ async fn ephemeral_nodes_die_with_their_session(h: &Harness) -> Result<()> {
 async fn ephemeral_nodes_cannot_have_children(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let parent = s.create(&h.path("/e"), b"", ephemeral()).await?;
-    let err = s.create(&format!("{}/child", parent.path), b"", persistent()).await.unwrap_err();
-    ensure!(matches!(err, Error::NoChildrenForEphemerals { .. }), "{err}");
+    let err = s
+        .create(&format!("{}/child", parent.path), b"", persistent())
+        .await
+        .unwrap_err();
+    ensure!(
+        matches!(err, Error::NoChildrenForEphemerals { .. }),
+        "{err}"
+    );
     s.delete(&parent.path, None).await?;
     Ok(())
 }
@@ -105,11 +125,31 @@ async fn errors_name_the_node(h: &Harness) -> Result<()> {
     s.create(&format!("{p}/child"), b"", persistent()).await?;
     let err = s.delete(&p, None).await.unwrap_err();
     ensure!(err == Error::NotEmpty { path: p.clone() }, "{err}");
-    let err = s.create(&format!("{p}/child"), b"", persistent()).await.unwrap_err();
-    ensure!(err == Error::NodeExists { path: format!("{p}/child") }, "{err}");
+    let err = s
+        .create(&format!("{p}/child"), b"", persistent())
+        .await
+        .unwrap_err();
+    ensure!(
+        err == Error::NodeExists {
+            path: format!("{p}/child")
+        },
+        "{err}"
+    );
     let err = s.get_data(&h.path("/missing")).await.unwrap_err();
-    ensure!(err == Error::NoNode { path: h.path("/missing") }, "{err}");
-    let err = s.create(&h.path("/no/parent"), b"", CreateOptions::new(CreateMode::Persistent)).await.unwrap_err();
+    ensure!(
+        err == Error::NoNode {
+            path: h.path("/missing")
+        },
+        "{err}"
+    );
+    let err = s
+        .create(
+            &h.path("/no/parent"),
+            b"",
+            CreateOptions::new(CreateMode::Persistent),
+        )
+        .await
+        .unwrap_err();
     ensure!(matches!(err, Error::NoNode { .. }), "{err}");
     let err = s.create("relative", b"", persistent()).await.unwrap_err();
     ensure!(matches!(err, Error::InvalidPath { .. }), "{err}");
@@ -141,7 +181,10 @@ async fn watches_fire_once_on_node_events(h: &Harness) -> Result<()> {
     // get_data fires on deletion.
     let (_, _, deleted) = s.get_data_watch(&p).await?;
     other.set_data(&p, b"", None).await?;
-    ensure!(deleted.changed().await == WatchEvent::DataChanged, "one-shot: first event only");
+    ensure!(
+        deleted.changed().await == WatchEvent::DataChanged,
+        "one-shot: first event only"
+    );
     let (_, _, deleted) = s.get_data_watch(&p).await?;
     other.delete(&p, None).await?;
     ensure!(deleted.changed().await == WatchEvent::NodeDeleted);
@@ -154,24 +197,65 @@ async fn multi_is_all_or_nothing(h: &Harness) -> Result<()> {
     s.create(&base, b"", persistent()).await?;
     let a = format!("{base}/a");
     let ops = [
-        Op::Create { path: a.clone(), data: b"1".to_vec(), mode: CreateMode::Persistent },
-        Op::SetData { path: base.clone(), data: b"x".to_vec(), version: None },
-        Op::Check { path: format!("{base}/absent"), version: None },
+        Op::Create {
+            path: a.clone(),
+            data: b"1".to_vec(),
+            mode: CreateMode::Persistent,
+        },
+        Op::SetData {
+            path: base.clone(),
+            data: b"x".to_vec(),
+            version: None,
+        },
+        Op::Check {
+            path: format!("{base}/absent"),
+            version: None,
+        },
     ];
     let err = s.multi(&ops).await.unwrap_err();
-    let Error::MultiFailed { index, source } = err else { anyhow::bail!("unexpected {err}") };
-    ensure!(index == 2 && matches!(*source, Error::NoNode { .. }), "index {index}: {source}");
+    let Error::MultiFailed { index, source } = err else {
+        anyhow::bail!("unexpected {err}")
+    };
+    ensure!(
+        index == 2 && matches!(*source, Error::NoNode { .. }),
+        "index {index}: {source}"
+    );
     ensure!(s.exists(&a).await?.is_none(), "the create was rolled back");
-    ensure!(s.get_data(&base).await?.0.is_empty(), "the set was rolled back");
+    ensure!(
+        s.get_data(&base).await?.0.is_empty(),
+        "the set was rolled back"
+    );
     // A passing check lets the rest through.
     let ok = [
-        Op::Check { path: base.clone(), version: Some(0) },
-        Op::Create { path: a.clone(), data: b"1".to_vec(), mode: CreateMode::Persistent },
-        Op::Delete { path: a.clone(), version: Some(0) },
+        Op::Check {
+            path: base.clone(),
+            version: Some(0),
+        },
+        Op::Create {
+            path: a.clone(),
+            data: b"1".to_vec(),
+            mode: CreateMode::Persistent,
+        },
+        Op::Delete {
+            path: a.clone(),
+            version: Some(0),
+        },
     ];
     let results = s.multi(&ok).await?;
-    ensure!(matches!(results[..], [OpResult::Checked, OpResult::Created(_), OpResult::Deleted]), "{results:?}");
-    let err = s.multi(&[Op::Check { path: base.clone(), version: Some(5) }]).await.unwrap_err();
+    ensure!(
+        matches!(
+            results[..],
+            [OpResult::Checked, OpResult::Created(_), OpResult::Deleted]
+        ),
+        "{results:?}"
+    );
+    let err = s
+        .multi(&[Op::Check {
+            path: base.clone(),
+            version: Some(5),
+        }])
+        .await
+        .unwrap_err();
     ensure!(matches!(err, Error::MultiFailed { index: 0, .. }), "{err}");
     s.delete(&base, None).await?;
     Ok(())
@@ -195,10 +279,18 @@ async fn create_and_list_sees_its_own_node(h: &Harness) -> Result<()> {
     let store = s.store();
     s.create(&format!("{dir}/other"), b"", ephemeral()).await?;
     let (created, kids) = store
-        .create_and_list(&format!("{dir}/n-"), b"", CreateOptions::new(CreateMode::EphemeralSequential), &dir)
+        .create_and_list(
+            &format!("{dir}/n-"),
+            b"",
+            CreateOptions::new(CreateMode::EphemeralSequential),
+            &dir,
+        )
         .await?;
     let names: Vec<_> = kids.iter().map(|c| c.name.as_str()).collect();
-    ensure!(names.contains(&created.name()) && names.contains(&"other"), "{names:?}");
+    ensure!(
+        names.contains(&created.name()) && names.contains(&"other"),
+        "{names:?}"
+    );
     s.delete(&created.path, None).await?;
     s.delete(&format!("{dir}/other"), None).await?;
     Ok(())
@@ -210,7 +302,12 @@ async fn children_sort_by_sequence_like_curator(h: &Harness) -> Result<()> {
     let seq = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
     let mut made = Vec::new();
     for prefix in ["_c_zzz-lock-", "_c_aaa-lock-", "_c_mmm-lock-"] {
-        made.push(s.create(&format!("{dir}/{prefix}"), b"", seq).await?.name().to_string());
+        made.push(
+            s.create(&format!("{dir}/{prefix}"), b"", seq)
+                .await?
+                .name()
+                .to_string(),
+        );
     }
     let mut kids = s.children(&dir).await?;
     sort_sequenced(&mut kids, &["lock-"]);
@@ -221,9 +318,18 @@ async fn children_sort_by_sequence_like_curator(h: &Harness) -> Result<()> {
     }
     // Native creation order wins where a backend provides it.
     let mut native = vec![
-        Child { name: "b".into(), created: Some(5) },
-        Child { name: "a".into(), created: Some(9) },
-        Child { name: "c".into(), created: Some(5) },
+        Child {
+            name: "b".into(),
+            created: Some(5),
+        },
+        Child {
+            name: "a".into(),
+            created: Some(9),
+        },
+        Child {
+            name: "c".into(),
+            created: Some(5),
+        },
     ];
     sort_sequenced(&mut native, &["lock-"]);
     ensure!(native.iter().map(|c| c.name.as_str()).collect::<Vec<_>>() == ["b", "c", "a"]);
@@ -241,7 +347,9 @@ async fn suspension_within_the_timeout_keeps_the_session(h: &Harness) -> Result<
     // An operation issued while suspended waits for the connection.
     let stat = s.exists(&node.path).await?;
     ensure!(stat.is_some(), "the ephemeral node survived");
-    states.wait_for(|st| st.state == SessionState::Reconnected).await?;
+    states
+        .wait_for(|st| st.state == SessionState::Reconnected)
+        .await?;
     ensure!(s.session_id() == id, "same session after reconnecting");
     s.delete(&node.path, None).await?;
     Ok(())
@@ -256,7 +364,10 @@ async fn suspension_past_the_timeout_loses_the_session(h: &Harness) -> Result<()
     s.faults().expect("faults").suspend(h.timeout() * 2);
     s.lost(id).await;
     ensure!(s.state() == SessionState::Lost);
-    ensure!(watch.changed().await == WatchEvent::NodeDeleted, "the server expired it");
+    ensure!(
+        watch.changed().await == WatchEvent::NodeDeleted,
+        "the server expired it"
+    );
     // Used again, the client runs in a new session.
     ensure!(s.exists(&node.path).await?.is_none());
     ensure!(s.session_id() != id && s.state() == SessionState::Reconnected);
@@ -270,7 +381,10 @@ async fn expiry_fires_watches_and_renews_the_session(h: &Harness) -> Result<()> 
     let (_, _, watch) = s.get_data_watch(&node.path).await?;
     s.faults().expect("faults").expire().await?;
     let event = watch.changed().await;
-    ensure!(!is_node_event(event) || event == WatchEvent::NodeDeleted, "{event:?}");
+    ensure!(
+        !is_node_event(event) || event == WatchEvent::NodeDeleted,
+        "{event:?}"
+    );
     ensure!(s.state() == SessionState::Lost);
     let again = s.create(&node.path, b"", ephemeral()).await?;
     ensure!(again.stat.ephemeral_owner != id && again.stat.ephemeral_owner == s.session_id());
@@ -284,7 +398,10 @@ async fn a_lost_create_reply_still_creates_the_node(h: &Harness) -> Result<()> {
     s.faults().expect("faults").lose_next_create_reply();
     let err = s.create(&p, b"", ephemeral()).await.unwrap_err();
     ensure!(err == Error::ConnectionLoss, "{err}");
-    ensure!(s.exists(&p).await?.is_some(), "applied although the reply was lost");
+    ensure!(
+        s.exists(&p).await?.is_some(),
+        "applied although the reply was lost"
+    );
     s.delete(&p, None).await?;
     Ok(())
 }
@@ -323,4 +440,82 @@ per_backend!(zookeeper => crate::common::zookeeper();
     suspension_past_the_timeout_loses_the_session,
     expiry_fires_watches_and_renews_the_session,
     a_lost_create_reply_still_creates_the_node,
+);
+
+/// The read-write lock's downgrade (CURATOR-621) at the store level: a
+/// node created without a sequence but named with a sequential sibling's
+/// suffix sorts at that sibling's place, even once the sibling is gone —
+/// so a writer queued behind cannot get ahead of it. ZooKeeper-style
+/// stores get this from the name; etcd orders by create revision and keeps
+/// the place in a position marker.
+async fn a_node_named_after_a_siblings_sequence_takes_its_place(h: &Harness) -> Result<()> {
+    let (s, other) = (h.session().await, h.session().await);
+    let dir = h.path("/place");
+    let names = ["__READ__", "__WRIT__"];
+    let seq = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
+    let write = s.create(&format!("{dir}/_c_a-__WRIT__"), b"", seq).await?;
+    let queued = other
+        .create(&format!("{dir}/_c_b-__WRIT__"), b"", seq)
+        .await?;
+    let suffix = dlock::store::sequence_key(write.name(), &names).to_string();
+    let read = s
+        .create(&format!("{dir}/_c_c-__READ__{suffix}"), b"", ephemeral())
+        .await?;
+    let sorted = |mut kids: Vec<Child>| {
+        sort_sequenced(&mut kids, &names);
+        kids.into_iter().map(|c| c.name).collect::<Vec<_>>()
+    };
+    let before = sorted(s.children(&dir).await?);
+    ensure!(
+        before.iter().position(|n| n == read.name())
+            < before.iter().position(|n| n == queued.name()),
+        "{before:?}"
+    );
+    s.delete(&write.path, None).await?;
+    let after = sorted(other.children(&dir).await?);
+    ensure!(
+        after == [read.name(), queued.name()],
+        "the read node keeps the write node's place: {after:?}"
+    );
+    // Deleting it removes everything it brought along.
+    s.delete(&read.path, None).await?;
+    other.delete(&queued.path, None).await?;
+    ensure!(s.children(&dir).await.map(|k| k.is_empty()).unwrap_or(true));
+    Ok(())
+}
+
+per_backend!(embedded_place => crate::common::embedded();
+    a_node_named_after_a_siblings_sequence_takes_its_place,
+);
+
+per_backend!(zookeeper_place => crate::common::zookeeper();
+    a_node_named_after_a_siblings_sequence_takes_its_place,
+);
+
+// etcd differences (documented in `dlock::store::etcd`):
+// - `sequential_names_count_the_parents_creations` pins ZooKeeper's
+//   numbering (`%010d` of the parent's creations, cversion): etcd has no
+//   per-directory counter; its queues order by create revision and the
+//   10-digit suffix is only unique, not counted.
+// - `errors_name_the_node` ends by deleting a parent made by
+//   `create_parents` after its last child: on etcd parents are implicit
+//   and vanish with their last child (a container reaped at once), so that
+//   delete is `NoNode`. The same errors are checked in
+//   `etcd_backend.rs` (`errors_name_the_node_with_implicit_parents`).
+#[cfg(feature = "etcd")]
+per_backend!(etcd => crate::common::etcd();
+    fencing_tokens_only_grow,
+    ephemeral_nodes_die_with_their_session,
+    ephemeral_nodes_cannot_have_children,
+    versions_guard_writes,
+    watches_fire_once_on_node_events,
+    multi_is_all_or_nothing,
+    parents_are_created_as_containers_and_reaped,
+    create_and_list_sees_its_own_node,
+    children_sort_by_sequence_like_curator,
+    suspension_within_the_timeout_keeps_the_session,
+    suspension_past_the_timeout_loses_the_session,
+    expiry_fires_watches_and_renews_the_session,
+    a_lost_create_reply_still_creates_the_node,
+    a_node_named_after_a_siblings_sequence_takes_its_place,
 );

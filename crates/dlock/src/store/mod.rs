@@ -4,7 +4,7 @@
 //! data model: a tree of nodes with data, versions and modes, one-shot
 //! watches, sessions whose ephemeral nodes vanish with them, and atomic
 //! multi-operations. Three backends implement it: [`embedded`] (in-process,
-//! with fault injection), `zookeeper` and (later) `etcd`.
+//! with fault injection), `zookeeper` and `etcd` (feature `etcd`).
 //!
 //! Recipes never name a backend: they use [`Session`](crate::Session), the
 //! cheap handle around an `Arc<dyn Store>`, which adds what is the same for
@@ -23,6 +23,8 @@
 //! - **Ordering** of sequential children follows [`sort_sequenced`].
 
 pub mod embedded;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
@@ -64,7 +66,10 @@ pub enum CreateMode {
 impl CreateMode {
     /// Whether the node dies with its session.
     pub fn is_ephemeral(self) -> bool {
-        matches!(self, CreateMode::Ephemeral | CreateMode::EphemeralSequential)
+        matches!(
+            self,
+            CreateMode::Ephemeral | CreateMode::EphemeralSequential
+        )
     }
 
     /// Whether the store appends a sequence number to the name.
@@ -182,6 +187,12 @@ pub struct Child {
     /// The store's native creation order, for backends that have one (etcd:
     /// create revision). `None` for ZooKeeper-style stores, where the order
     /// comes from the sequence suffix in the name.
+    ///
+    /// Either way, a node created without a sequence but named with the
+    /// sequence suffix of a sequential sibling from the same session sorts
+    /// at that sibling's place, for as long as it lives (the read-write
+    /// lock's downgrade needs it): ZooKeeper-style stores get this from the
+    /// name, etcd keeps the sibling's revision for it (see `store::etcd`).
     pub created: Option<i64>,
 }
 
@@ -446,8 +457,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Reads a node's data; with `watch`, arms a watch for its deletion or
     /// data change (only if the node exists).
-    async fn get_data(&self, path: &str, watch: bool)
-        -> Result<(Vec<u8>, Stat, Option<Watch>)>;
+    async fn get_data(&self, path: &str, watch: bool) -> Result<(Vec<u8>, Stat, Option<Watch>)>;
 
     /// Reads a node's metadata if it exists; with `watch`, arms a watch for
     /// its creation, deletion or data change.

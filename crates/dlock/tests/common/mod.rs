@@ -19,6 +19,8 @@ pub enum Backend {
     Embedded(EmbeddedServer),
     /// A real ZooKeeper server shared by the test binary.
     ZooKeeper(String),
+    /// A real etcd server shared by the test binary (`host:port`).
+    Etcd(String),
 }
 
 /// A test's view of its backend.
@@ -42,6 +44,12 @@ pub fn zookeeper() -> Harness {
     Harness::new(Backend::ZooKeeper(server.connect_string()))
 }
 
+/// The test binary's private etcd server.
+pub fn etcd() -> Harness {
+    let server = dlock_testkit::shared_etcd();
+    Harness::new(Backend::Etcd(server.endpoint()))
+}
+
 impl Harness {
     fn new(backend: Backend) -> Self {
         Harness {
@@ -62,6 +70,8 @@ impl Harness {
             Backend::Embedded(_) => Duration::from_millis(500),
             // ZooKeeper grants at least 2 ticks (tickTime 500 ms in tests).
             Backend::ZooKeeper(_) => Duration::from_secs(2),
+            // Lease TTLs are whole seconds; etcd 3.4's minimum is 2 s.
+            Backend::Etcd(_) => Duration::from_secs(2),
         }
     }
 
@@ -78,6 +88,7 @@ impl Harness {
             Backend::ZooKeeper(hosts) => {
                 dlock::connect_with(&format!("zk://{hosts}"), options).await
             }
+            Backend::Etcd(hosts) => dlock::connect_with(&format!("etcd://{hosts}"), options).await,
         }
         .expect("connect a session");
         self.sessions.lock().unwrap().push(session.clone());
@@ -99,9 +110,17 @@ impl Harness {
                 .expect("background tasks settle");
         }
         let checker = self.session().await;
-        let leftovers = collect_leftovers(&checker, &self.root).await.expect("walk the tree");
-        assert!(leftovers.is_empty(), "left behind under {}: {leftovers:#?}", self.root);
-        remove_tree(&checker, &self.root).await.expect("remove the empty skeleton");
+        let leftovers = collect_leftovers(&checker, &self.root)
+            .await
+            .expect("walk the tree");
+        assert!(
+            leftovers.is_empty(),
+            "left behind under {}: {leftovers:#?}",
+            self.root
+        );
+        remove_tree(&checker, &self.root)
+            .await
+            .expect("remove the empty skeleton");
         for s in sessions {
             s.close().await;
         }
@@ -121,10 +140,16 @@ async fn collect_leftovers(session: &Session, root: &str) -> Result<Vec<String>>
             Err(e) => return Err(e).context(path),
         };
         if stat.ephemeral_owner != 0 || !data.is_empty() {
-            found.push(format!("{path} (owner {:#x}, {} bytes)", stat.ephemeral_owner, data.len()));
+            found.push(format!(
+                "{path} (owner {:#x}, {} bytes)",
+                stat.ephemeral_owner,
+                data.len()
+            ));
         }
         match session.children(&path).await {
-            Ok(children) => stack.extend(children.into_iter().map(|c| format!("{path}/{}", c.name))),
+            Ok(children) => {
+                stack.extend(children.into_iter().map(|c| format!("{path}/{}", c.name)))
+            }
             Err(dlock::Error::NoNode { .. }) => {}
             Err(e) => return Err(e).context(path),
         }
@@ -171,7 +196,12 @@ pub async fn await_gone(session: &Session, path: &str, within: Duration) -> Resu
 }
 
 /// Waits (by watch) until `path` has `n` children.
-pub async fn await_children(session: &Session, path: &str, n: usize, within: Duration) -> Result<()> {
+pub async fn await_children(
+    session: &Session,
+    path: &str,
+    n: usize,
+    within: Duration,
+) -> Result<()> {
     tokio::time::timeout(within, async {
         loop {
             match session.children_watch(path).await {

@@ -1,0 +1,565 @@
+//! The session side of the etcd backend: a lease, our own keep-alive loop,
+//! and Curator's connection states on top of them.
+//!
+//! - The first lease is `Connected`.
+//! - A keep-alive that fails or goes unanswered (within a third of the TTL)
+//!   makes it `Suspended`; the next answered one, `Reconnected`.
+//! - A keep-alive answered with TTL 0 or "lease not found", or no answered
+//!   keep-alive for a whole TTL (counted from when the last answered one was
+//!   *sent*, so we give up no later than the server can expire the lease),
+//!   makes it `Lost`.
+//! - After `Lost` the next operation grants a new lease: `Reconnected`, with
+//!   the new lease id as the session id.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
+use std::time::Duration;
+
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use super::error::{map_error, Failure};
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Result};
+use crate::store::{SessionId, SessionState, SessionStatus};
+
+/// How to reach the cluster and what to ask for, kept for every new lease.
+pub(super) struct Config {
+    /// `http://host:port` of every member.
+    pub urls: Vec<String>,
+    /// `user`, `password` for etcd's authentication.
+    pub credentials: Option<(String, String)>,
+    /// The TTL asked for, in whole seconds (the session timeout rounded up).
+    pub ttl_secs: i64,
+    /// The endpoint URL with the password masked, for messages.
+    pub endpoint: String,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.endpoint)
+    }
+}
+
+impl Config {
+    pub fn from_endpoint(endpoint: &Endpoint, timeout: Duration) -> Result<Config> {
+        match endpoint {
+            Endpoint::Etcd { hosts, credentials } => Ok(Config {
+                urls: hosts.iter().map(|h| format!("http://{h}")).collect(),
+                credentials: credentials
+                    .as_ref()
+                    .map(|c| (c.user.clone(), c.password.clone())),
+                ttl_secs: ttl_secs(timeout),
+                endpoint: endpoint.to_string(),
+            }),
+            other => Err(Error::InvalidEndpoint {
+                url: other.to_string(),
+                reason: "not an etcd endpoint".into(),
+            }),
+        }
+    }
+
+    pub fn unreachable(&self, why: impl std::fmt::Display) -> Error {
+        Error::Unreachable(format!("cannot reach etcd at {}: {why}", self.endpoint))
+    }
+}
+
+/// A ZooKeeper-style millisecond timeout as a lease TTL: whole seconds,
+/// rounded up, at least 1 (the server may still raise it to its minimum).
+///
+/// ```text
+/// 1 ms → 1 s, 1000 ms → 1 s, 1001 ms → 2 s, 2500 ms → 3 s
+/// ```
+pub(super) fn ttl_secs(timeout: Duration) -> i64 {
+    let ms = timeout.as_millis().max(1);
+    ms.div_ceil(1000).min(i64::MAX as u128) as i64
+}
+
+/// What changes with each lease, guarded by one lock; status changes are
+/// published while holding it.
+struct Slot {
+    /// The current lease (0 once closed).
+    lease: i64,
+    /// Its granted TTL.
+    ttl: Duration,
+    /// Bumped by every `suspend()`, loss and close: a stale suspension timer
+    /// does nothing.
+    fault_epoch: u64,
+    /// A `suspend()` is in effect: no keep-alives, stay `Suspended`.
+    fault_suspended: bool,
+}
+
+/// The lease state shared by the store, its keep-alive loop and its fault
+/// timers.
+pub(super) struct Lease {
+    pub config: Config,
+    pub client: Client,
+    pub runtime: tokio::runtime::Handle,
+    status: watch::Sender<SessionStatus>,
+    slot: StdMutex<Slot>,
+    /// Serialises renewals after a loss.
+    renewing: tokio::sync::Mutex<()>,
+    /// Wakes the keep-alive loop (the end of a suspension).
+    kick: Notify,
+    /// `Faults::lose_next_create_reply` is armed.
+    pub lose_create_reply: AtomicBool,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("endpoint", &self.config.endpoint)
+            .field("status", &*self.status.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Connects the client (authenticating, if there are credentials).
+pub(super) async fn connect_client(config: &Config) -> Result<Client> {
+    let mut options = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+    if let Some((user, password)) = &config.credentials {
+        options = options
+            .with_user(user.clone(), password.clone())
+            .with_auto_token_refresh(true);
+    }
+    let limit = Duration::from_secs(config.ttl_secs.clamp(5, 30) as u64);
+    match tokio::time::timeout(limit, Client::connect(&config.urls, Some(options))).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(e)) => Err(match map_error(e, &config.endpoint) {
+            Failure::Auth(why) => Error::AuthFailed(format!(
+                "etcd at {} rejected the credentials: {why}",
+                config.endpoint
+            )),
+            other => config.unreachable(other.into_error("")),
+        }),
+        Err(_) => Err(config.unreachable(format!("no answer within {limit:?}"))),
+    }
+}
+
+/// Grants a lease of the configured TTL; returns its id and granted TTL.
+async fn grant(config: &Config, client: &Client, limit: Duration) -> Result<(i64, Duration)> {
+    let mut leases = client.lease_client();
+    match tokio::time::timeout(limit, leases.grant(config.ttl_secs, None)).await {
+        Ok(Ok(granted)) if granted.id() != 0 && granted.ttl() > 0 => {
+            Ok((granted.id(), Duration::from_secs(granted.ttl() as u64)))
+        }
+        Ok(Ok(granted)) => Err(Error::Backend(format!(
+            "etcd at {} granted no lease: {}",
+            config.endpoint,
+            granted.error()
+        ))),
+        Ok(Err(e)) => Err(match map_error(e, &config.endpoint) {
+            Failure::Auth(why) => Error::AuthFailed(why),
+            Failure::NoAuth(why) => Error::NoAuth { path: why },
+            other => config.unreachable(other.into_error("")),
+        }),
+        Err(_) => Err(config.unreachable(format!("no lease granted within {limit:?}"))),
+    }
+}
+
+impl Lease {
+    /// Connects and grants the first lease (status `Connected`), and starts
+    /// its keep-alive loop.
+    pub async fn open(config: Config) -> Result<Arc<Lease>> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::Backend("the etcd backend needs a tokio runtime".into()))?;
+        let client = connect_client(&config).await?;
+        let limit = Duration::from_secs(config.ttl_secs.clamp(5, 30) as u64);
+        let sent = Instant::now();
+        let (id, ttl) = grant(&config, &client, limit).await?;
+        let (status, _) = watch::channel(SessionStatus {
+            state: SessionState::Connected,
+            session_id: id,
+            changes: 0,
+        });
+        let lease = Arc::new(Lease {
+            config,
+            client,
+            runtime,
+            status,
+            slot: StdMutex::new(Slot {
+                lease: id,
+                ttl,
+                fault_epoch: 0,
+                fault_suspended: false,
+            }),
+            renewing: tokio::sync::Mutex::new(()),
+            kick: Notify::new(),
+            lose_create_reply: AtomicBool::new(false),
+        });
+        lease.spawn_keep_alive(id, ttl, sent);
+        Ok(lease)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Slot> {
+        // Every critical section leaves the slot consistent.
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn status(&self) -> watch::Receiver<SessionStatus> {
+        self.status.subscribe()
+    }
+
+    pub fn snapshot(&self) -> SessionStatus {
+        *self.status.borrow()
+    }
+
+    /// The granted TTL of the current lease.
+    pub fn ttl(&self) -> Duration {
+        self.lock().ttl
+    }
+
+    /// How long one request may take before it counts as a lost connection.
+    pub fn op_timeout(&self) -> Duration {
+        self.ttl().max(Duration::from_secs(5))
+    }
+
+    /// Moves the status of `lease` to `to` if its state satisfies `from`.
+    /// Call with the slot locked.
+    fn transition(
+        &self,
+        lease: SessionId,
+        from: impl Fn(SessionState) -> bool,
+        to: SessionState,
+    ) -> bool {
+        self.status.send_if_modified(|s| {
+            let change = s.session_id == lease && from(s.state) && s.state != to;
+            if change {
+                s.state = to;
+                s.changes += 1;
+            }
+            change
+        })
+    }
+
+    /// Whether `lease` is the current, live lease.
+    fn is_live(&self, lease: SessionId) -> bool {
+        let s = *self.status.borrow();
+        s.session_id == lease && !matches!(s.state, SessionState::Lost | SessionState::Closed)
+    }
+
+    /// The lease to run an operation in: waits out a suspension, grants a
+    /// new lease after a loss (as Curator opens a new session after
+    /// `LOST`), fails once closed.
+    pub async fn current(self: &Arc<Self>) -> Result<SessionId> {
+        let mut rx = self.status.subscribe();
+        loop {
+            let status = *rx.borrow_and_update();
+            match status.state {
+                SessionState::Connected | SessionState::Reconnected => return Ok(status.session_id),
+                SessionState::Closed => return Err(Error::Closed),
+                SessionState::Lost => self.renew(status.session_id).await?,
+                SessionState::Suspended => {
+                    if rx.changed().await.is_err() {
+                        return Err(Error::Closed);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Replaces the lost lease `lost` by a new one; the status becomes
+    /// `Reconnected`. Does nothing if someone else already did.
+    async fn renew(self: &Arc<Self>, lost: SessionId) -> Result<()> {
+        let _renewing = self.renewing.lock().await;
+        let status = *self.status.borrow();
+        if status.state != SessionState::Lost || status.session_id != lost {
+            return Ok(());
+        }
+        let sent = Instant::now();
+        let (id, ttl) = match grant(&self.config, &self.client, self.op_timeout()).await {
+            Ok(granted) => granted,
+            // The operation may succeed later: the session wrapper retries.
+            Err(Error::Unreachable(why)) => {
+                tracing::warn!(endpoint = %self.config.endpoint, "no new etcd lease: {why}");
+                return Err(Error::ConnectionLoss);
+            }
+            Err(e) => return Err(e),
+        };
+        let installed = {
+            let mut slot = self.lock();
+            let renewed = self.status.send_if_modified(|s| {
+                let change = s.state == SessionState::Lost && s.session_id == lost;
+                if change {
+                    s.state = SessionState::Reconnected;
+                    s.session_id = id;
+                    s.changes += 1;
+                }
+                change
+            });
+            if renewed {
+                slot.lease = id;
+                slot.ttl = ttl;
+                slot.fault_epoch += 1;
+                slot.fault_suspended = false;
+            }
+            renewed
+        };
+        if installed {
+            tracing::debug!(endpoint = %self.config.endpoint, lease = format_args!("{id:#x}"), "new etcd lease after a loss");
+            self.spawn_keep_alive(id, ttl, sent);
+        } else {
+            // Closed meanwhile.
+            self.revoke_in_background(id);
+        }
+        Ok(())
+    }
+
+    /// Declares `lease` lost (if it is current and not already lost or
+    /// closed). Returns whether it changed anything.
+    pub fn lose(&self, lease: SessionId) -> bool {
+        let changed = {
+            let mut slot = self.lock();
+            let changed = self.transition(
+                lease,
+                |s| !matches!(s, SessionState::Lost | SessionState::Closed),
+                SessionState::Lost,
+            );
+            if changed {
+                slot.fault_epoch += 1;
+                slot.fault_suspended = false;
+            }
+            changed
+        };
+        if changed {
+            tracing::debug!(endpoint = %self.config.endpoint, lease = format_args!("{lease:#x}"), "etcd lease lost");
+        }
+        changed
+    }
+
+    /// A keep-alive of `lease` was answered.
+    fn on_alive(&self, lease: SessionId) {
+        let slot = self.lock();
+        if !slot.fault_suspended {
+            self.transition(
+                lease,
+                |s| s == SessionState::Suspended,
+                SessionState::Reconnected,
+            );
+        }
+    }
+
+    /// A keep-alive of `lease` failed or went unanswered.
+    fn on_trouble(&self, lease: SessionId) {
+        let _slot = self.lock();
+        self.transition(lease, SessionState::is_connected, SessionState::Suspended);
+    }
+
+    fn fault_suspended(&self) -> bool {
+        self.lock().fault_suspended
+    }
+
+    /// A lost reply: the connection blips (`Suspended`, `Reconnected`).
+    pub fn blip(&self) {
+        let _slot = self.lock();
+        let lease = self.status.borrow().session_id;
+        if self.transition(lease, SessionState::is_connected, SessionState::Suspended) {
+            self.transition(
+                lease,
+                |s| s == SessionState::Suspended,
+                SessionState::Reconnected,
+            );
+        }
+    }
+
+    /// Marks the store closed (later operations fail with `Closed`) and
+    /// returns the lease to revoke.
+    pub fn shut(&self) -> Option<SessionId> {
+        let mut slot = self.lock();
+        slot.fault_epoch += 1;
+        slot.fault_suspended = false;
+        let was_open = self.status.send_if_modified(|s| {
+            let change = s.state != SessionState::Closed;
+            if change {
+                s.state = SessionState::Closed;
+                s.changes += 1;
+            }
+            change
+        });
+        let lease = std::mem::take(&mut slot.lease);
+        (was_open && lease != 0).then_some(lease)
+    }
+
+    /// Revokes `lease`: the server deletes its keys at once. Returns whether
+    /// the server confirmed it.
+    pub async fn revoke(&self, lease: SessionId) -> Result<()> {
+        let mut leases = self.client.lease_client();
+        match tokio::time::timeout(self.op_timeout(), leases.revoke(lease)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => match map_error(e, &self.config.endpoint) {
+                // Already gone: what we wanted.
+                Failure::LeaseGone => Ok(()),
+                other => Err(other.into_error("")),
+            },
+            Err(_) => Err(Error::ConnectionLoss),
+        }
+    }
+
+    /// Revokes `lease` in the background, best effort.
+    pub fn revoke_in_background(self: &Arc<Self>, lease: SessionId) {
+        let this = self.clone();
+        self.runtime.spawn(async move {
+            if let Err(e) = this.revoke(lease).await {
+                tracing::debug!(
+                    lease = format_args!("{lease:#x}"),
+                    "revoking an etcd lease failed: {e}"
+                );
+            }
+        });
+    }
+
+    /// Closes: status `Closed` at once, then revokes the lease (the server
+    /// deletes its keys) and waits for the answer (at most the operation
+    /// timeout).
+    pub async fn close(&self) {
+        if let Some(lease) = self.shut() {
+            if let Err(e) = self.revoke(lease).await {
+                tracing::debug!(
+                    lease = format_args!("{lease:#x}"),
+                    "revoking the etcd lease on close failed: {e}; it expires by itself"
+                );
+            }
+        }
+    }
+
+    /// `Faults::suspend`: `Suspended` at once, no keep-alives for
+    /// `duration`, then a keep-alive at once (`Reconnected` if the lease is
+    /// still there). If the lease runs out meanwhile, the keep-alive loop
+    /// reports `Lost` when it must have expired on the server.
+    pub fn suspend(self: &Arc<Self>, duration: Duration) {
+        let epoch = {
+            let mut slot = self.lock();
+            let status = *self.status.borrow();
+            if !status.state.is_connected() && status.state != SessionState::Suspended {
+                return;
+            }
+            slot.fault_epoch += 1;
+            slot.fault_suspended = true;
+            self.transition(
+                status.session_id,
+                SessionState::is_connected,
+                SessionState::Suspended,
+            );
+            slot.fault_epoch
+        };
+        let this = Arc::downgrade(self);
+        self.runtime.spawn(async move {
+            tokio::time::sleep(duration).await;
+            let Some(this) = this.upgrade() else {
+                return;
+            };
+            let mut slot = this.lock();
+            if slot.fault_epoch == epoch && slot.fault_suspended {
+                slot.fault_suspended = false;
+                drop(slot);
+                this.kick.notify_one();
+            }
+        });
+    }
+
+    fn spawn_keep_alive(self: &Arc<Self>, lease: SessionId, ttl: Duration, granted: Instant) {
+        let this = self.clone();
+        self.runtime
+            .spawn(async move { this.keep_alive(lease, ttl, granted).await });
+    }
+
+    /// Keeps `lease` alive about every third of its TTL until it is lost,
+    /// replaced or closed.
+    async fn keep_alive(self: Arc<Self>, lease: SessionId, ttl: Duration, granted: Instant) {
+        let interval = (ttl / 3).max(Duration::from_millis(100));
+        let retry = interval.min(Duration::from_millis(200));
+        // When the last answered keep-alive was sent: the server's expiry is
+        // no earlier than this plus the TTL.
+        let mut confirmed = granted;
+        let mut next = granted + interval;
+        let mut channel: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
+        loop {
+            if !self.is_live(lease) {
+                return;
+            }
+            let now = Instant::now();
+            if now >= confirmed + ttl {
+                let faulted = self.fault_suspended();
+                if self.lose(lease) && !faulted {
+                    // It may still live on the server (answers lost on the
+                    // way back): let its keys go now rather than later.
+                    self.revoke_in_background(lease);
+                }
+                return;
+            }
+            if now >= next && !self.fault_suspended() {
+                let sent = Instant::now();
+                let answer =
+                    tokio::time::timeout(interval, self.renew_once(lease, &mut channel)).await;
+                match answer {
+                    Ok(Ok(left)) if left > 0 => {
+                        confirmed = sent;
+                        next = sent + interval;
+                        self.on_alive(lease);
+                    }
+                    Ok(Ok(_)) | Ok(Err(Failure::LeaseGone)) => {
+                        self.lose(lease);
+                        return;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(
+                            lease = format_args!("{lease:#x}"),
+                            "etcd keep-alive failed: {}",
+                            e.into_error("")
+                        );
+                        channel = None;
+                        next = Instant::now() + retry;
+                        self.on_trouble(lease);
+                    }
+                    Err(_) => {
+                        channel = None;
+                        next = Instant::now() + retry;
+                        self.on_trouble(lease);
+                    }
+                }
+                continue;
+            }
+            let wake = next.min(confirmed + ttl);
+            tokio::select! {
+                () = tokio::time::sleep_until(wake) => {}
+                () = self.kick.notified() => next = Instant::now(),
+            }
+        }
+    }
+
+    /// One keep-alive round trip; the TTL left, as the server says.
+    async fn renew_once(
+        &self,
+        lease: SessionId,
+        channel: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    ) -> std::result::Result<i64, Failure> {
+        let endpoint = &self.config.endpoint;
+        match channel {
+            None => {
+                // Opening the stream sends the first keep-alive and reads its
+                // answer (an error if the lease is gone).
+                let opened = self
+                    .client
+                    .lease_client()
+                    .keep_alive(lease)
+                    .await
+                    .map_err(|e| map_error(e, endpoint))?;
+                *channel = Some(opened);
+                Ok(1)
+            }
+            Some((keeper, stream)) => {
+                keeper
+                    .keep_alive()
+                    .await
+                    .map_err(|e| map_error(e, endpoint))?;
+                match stream.message().await.map_err(|e| map_error(e, endpoint))? {
+                    Some(answer) => Ok(answer.ttl()),
+                    None => Err(Failure::Connection("keep-alive stream ended".into())),
+                }
+            }
+        }
+    }
+}

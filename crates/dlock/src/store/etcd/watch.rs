@@ -1,0 +1,571 @@
+//! One-shot watches on etcd: every watch of a store shares one etcd watch
+//! stream (multiplexed by watch id), run by one dispatcher task.
+//!
+//! A watch must see every change after the read that armed it (at revision
+//! `R`). Asking etcd for a watch from `R + 1` does that, but whenever the
+//! store has moved past `R` by the time the watch is registered — always,
+//! under contention — etcd files it as *unsynced* and only catches it up
+//! every 100 ms: exactly the delay that limits etcd's own
+//! `concurrency.Mutex` to a few handoffs per 100 ms. So a watch is created
+//! *synced* ("from now") instead, and the gap is closed from the other side:
+//! its `created` answer tells the revision `H` it starts after; if `H > R`,
+//! the node is read again, and the watch fires at once if what it watches
+//! differs from what the arming read saw. No gap, no 100 ms wait; the extra
+//! read only happens when the store moved in between.
+//!
+//! - A watch fires once, on the first event its kind cares about, and is
+//!   then cancelled on the server.
+//! - A broken stream is opened again and every pending watch is created
+//!   again the same way (from now, with a gap check back to the last
+//!   revision it had covered).
+//! - A watch the server cancels because its start was compacted away (only
+//!   possible for explicit start revisions, which etcd may still use for a
+//!   catching-up watcher) reads again, fires if what it watched changed,
+//!   or is armed again from the read.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, EventType, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchRequestSender,
+    WatchResponse, WatchResponseStream,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::keys::{self, Relation};
+use crate::store::WatchEvent;
+
+/// What a watch waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// A node that exists as a key: `DataChanged` when it is written,
+    /// `NodeDeleted` when it is deleted.
+    Data,
+    /// A path that does not exist: `NodeCreated` when its key or anything
+    /// below it appears.
+    Absent,
+    /// An implicit directory (no key, but keys below): `DataChanged` if its
+    /// key is written, `NodeDeleted` once nothing is left below it.
+    Implicit,
+    /// A node's children: `ChildrenChanged` when a child key is created or
+    /// deleted, `NodeDeleted` when the node's own key is deleted.
+    Children,
+}
+
+/// A watch to arm, with what the arming read saw.
+#[derive(Debug, Clone)]
+pub(super) struct Request {
+    pub path: String,
+    pub kind: Kind,
+    /// The header revision of the read that armed it.
+    pub read_revision: i64,
+    /// [`Kind::Data`]: the key's mod revision as read.
+    pub mod_revision: i64,
+    /// [`Kind::Children`]: the listing's [`keys::digest`].
+    pub digest: u64,
+}
+
+enum Cmd {
+    Add(Request, oneshot::Sender<WatchEvent>),
+    Shutdown,
+}
+
+/// Results of the dispatcher's own background reads.
+enum Internal {
+    /// Fire watch `id` (if still pending) with this event.
+    Fire(i64, WatchEvent),
+    /// Arm this watch again (after a compaction).
+    Rearm(Pending),
+}
+
+/// The handle the store keeps: arms watches, shuts the dispatcher down.
+#[derive(Debug)]
+pub(super) struct Hub {
+    tx: mpsc::UnboundedSender<Cmd>,
+}
+
+impl Hub {
+    /// Starts the dispatcher for `client` on `runtime`.
+    pub fn start(client: Client, runtime: &tokio::runtime::Handle) -> Hub {
+        let (tx, rx) = mpsc::unbounded_channel();
+        runtime.spawn(Dispatcher::new(client).run(rx));
+        Hub { tx }
+    }
+
+    /// Arms a watch; the receiver gets its one event. If the store is
+    /// closed, the sender is dropped at once.
+    pub fn arm(&self, request: Request) -> oneshot::Receiver<WatchEvent> {
+        let (tx, rx) = oneshot::channel();
+        let _ = self.tx.send(Cmd::Add(request, tx));
+        rx
+    }
+
+    /// Stops the dispatcher: pending watches are dropped (they wake with
+    /// the session's state).
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Cmd::Shutdown);
+    }
+}
+
+/// A pending watch.
+struct Pending {
+    armed: Request,
+    /// The last revision whose events this watch has certainly seen (the
+    /// arming read's, then the last event's).
+    covered: i64,
+    /// Created "from now" and not yet confirmed: once the server says from
+    /// which revision, the changes after `covered` must be checked.
+    unconfirmed: bool,
+    tx: oneshot::Sender<WatchEvent>,
+}
+
+impl Pending {
+    fn options(&self, id: i64) -> (Vec<u8>, WatchOptions) {
+        let options = WatchOptions::new().with_watch_id(id);
+        match self.armed.kind {
+            Kind::Data => (self.armed.path.as_bytes().to_vec(), options),
+            Kind::Absent | Kind::Implicit | Kind::Children => {
+                let (start, end) = keys::subtree(&self.armed.path);
+                (start, options.with_range(end))
+            }
+        }
+    }
+
+    /// The event to fire when the watch is given up on (a failed read, a
+    /// cancel by the server): one that makes the watcher look again.
+    fn look_again(&self) -> WatchEvent {
+        match self.armed.kind {
+            Kind::Data | Kind::Implicit => WatchEvent::DataChanged,
+            Kind::Absent => WatchEvent::NodeCreated,
+            Kind::Children => WatchEvent::ChildrenChanged,
+        }
+    }
+}
+
+/// What one etcd event means for a watch.
+enum Verdict {
+    Fire(WatchEvent),
+    /// An implicit directory lost a descendant: is anything left?
+    CheckGone(i64),
+    Ignore,
+}
+
+fn judge(kind: Kind, path: &str, event: &etcd_client::Event) -> Verdict {
+    let Some(kv) = event.kv() else {
+        return Verdict::Ignore;
+    };
+    let put = event.event_type() == EventType::Put;
+    let relation = keys::relation(path, kv.key());
+    match (kind, relation) {
+        (_, Relation::Outside) => Verdict::Ignore,
+        (Kind::Data, Relation::Itself) => Verdict::Fire(if put {
+            WatchEvent::DataChanged
+        } else {
+            WatchEvent::NodeDeleted
+        }),
+        (Kind::Data, _) => Verdict::Ignore,
+        (Kind::Absent, Relation::Itself) if put => Verdict::Fire(WatchEvent::NodeCreated),
+        (Kind::Absent, _) if put && keys::is_descendant(path, kv.key()) => {
+            Verdict::Fire(WatchEvent::NodeCreated)
+        }
+        (Kind::Absent, _) => Verdict::Ignore,
+        (Kind::Implicit, Relation::Itself) if put => Verdict::Fire(WatchEvent::DataChanged),
+        (Kind::Implicit, _) if !put && keys::is_descendant(path, kv.key()) => {
+            Verdict::CheckGone(kv.mod_revision())
+        }
+        (Kind::Implicit, _) => Verdict::Ignore,
+        (Kind::Children, Relation::Itself) if !put => Verdict::Fire(WatchEvent::NodeDeleted),
+        (Kind::Children, Relation::Child) if !put || kv.version() == 1 => {
+            Verdict::Fire(WatchEvent::ChildrenChanged)
+        }
+        (Kind::Children, _) => Verdict::Ignore,
+    }
+}
+
+/// Reads what `armed` watches, now: the read's revision, and the event to
+/// fire if it differs from what the arming read saw (`None`: unchanged).
+async fn look(
+    client: &Client,
+    armed: &Request,
+) -> Result<(i64, Option<WatchEvent>), etcd_client::Error> {
+    let below = match armed.kind {
+        Kind::Children => {
+            let (start, end) = keys::below(&armed.path);
+            TxnOp::get(
+                start,
+                Some(GetOptions::new().with_range(end).with_keys_only()),
+            )
+        }
+        _ => {
+            let (start, end) = keys::descendants(&armed.path);
+            TxnOp::get(
+                start,
+                Some(GetOptions::new().with_range(end).with_count_only()),
+            )
+        }
+    };
+    let own = TxnOp::get(
+        armed.path.as_str(),
+        Some(GetOptions::new().with_keys_only()),
+    );
+    let resp = client
+        .kv_client()
+        .txn(Txn::new().and_then([own, below]))
+        .await?;
+    let revision = resp.header().map_or(0, |h| h.revision());
+    let gets: Vec<_> = resp
+        .op_responses()
+        .into_iter()
+        .filter_map(|r| match r {
+            TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        })
+        .collect();
+    let key = gets.first().and_then(|g| g.kvs().first());
+    let below = gets.get(1);
+    let below_count = below.map_or(0, |g| g.count());
+    let changed = match armed.kind {
+        Kind::Data => match key {
+            None => Some(WatchEvent::NodeDeleted),
+            Some(kv) if kv.mod_revision() != armed.mod_revision => Some(WatchEvent::DataChanged),
+            Some(_) => None,
+        },
+        Kind::Absent => (key.is_some() || below_count > 0).then_some(WatchEvent::NodeCreated),
+        Kind::Implicit if key.is_some() => Some(WatchEvent::DataChanged),
+        Kind::Implicit => (below_count == 0).then_some(WatchEvent::NodeDeleted),
+        Kind::Children => {
+            let children = keys::children(&armed.path, below.map_or(&[][..], |g| g.kvs()));
+            (keys::digest(&children) != armed.digest).then_some(WatchEvent::ChildrenChanged)
+        }
+    };
+    Ok((revision, changed))
+}
+
+struct Stream {
+    sender: WatchRequestSender,
+    responses: WatchResponseStream,
+}
+
+struct Dispatcher {
+    client: Client,
+    pending: HashMap<i64, Pending>,
+    next_id: i64,
+    stream: Option<Stream>,
+    /// When to try opening the stream again after a failure.
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    internal_tx: mpsc::UnboundedSender<Internal>,
+    internal_rx: mpsc::UnboundedReceiver<Internal>,
+}
+
+const OPEN_LIMIT: Duration = Duration::from_secs(5);
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+impl Dispatcher {
+    fn new(client: Client) -> Self {
+        let (internal_tx, internal_rx) = mpsc::unbounded_channel();
+        Dispatcher {
+            client,
+            pending: HashMap::new(),
+            next_id: 1,
+            stream: None,
+            retry_at: None,
+            backoff: Duration::from_millis(50),
+            internal_tx,
+            internal_rx,
+        }
+    }
+
+    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Cmd>) {
+        enum Wake {
+            Command(Option<Cmd>),
+            Internal(Option<Internal>),
+            Response(Result<Option<WatchResponse>, etcd_client::Error>),
+            Reopen,
+            Sweep,
+        }
+        let mut sweep = tokio::time::interval(SWEEP_EVERY);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let reopen_at = match (
+                self.stream.is_none() && !self.pending.is_empty(),
+                self.retry_at,
+            ) {
+                (true, Some(at)) => Some(at),
+                (true, None) => Some(Instant::now()),
+                (false, _) => None,
+            };
+            let wake = {
+                let stream = &mut self.stream;
+                let internal = &mut self.internal_rx;
+                let response = async {
+                    match stream {
+                        Some(stream) => stream.responses.message().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let reopen = async {
+                    match reopen_at {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    command = commands.recv() => Wake::Command(command),
+                    message = internal.recv() => Wake::Internal(message),
+                    response = response => Wake::Response(response),
+                    () = reopen => Wake::Reopen,
+                    _ = sweep.tick() => Wake::Sweep,
+                }
+            };
+            match wake {
+                Wake::Command(Some(Cmd::Add(request, tx))) => {
+                    let watch = Pending {
+                        covered: request.read_revision,
+                        armed: request,
+                        unconfirmed: true,
+                        tx,
+                    };
+                    self.insert(watch).await;
+                }
+                Wake::Command(Some(Cmd::Shutdown) | None) | Wake::Internal(None) => return,
+                Wake::Internal(Some(Internal::Fire(id, event))) => self.fire(id, event).await,
+                Wake::Internal(Some(Internal::Rearm(watch))) => self.insert(watch).await,
+                Wake::Response(Ok(Some(response))) => self.on_response(response).await,
+                Wake::Response(Ok(None)) => self.broken("the watch stream ended"),
+                Wake::Response(Err(e)) => self.broken(&e.to_string()),
+                Wake::Reopen => self.reopen().await,
+                Wake::Sweep => self.sweep().await,
+            }
+        }
+    }
+
+    /// Registers `watch` under a new id and asks the server for it (opening
+    /// the stream if there is none).
+    async fn insert(&mut self, watch: Pending) {
+        if watch.tx.is_closed() {
+            return;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let (key, options) = watch.options(id);
+        self.pending.insert(id, watch);
+        match &mut self.stream {
+            Some(stream) => {
+                if let Err(e) = stream.sender.watch(key, Some(options)).await {
+                    self.broken(&e.to_string());
+                }
+            }
+            None if self.retry_at.is_none() => self.reopen().await,
+            // A reopen is scheduled; it will include this watch.
+            None => {}
+        }
+    }
+
+    /// Opens a new stream with every pending watch (each from now, with a
+    /// gap check back to what it had covered).
+    async fn reopen(&mut self) {
+        self.retry_at = None;
+        self.stream = None;
+        self.pending.retain(|_, w| !w.tx.is_closed());
+        let mut ids: Vec<i64> = self.pending.keys().copied().collect();
+        if ids.is_empty() {
+            return;
+        }
+        ids.sort_unstable();
+        for id in &ids {
+            if let Some(w) = self.pending.get_mut(id) {
+                w.unconfirmed = true;
+            }
+        }
+        let (first_key, first_options) = self.pending[&ids[0]].options(ids[0]);
+        let mut watches = self.client.watch_client();
+        let opened =
+            tokio::time::timeout(OPEN_LIMIT, watches.watch(first_key, Some(first_options))).await;
+        let stream = match opened {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => return self.broken(&e.to_string()),
+            Err(_) => return self.broken("opening the watch stream timed out"),
+        };
+        let (mut sender, responses) = stream.split();
+        for id in &ids[1..] {
+            let (key, options) = self.pending[id].options(*id);
+            if let Err(e) = sender.watch(key, Some(options)).await {
+                return self.broken(&e.to_string());
+            }
+        }
+        self.stream = Some(Stream { sender, responses });
+        self.backoff = Duration::from_millis(50);
+    }
+
+    /// The stream failed: open it again after a backoff; watches resume
+    /// from where they were.
+    fn broken(&mut self, why: &str) {
+        if self.stream.is_some() || self.retry_at.is_none() {
+            tracing::debug!(
+                "etcd watch stream broken ({why}); resuming {} watches",
+                self.pending.len()
+            );
+        }
+        self.stream = None;
+        self.retry_at = Some(Instant::now() + self.backoff);
+        self.backoff = (self.backoff * 2).min(Duration::from_secs(2));
+    }
+
+    async fn cancel(&mut self, id: i64) {
+        if let Some(stream) = &mut self.stream {
+            if let Err(e) = stream.sender.cancel(id).await {
+                self.broken(&e.to_string());
+            }
+        }
+    }
+
+    async fn fire(&mut self, id: i64, event: WatchEvent) {
+        if let Some(watch) = self.pending.remove(&id) {
+            let _ = watch.tx.send(event);
+            self.cancel(id).await;
+        }
+    }
+
+    /// Drops the watches nobody waits for any more.
+    async fn sweep(&mut self) {
+        let gone: Vec<i64> = self
+            .pending
+            .iter()
+            .filter(|(_, w)| w.tx.is_closed())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.pending.remove(&id);
+            self.cancel(id).await;
+        }
+    }
+
+    async fn on_response(&mut self, response: WatchResponse) {
+        let id = response.watch_id();
+        if response.compact_revision() != 0 {
+            if let Some(watch) = self.pending.remove(&id) {
+                tracing::debug!(path = %watch.armed.path, compacted = response.compact_revision(), "etcd watch start compacted; reading again");
+                self.spawn_recheck(watch);
+            }
+            return;
+        }
+        if response.canceled() {
+            // Cancelled by the server for another reason (we only cancel
+            // watches we no longer hold): make the watcher look again.
+            if let Some(watch) = self.pending.remove(&id) {
+                tracing::debug!(path = %watch.armed.path, reason = response.cancel_reason(), "etcd cancelled a watch");
+                let event = watch.look_again();
+                let _ = watch.tx.send(event);
+            }
+            return;
+        }
+        if response.created() {
+            let start = response.header().map_or(0, |h| h.revision());
+            if let Some(watch) = self.pending.get_mut(&id) {
+                if std::mem::take(&mut watch.unconfirmed) && start > watch.covered {
+                    // The store moved between the arming read and the
+                    // watch: did what we watch change meanwhile?
+                    let armed = watch.armed.clone();
+                    self.spawn_gap_check(id, armed);
+                }
+            }
+        }
+        for event in response.events() {
+            let Some(watch) = self.pending.get_mut(&id) else {
+                return;
+            };
+            if let Some(kv) = event.kv() {
+                // Already seen by the arming read (a member that lags
+                // behind may start the watch a little in the past).
+                if kv.mod_revision() <= watch.covered {
+                    continue;
+                }
+                watch.covered = kv.mod_revision();
+            }
+            match judge(watch.armed.kind, &watch.armed.path, event) {
+                Verdict::Fire(fired) => {
+                    self.fire(id, fired).await;
+                    return;
+                }
+                Verdict::CheckGone(revision) => {
+                    let path = watch.armed.path.clone();
+                    self.spawn_gone_check(id, path, revision);
+                }
+                Verdict::Ignore => {}
+            }
+        }
+    }
+
+    /// Fires watch `id` if what it watches changed since it was armed.
+    fn spawn_gap_check(&self, id: i64, armed: Request) {
+        let client = self.client.clone();
+        let results = self.internal_tx.clone();
+        tokio::spawn(async move {
+            let event = match look(&client, &armed).await {
+                Ok((_, changed)) => changed,
+                Err(_) => Some(match armed.kind {
+                    Kind::Data | Kind::Implicit => WatchEvent::DataChanged,
+                    Kind::Absent => WatchEvent::NodeCreated,
+                    Kind::Children => WatchEvent::ChildrenChanged,
+                }),
+            };
+            if let Some(event) = event {
+                let _ = results.send(Internal::Fire(id, event));
+            }
+        });
+    }
+
+    /// Whether an implicit directory has anything left below it at
+    /// `revision` (or now, if that was compacted): if not, it is deleted.
+    fn spawn_gone_check(&self, id: i64, path: String, revision: i64) {
+        let mut kv = self.client.kv_client();
+        let results = self.internal_tx.clone();
+        tokio::spawn(async move {
+            let (start, end) = keys::descendants(&path);
+            let count = |revision: i64| {
+                let mut options = GetOptions::new().with_range(end.clone()).with_count_only();
+                if revision > 0 {
+                    options = options.with_revision(revision);
+                }
+                options
+            };
+            let mut read = kv.get(start.clone(), Some(count(revision))).await;
+            if read.is_err() {
+                read = kv.get(start.clone(), Some(count(0))).await;
+            }
+            let Ok(below) = read else {
+                let _ = results.send(Internal::Fire(id, WatchEvent::DataChanged));
+                return;
+            };
+            if below.count() == 0 {
+                let _ = results.send(Internal::Fire(id, WatchEvent::NodeDeleted));
+            }
+        });
+    }
+
+    /// After a compaction: reads what `watch` watches and fires if it
+    /// changed since the watch was armed, else arms it again (covered up to
+    /// the read).
+    fn spawn_recheck(&self, mut watch: Pending) {
+        let client = self.client.clone();
+        let results = self.internal_tx.clone();
+        tokio::spawn(async move {
+            match look(&client, &watch.armed).await {
+                Ok((_, Some(event))) => {
+                    let _ = watch.tx.send(event);
+                }
+                Ok((revision, None)) => {
+                    watch.covered = revision;
+                    watch.unconfirmed = true;
+                    let _ = results.send(Internal::Rearm(watch));
+                }
+                Err(_) => {
+                    let event = watch.look_again();
+                    let _ = watch.tx.send(event);
+                }
+            }
+        });
+    }
+}

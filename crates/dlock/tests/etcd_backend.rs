@@ -1,0 +1,669 @@
+//! What only the etcd backend has: lease TTLs in whole seconds, our own
+//! keep-alive loop, revocation from outside, keys named like paths, watch
+//! streams that break and resume, compaction, authentication, one round
+//! trip per step, fenced deletes, and hand-over after a lease expires —
+//! all on real etcd 3.4 servers started by the tests.
+#![cfg(feature = "etcd")]
+
+mod common;
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use common::{await_children, ephemeral, persistent, Harness};
+use dlock::store::{CreateMode, CreateOptions, SessionState, WatchEvent};
+use dlock::{Error, Mutex, Session, SessionOptions};
+use dlock_testkit::{shared_etcd, EtcdCluster, EtcdServer, TcpProxy};
+use etcd_client::{Client, GetOptions};
+
+const WITHIN: Duration = Duration::from_secs(20);
+
+/// A plain etcd client, as `etcdctl` would be.
+async fn raw(url: &str) -> Result<Client> {
+    Ok(Client::connect([url], None).await?)
+}
+
+/// A session with a long TTL through `proxy` (so a cut shorter than the TTL
+/// neither loses nor, if no keep-alive falls into it, suspends it).
+async fn via(proxy: &TcpProxy, ttl: Duration) -> Result<Session> {
+    let options = SessionOptions::default().with_session_timeout(ttl);
+    Ok(dlock::connect_with(&format!("etcd://{}", proxy.address()), options).await?)
+}
+
+async fn session_with_timeout(h: &Harness, timeout: Duration) -> Session {
+    h.session_with(SessionOptions::default().with_session_timeout(timeout))
+        .await
+}
+
+/// Millisecond timeouts become whole-second TTLs (rounded up), and the
+/// server's minimum (2 s on etcd 3.4 defaults) wins over smaller ones; the
+/// session reports what the server granted.
+async fn lease_ttl_is_the_timeout_in_whole_seconds(h: &Harness) -> Result<()> {
+    let mut etcd = raw(&shared_etcd().url()).await?;
+    for (asked, granted) in [(1, 2), (1500, 2), (2000, 2), (2001, 3), (4500, 5)] {
+        let s = session_with_timeout(h, Duration::from_millis(asked)).await;
+        ensure!(
+            s.session_timeout() == Duration::from_secs(granted),
+            "{asked} ms gave {:?}",
+            s.session_timeout()
+        );
+        let ttl = etcd.lease_time_to_live(s.session_id(), None).await?;
+        ensure!(
+            ttl.granted_ttl() == granted as i64,
+            "{asked} ms: the server granted {}",
+            ttl.granted_ttl()
+        );
+        s.close().await;
+        let ttl = etcd.lease_time_to_live(s.session_id(), None).await?;
+        ensure!(
+            ttl.ttl() == -1,
+            "close revokes the lease (ttl {})",
+            ttl.ttl()
+        );
+    }
+    Ok(())
+}
+
+/// Our keep-alive loop holds a 2 s lease for several TTLs: same session,
+/// never lost, its node still there. (A keep-alive answered later than a
+/// third of the TTL would show as a brief suspension on a loaded machine;
+/// that is allowed, a loss is not.)
+async fn keep_alive_holds_the_session_past_several_ttls(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let observer = h.session().await;
+    let id = s.session_id();
+    let node = s.create(&h.path("/alive"), b"", ephemeral()).await?;
+    let mut states = s.watch_status();
+    let watching = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while states.changed().await.is_ok() {
+            let status = *states.borrow_and_update();
+            if status.state == SessionState::Closed {
+                break;
+            }
+            seen.push(status);
+        }
+        seen
+    });
+    tokio::time::sleep(s.session_timeout() * 3 + Duration::from_millis(500)).await;
+    let status = s.status();
+    ensure!(
+        status.session_id == id && status.state.is_connected(),
+        "{status:?}"
+    );
+    let stat = observer
+        .exists(&node.path)
+        .await?
+        .context("the node outlived three TTLs")?;
+    ensure!(stat.ephemeral_owner == id);
+    s.delete(&node.path, None).await?;
+    s.close().await;
+    let seen = watching.await?;
+    ensure!(
+        seen.iter()
+            .all(|st| st.session_id == id && st.state != SessionState::Lost),
+        "{seen:?}"
+    );
+    Ok(())
+}
+
+/// Someone revokes our lease (`etcdctl lease revoke`): its keys go at once,
+/// the session learns it at its next keep-alive (`Lost`), and the next
+/// operation runs with a new lease.
+async fn a_lease_revoked_from_outside_is_lost(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let observer = h.session().await;
+    let id = s.session_id();
+    let node = s.create(&h.path("/revoked"), b"", ephemeral()).await?;
+    let (_, _, watch) = observer.get_data_watch(&node.path).await?;
+    raw(&shared_etcd().url()).await?.lease_revoke(id).await?;
+    ensure!(watch.changed().await == WatchEvent::NodeDeleted);
+    tokio::time::timeout(s.session_timeout(), s.lost(id))
+        .await
+        .context("lost within a TTL")?;
+    ensure!(s.state() == SessionState::Lost);
+    let again = s.create(&node.path, b"", ephemeral()).await?;
+    ensure!(s.state() == SessionState::Reconnected && s.session_id() != id);
+    ensure!(again.stat.ephemeral_owner == s.session_id());
+    s.delete(&again.path, None).await?;
+    Ok(())
+}
+
+/// A store path is the etcd key with the same bytes: readable and settable
+/// with a plain client; parents are implicit (no keys); an ephemeral node
+/// carries the session's lease.
+async fn keys_are_the_paths(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let mut etcd = raw(&shared_etcd().url()).await?;
+    let stock = h.path("/shop/stock");
+    s.create(&stock, b"5", persistent()).await?;
+    let got = etcd.get(stock.as_str(), None).await?;
+    ensure!(got.kvs().len() == 1 && got.kvs()[0].value() == b"5");
+    ensure!(
+        etcd.get(h.path("/shop"), None).await?.kvs().is_empty(),
+        "parents are not written"
+    );
+    etcd.put(stock.as_str(), "4", None).await?;
+    let (data, stat) = s.get_data(&stock).await?;
+    ensure!(data == b"4" && stat.version == 1, "{stat:?}");
+    // The directory exists while something is below it.
+    ensure!(s.exists(&h.path("/shop")).await?.is_some());
+    let names: Vec<_> = s
+        .children(&h.root)
+        .await?
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    ensure!(names == ["shop"], "{names:?}");
+    let lock = Mutex::new(&s, &h.path("/shop/lock"))?.acquire().await?;
+    let kv = etcd.get(lock.node(), None).await?;
+    ensure!(
+        kv.kvs()[0].lease() == s.session_id(),
+        "lock nodes carry the lease"
+    );
+    ensure!(
+        lock.token().0 == kv.kvs()[0].create_revision(),
+        "the token is the create revision"
+    );
+    lock.release().await?;
+    s.delete(&stock, None).await?;
+    ensure!(
+        s.exists(&h.path("/shop")).await?.is_none(),
+        "an emptied directory is gone"
+    );
+    Ok(())
+}
+
+/// The errors of the conformance suite's `errors_name_the_node`, with
+/// implicit parents: the parent vanishes with its last child.
+async fn errors_name_the_node_with_implicit_parents(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let p = h.path("/err");
+    s.create(&format!("{p}/child"), b"", persistent()).await?;
+    let err = s.delete(&p, None).await.unwrap_err();
+    ensure!(err == Error::NotEmpty { path: p.clone() }, "{err}");
+    let err = s
+        .create(&format!("{p}/child"), b"", persistent())
+        .await
+        .unwrap_err();
+    ensure!(
+        err == Error::NodeExists {
+            path: format!("{p}/child")
+        },
+        "{err}"
+    );
+    let err = s.get_data(&h.path("/missing")).await.unwrap_err();
+    ensure!(
+        err == Error::NoNode {
+            path: h.path("/missing")
+        },
+        "{err}"
+    );
+    let err = s
+        .create(
+            &h.path("/no/parent"),
+            b"",
+            CreateOptions::new(CreateMode::Persistent),
+        )
+        .await
+        .unwrap_err();
+    ensure!(
+        err == Error::NoNode {
+            path: h.path("/no")
+        },
+        "{err}"
+    );
+    // A child of an implicit directory may be created without parents.
+    s.create(
+        &format!("{p}/sibling"),
+        b"",
+        CreateOptions::new(CreateMode::Persistent),
+    )
+    .await?;
+    let err = s.set_data(&p, b"x", None).await.unwrap_err();
+    ensure!(
+        err == Error::NoNode { path: p.clone() },
+        "an implicit directory has no data to set: {err}"
+    );
+    s.delete(&format!("{p}/child"), None).await?;
+    s.delete(&format!("{p}/sibling"), None).await?;
+    let err = s.delete(&p, None).await.unwrap_err();
+    ensure!(
+        err == Error::NoNode { path: p.clone() },
+        "gone with its last child: {err}"
+    );
+    Ok(())
+}
+
+/// A watch stream that breaks (the connection is cut for less than a TTL,
+/// between keep-alives) resumes from the last revision it saw: the delete
+/// that happened meanwhile is delivered, and the session never noticed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_watch_stream_resumes_where_it_was() -> Result<()> {
+    let h = common::etcd();
+    let proxy = TcpProxy::start(&shared_etcd().endpoint())?;
+    let s = via(&proxy, Duration::from_secs(30)).await?;
+    let other = h.session().await;
+    let node = other
+        .create(&h.path("/resume/n"), b"", persistent())
+        .await?;
+    let (_, _, watch) = s.get_data_watch(&node.path).await?;
+    proxy.cut();
+    other.delete(&node.path, None).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.restore();
+    let event = tokio::time::timeout(WITHIN, watch.changed()).await?;
+    ensure!(event == WatchEvent::NodeDeleted, "{event:?}");
+    ensure!(
+        s.status().changes == 0,
+        "the session stayed connected: {:?}",
+        s.status()
+    );
+    s.close().await;
+    h.finish().await;
+    Ok(())
+}
+
+/// A waiter whose watch stream broke while the store was compacted past
+/// its watch's start revision still wakes: the watch reads again, sees the
+/// predecessor gone, and fires; an unrelated compaction does not wake a
+/// watch whose node did not change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_wakes_although_its_watch_start_was_compacted() -> Result<()> {
+    // A private server: compaction affects every client of a server.
+    let server = EtcdServer::start()?;
+    let proxy = TcpProxy::start(&server.endpoint())?;
+    let mut etcd = raw(&server.url()).await?;
+    let direct = |timeout| {
+        let url = format!("etcd://{}", server.endpoint());
+        async move {
+            dlock::connect_with(
+                &url,
+                SessionOptions::default().with_session_timeout(timeout),
+            )
+            .await
+        }
+    };
+    let holder = direct(Duration::from_secs(2)).await?;
+    let waiter = via(&proxy, Duration::from_secs(30)).await?;
+    let path = "/compaction/lock";
+    let held = Mutex::new(&holder, path)?.acquire().await?;
+    let m = Mutex::new(&waiter, path)?;
+    let waiting = tokio::spawn(async move { m.acquire().await });
+    await_children(&holder, path, 2, WITHIN).await?;
+
+    // Nothing changed: a compaction under a broken stream re-arms quietly.
+    let bystander = "/compaction/bystander";
+    proxy.cut();
+    for i in 0..5 {
+        etcd.put(bystander, i.to_string(), None).await?;
+    }
+    let now = etcd
+        .get(bystander, None)
+        .await?
+        .header()
+        .unwrap()
+        .revision();
+    etcd.compact(now, None).await?;
+    proxy.restore();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ensure!(!waiting.is_finished(), "the waiter woke without a reason");
+
+    // The holder releases while the waiter's stream is down, and the store
+    // is compacted past the release.
+    proxy.cut();
+    held.release().await?;
+    for i in 0..5 {
+        etcd.put(bystander, i.to_string(), None).await?;
+    }
+    let now = etcd
+        .get(bystander, None)
+        .await?
+        .header()
+        .unwrap()
+        .revision();
+    etcd.compact(now, None).await?;
+    proxy.restore();
+    let guard = tokio::time::timeout(WITHIN, waiting).await???;
+    guard.release().await?;
+    etcd.delete(bystander, None).await?;
+    ensure!(etcd
+        .get("/compaction", Some(GetOptions::new().with_prefix()))
+        .await?
+        .kvs()
+        .is_empty());
+    waiter.close().await;
+    holder.close().await;
+    Ok(())
+}
+
+/// The promise: when a holder's lease expires (its process is cut
+/// off from etcd: no more keep-alives), the next waiter acquires within the
+/// TTL plus a second — and not before the lease could have expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_lease_expires_hands_over_within_ttl_plus_a_second() -> Result<()> {
+    let h = common::etcd();
+    let proxy = TcpProxy::start(&shared_etcd().endpoint())?;
+    let holder = via(&proxy, h.timeout()).await?;
+    let ttl = holder.session_timeout();
+    let waiter = h.session().await;
+    let path = h.path("/expiring");
+    let held = Mutex::new(&holder, &path)?.acquire().await?;
+    let m = Mutex::new(&waiter, &path)?;
+    let waiting = tokio::spawn(async move { m.acquire().await });
+    await_children(&waiter, &path, 2, WITHIN).await?;
+    let cut = tokio::time::Instant::now();
+    proxy.cut();
+    let guard = tokio::time::timeout(ttl + Duration::from_secs(1), waiting)
+        .await
+        .context("the waiter did not acquire within TTL + 1 s")???;
+    let took = cut.elapsed();
+    ensure!(
+        took >= ttl / 2,
+        "handed over after {took:?}, before the lease could expire"
+    );
+    ensure!(took <= ttl + Duration::from_secs(1), "{took:?}");
+    // The cut-off holder learns it: Suspended at once, Lost within the TTL.
+    tokio::time::timeout(ttl + Duration::from_secs(1), held.lost()).await?;
+    ensure!(held.is_lost());
+    guard.release().await?;
+    drop(held);
+    proxy.restore();
+    holder.close().await;
+    h.finish().await;
+    Ok(())
+}
+
+/// KV requests etcd has served so far (its `/metrics`): `Range`, `Put`,
+/// `DeleteRange`, `Txn`, `Compact`.
+fn kv_requests(server: &EtcdServer) -> Result<u64> {
+    let (_, body) = dlock_testkit::http_get(server.port(), "/metrics")?;
+    Ok(body
+        .lines()
+        .filter(|l| {
+            l.starts_with("grpc_server_started_total{")
+                && l.contains("grpc_service=\"etcdserverpb.KV\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64)
+}
+
+/// An uncontended acquire is one request (create and list in one
+/// transaction), a release another: two sequential round trips, counted
+/// by the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_acquire_and_release_is_two_round_trips() -> Result<()> {
+    let server = EtcdServer::start()?;
+    let options = SessionOptions::default().with_session_timeout(Duration::from_secs(30));
+    let s = dlock::connect_with(&format!("etcd://{}", server.endpoint()), options).await?;
+    let mutex = Mutex::new(&s, "/rt/lock")?;
+    mutex.acquire().await?.release().await?;
+    for _ in 0..5 {
+        let before = kv_requests(&server)?;
+        mutex.acquire().await?.release().await?;
+        let requests = kv_requests(&server)? - before;
+        ensure!(requests == 2, "requests per acquire+release: {requests}");
+    }
+    s.close().await;
+    Ok(())
+}
+
+/// etcd#22082: a delete of our node (say, retried after its reply was
+/// lost) never deletes a newer key of the same name.
+async fn a_delete_never_removes_a_newer_node_of_the_same_name(h: &Harness) -> Result<()> {
+    let (s, other) = (h.session().await, h.session().await);
+    let p = h.path("/fenced");
+    let ours = s.create(&p, b"ours", ephemeral()).await?;
+    other.delete(&p, None).await?;
+    let theirs = other.create(&p, b"theirs", ephemeral()).await?;
+    ensure!(theirs.stat.czxid > ours.stat.czxid);
+    // A guarded write on our replaced node fails.
+    let check = dlock::store::Op::Check {
+        path: p.clone(),
+        version: None,
+    };
+    let err = s.multi(&[check]).await.unwrap_err();
+    ensure!(matches!(err, Error::MultiFailed { index: 0, .. }), "{err}");
+    for _ in 0..2 {
+        let err = s.delete(&p, None).await.unwrap_err();
+        ensure!(matches!(err, Error::NoNode { .. }), "{err}");
+    }
+    ensure!(
+        other.get_data(&p).await?.0 == b"theirs",
+        "the newer node is untouched"
+    );
+    other.delete(&p, None).await?;
+    Ok(())
+}
+
+/// The etcd 3.4.3 Jepsen bug: a waiter whose key vanished while it waited
+/// (its lease expired, or an operator deleted it) must not claim the lock
+/// when its predecessor goes. It queues again with a new node.
+async fn a_waiter_whose_key_vanished_does_not_claim_the_lock(h: &Harness) -> Result<()> {
+    let (holder, waiter) = (h.session().await, h.session().await);
+    let path = h.path("/jepsen");
+    let held = Mutex::new(&holder, &path)?.acquire().await?;
+    let m = Mutex::new(&waiter, &path)?;
+    let waiting = tokio::spawn(async move { m.acquire().await });
+    await_children(&holder, &path, 2, WITHIN).await?;
+    let queue = Mutex::new(&holder, &path)?.participants().await?;
+    let vanished = queue[1].node.clone();
+    // The waiter's key goes, and the waiter is woken (its watch on the
+    // holder fires) only afterwards.
+    holder.delete(&vanished, None).await?;
+    let third = Mutex::new(&holder, &path)?;
+    let late = tokio::spawn(async move { third.acquire().await });
+    await_children(&holder, &path, 2, WITHIN).await?;
+    held.release().await?;
+    let first = tokio::time::timeout(WITHIN, late).await???;
+    ensure!(
+        !waiting.is_finished(),
+        "the waiter with the vanished key took the lock"
+    );
+    first.release().await?;
+    let second = tokio::time::timeout(WITHIN, waiting).await???;
+    ensure!(second.node() != vanished, "it acquired with a new node");
+    second.release().await?;
+    Ok(())
+}
+
+/// `etcd://user:password@host:port` authenticates; wrong credentials are
+/// `AuthFailed`; a user without permissions gets `NoAuth`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_authenticate() -> Result<()> {
+    let server = EtcdServer::start()?;
+    let mut etcd = raw(&server.url()).await?;
+    etcd.user_add("root", "rootpw", None).await?;
+    etcd.user_grant_role("root", "root").await?;
+    etcd.user_add("nobody", "nopw", None).await?;
+    etcd.auth_enable().await?;
+    let endpoint = server.endpoint();
+    let s = dlock::connect(&format!("etcd://root:rootpw@{endpoint}")).await?;
+    let g = Mutex::new(&s, "/auth/lock")?.acquire().await?;
+    g.release().await?;
+    s.close().await;
+    let err = dlock::connect(&format!("etcd://root:wrong@{endpoint}"))
+        .await
+        .unwrap_err();
+    ensure!(matches!(err, Error::AuthFailed(_)), "{err}");
+    // etcd 3.4 grants leases to anyone; without credentials, key access is
+    // refused.
+    match dlock::connect(&format!("etcd://{endpoint}")).await {
+        Ok(s) => {
+            let err = s.create("/auth/x", b"", persistent()).await.unwrap_err();
+            ensure!(matches!(err, Error::AuthFailed(_)), "no credentials: {err}");
+            s.close().await;
+        }
+        Err(e) => ensure!(matches!(e, Error::AuthFailed(_)), "no credentials: {e}"),
+    }
+    let err = dlock::connect(&format!("etcd://nobody:nopw@{endpoint}")).await;
+    match err {
+        // etcd 3.4 lets any user grant leases; the key writes are refused.
+        Ok(s) => {
+            let err = s.create("/auth/x", b"", persistent()).await.unwrap_err();
+            ensure!(matches!(err, Error::NoAuth { .. }), "{err}");
+            s.close().await;
+        }
+        Err(e) => ensure!(matches!(e, Error::NoAuth { .. }), "{e}"),
+    }
+    Ok(())
+}
+
+/// On a 3-member cluster, a lock held through all endpoints survives the
+/// loss of a member, and the queue keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_survives_losing_a_cluster_member() -> Result<()> {
+    let mut cluster = EtcdCluster::start(3)?;
+    let url = format!("etcd://{}", cluster.endpoints().join(","));
+    let options = SessionOptions::default().with_session_timeout(Duration::from_secs(5));
+    let a = dlock::connect_with(&url, options.clone()).await?;
+    let b = dlock::connect_with(&url, options).await?;
+    let path = "/cluster/lock";
+    let held = Mutex::new(&a, path)?.acquire().await?;
+    let mb = Mutex::new(&b, path)?;
+    let waiting = tokio::spawn(async move { mb.acquire().await });
+    await_children(&a, path, 2, WITHIN).await?;
+    let leader = cluster.leader_index().context("a leader")?;
+    cluster.kill(leader);
+    cluster.wait_for_quorum(WITHIN)?;
+    ensure!(!held.is_lost(), "the lease outlives a leader change");
+    ensure!(!waiting.is_finished());
+    held.release().await?;
+    let g = tokio::time::timeout(WITHIN, waiting).await???;
+    g.release().await?;
+    a.close().await;
+    b.close().await;
+    Ok(())
+}
+
+/// Without the `etcd` feature the endpoint is refused with a clear message;
+/// with it, a bad endpoint is `Unreachable`, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_cluster_is_named() -> Result<()> {
+    let port = dlock_testkit::free_port();
+    let options = SessionOptions::default().with_session_timeout(Duration::from_secs(2));
+    let err = dlock::connect_with(&format!("etcd://127.0.0.1:{port}"), options)
+        .await
+        .unwrap_err();
+    ensure!(
+        matches!(&err, Error::Unreachable(m) if m.contains(&port.to_string())),
+        "{err}"
+    );
+    Ok(())
+}
+
+/// A multi is one transaction, yet behaves as ZooKeeper's ordered
+/// operations: later operations see earlier ones on the same path, a check
+/// or delete of an implicit directory works (the delete once its children
+/// went earlier in the multi), and the failing operation is named.
+async fn multis_see_their_own_operations(h: &Harness) -> Result<()> {
+    use dlock::store::{Op, OpResult};
+    let s = h.session().await;
+    let dir = h.path("/multi/dir");
+    let (a, b) = (format!("{dir}/a"), format!("{dir}/b"));
+    s.create(&a, b"1", persistent()).await?;
+    s.create(&b, b"2", persistent()).await?;
+    // Set twice, check the version in between, on one key.
+    let ops = [
+        Op::SetData {
+            path: a.clone(),
+            data: b"x".to_vec(),
+            version: Some(0),
+        },
+        Op::Check {
+            path: a.clone(),
+            version: Some(1),
+        },
+        Op::SetData {
+            path: a.clone(),
+            data: b"y".to_vec(),
+            version: Some(1),
+        },
+        Op::Check {
+            path: dir.clone(),
+            version: None,
+        },
+    ];
+    let results = s.multi(&ops).await?;
+    ensure!(
+        matches!(
+            results[..],
+            [
+                OpResult::Set(_),
+                OpResult::Checked,
+                OpResult::Set(_),
+                OpResult::Checked
+            ]
+        ),
+        "{results:?}"
+    );
+    ensure!(s.get_data(&a).await?.0 == b"y");
+    // A later operation failing statically is still named by its index.
+    let ops = [
+        Op::Delete {
+            path: b.clone(),
+            version: None,
+        },
+        Op::Check {
+            path: b.clone(),
+            version: None,
+        },
+    ];
+    let err = s.multi(&ops).await.unwrap_err();
+    ensure!(
+        matches!(&err, Error::MultiFailed { index: 1, source } if matches!(**source, Error::NoNode { .. })),
+        "{err}"
+    );
+    ensure!(s.exists(&b).await?.is_some(), "nothing was applied");
+    // The directory is not empty; emptied first, it can be deleted.
+    let err = s
+        .multi(&[Op::Delete {
+            path: dir.clone(),
+            version: None,
+        }])
+        .await
+        .unwrap_err();
+    ensure!(
+        matches!(&err, Error::MultiFailed { index: 0, source } if matches!(**source, Error::NotEmpty { .. })),
+        "{err}"
+    );
+    let ops = [
+        Op::Delete {
+            path: a.clone(),
+            version: None,
+        },
+        Op::Delete {
+            path: b.clone(),
+            version: None,
+        },
+        Op::Delete {
+            path: dir.clone(),
+            version: None,
+        },
+    ];
+    s.multi(&ops).await?;
+    ensure!(s.exists(&dir).await?.is_none());
+    // Create under a missing parent: NoNode, naming the parent.
+    let ops = [Op::Create {
+        path: format!("{dir}/c"),
+        data: vec![],
+        mode: CreateMode::Persistent,
+    }];
+    let err = s.multi(&ops).await.unwrap_err();
+    ensure!(
+        matches!(&err, Error::MultiFailed { index: 0, source } if **source == Error::NoNode { path: dir.clone() }),
+        "{err}"
+    );
+    Ok(())
+}
+
+per_backend!(etcd => crate::common::etcd();
+    lease_ttl_is_the_timeout_in_whole_seconds,
+    keep_alive_holds_the_session_past_several_ttls,
+    a_lease_revoked_from_outside_is_lost,
+    keys_are_the_paths,
+    errors_name_the_node_with_implicit_parents,
+    a_delete_never_removes_a_newer_node_of_the_same_name,
+    a_waiter_whose_key_vanished_does_not_claim_the_lock,
+    multis_see_their_own_operations,
+);
