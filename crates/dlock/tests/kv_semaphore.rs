@@ -303,3 +303,17 @@ per_backend!(zookeeper => crate::common::zookeeper();
     cancellation_and_drop_leave_nothing,
     a_malformed_record_is_a_typed_error,
 );
+
+// etcd: the same cases.
+#[cfg(feature = "etcd")]
+per_backend!(etcd => crate::common::etcd();
+    the_layout_is_the_consul_design,
+    the_limit_holds_under_contention,
+    a_release_admits_a_waiter,
+    an_expired_holder_is_pruned,
+    stale_holders_are_pruned_on_join,
+    a_limit_mismatch_is_an_error,
+    one_slot_per_session,
+    cancellation_and_drop_leave_nothing,
+    a_malformed_record_is_a_typed_error,
+);

@@ -883,3 +883,25 @@ public class LatchPeer {
         }
     }
 }
+
+// etcd: the same cases but the Curator layout and interoperability checks
+// (ZooKeeper only: etcd orders nodes by revision, not by Curator names).
+#[cfg(feature = "etcd")]
+per_backend!(etcd => crate::common::etcd();
+    the_earliest_candidate_leads,
+    a_follower_leaving_changes_nothing,
+    candidates_take_turns_alone,
+    subscribers_hear_every_change,
+    close_modes_decide_the_last_word,
+    starts_without_a_connection,
+    relative_paths_are_refused,
+    a_lost_session_elects_again,
+    error_policies_decide_when_leadership_ends,
+    a_short_outage_keeps_the_node,
+    an_expired_leader_does_not_lead_again,
+    a_silent_leader_is_replaced_within_the_timeout,
+    close_right_after_start_leaves_nothing,
+    a_vanished_directory_is_recreated,
+    an_uncreated_path_has_no_leader,
+    dropping_a_latch_withdraws_it,
+);

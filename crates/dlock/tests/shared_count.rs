@@ -326,3 +326,17 @@ per_backend!(zookeeper => crate::common::zookeeper();
     the_lifecycle_is_enforced,
     a_recreated_node_is_followed,
 );
+
+// etcd: the same cases but the Curator layout and interoperability checks
+// (ZooKeeper only: etcd orders nodes by revision, not by Curator names).
+#[cfg(feature = "etcd")]
+per_backend!(etcd => crate::common::etcd();
+    every_listener_sees_every_value,
+    versioned_sets_follow_the_version,
+    a_stale_version_fails_across_clients,
+    the_first_seed_wins,
+    a_reconnected_count_catches_up,
+    malformed_data_is_a_typed_error,
+    the_lifecycle_is_enforced,
+    a_recreated_node_is_followed,
+);
