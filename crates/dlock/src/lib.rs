@@ -56,15 +56,17 @@ pub mod store;
 
 pub use endpoint::{connect, connect_endpoint, connect_with, Credentials, Endpoint};
 pub use error::{Error, Result};
+pub use recipes::error_policy::ErrorPolicy;
 pub use recipes::guard::LockGuard;
+pub use recipes::kv_semaphore::{KvLease, KvSemaphore};
+pub use recipes::leader_latch::{
+    CloseMode, LatchState, LeaderLatch, LeaderParticipant, Leadership, LeadershipEvent,
+};
+pub use recipes::leader_selector::{LeaderSelector, SelectorState};
 pub use recipes::multi_lock::{Hold, Lockable, MultiGuard, MultiLock};
 pub use recipes::mutex::{Mutex, MutexGuard};
 pub use recipes::revocation::revoke;
 pub use recipes::rwlock::{ReadGuard, ReadWriteLock, WriteGuard};
-pub use recipes::error_policy::ErrorPolicy;
-pub use recipes::kv_semaphore::{KvLease, KvSemaphore};
-pub use recipes::leader_latch::{CloseMode, LatchState, LeaderLatch, LeaderParticipant, Leadership, LeadershipEvent};
-pub use recipes::leader_selector::{LeaderSelector, SelectorState};
 pub use recipes::semaphore::{Lease, Semaphore};
 pub use recipes::semaphore_mutex::{SemaphoreMutex, SemaphoreMutexGuard};
 pub use recipes::shared_count::{SharedCount, VersionedValue};

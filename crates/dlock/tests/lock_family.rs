@@ -327,7 +327,10 @@ async fn a_killed_multi_lock_holder_hands_over(h: &Harness) -> Result<()> {
     s1.faults().expect("faults").expire().await?;
     let g2 = tokio::time::timeout(WITHIN, waiting).await???;
     let err = g1.release().await.unwrap_err();
-    ensure!(matches!(err, Error::Lost { .. } | Error::Several(_)), "{err}");
+    ensure!(
+        matches!(err, Error::Lost { .. } | Error::Several(_)),
+        "{err}"
+    );
     g2.release().await?;
     Ok(())
 }

@@ -392,7 +392,10 @@ async fn a_cancelled_release_still_releases(h: &Harness) -> Result<()> {
     let g = Mutex::new(&s, &path)?.acquire().await?;
     s.faults().expect("faults").suspend(h.timeout() / 4);
     let release = tokio::time::timeout(Duration::from_millis(10), g.release()).await;
-    ensure!(release.is_err(), "the release could not finish while suspended");
+    ensure!(
+        release.is_err(),
+        "the release could not finish while suspended"
+    );
     await_children(&s, &path, 0, WITHIN).await?;
     Ok(())
 }

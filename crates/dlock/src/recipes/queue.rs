@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tracing::Instrument;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::path;
@@ -241,7 +241,10 @@ impl WaitQueue {
             token = tracing::field::Empty,
         );
         let started = Instant::now();
-        let labels = [("recipe", self.recipe().to_string()), ("path", self.dir.clone())];
+        let labels = [
+            ("recipe", self.recipe().to_string()),
+            ("path", self.dir.clone()),
+        ];
         let result = self
             .acquire_inner(data, mode, predicate, deadline, wake, &labels)
             .instrument(span.clone())
@@ -250,7 +253,8 @@ impl WaitQueue {
             Ok(Some(created)) => {
                 span.record("node", created.path.as_str());
                 span.record("token", created.token().0);
-                metrics::histogram!("dlock_acquire_seconds", &labels).record(started.elapsed().as_secs_f64());
+                metrics::histogram!("dlock_acquire_seconds", &labels)
+                    .record(started.elapsed().as_secs_f64());
             }
             Ok(None) => metrics::counter!("dlock_acquire_timeouts_total", &labels).increment(1),
             Err(e) => {
@@ -293,14 +297,19 @@ impl WaitQueue {
                 }
                 entered => entered?,
             };
-            let at_once = predicate.check(&children, created.name()).ok() == Some(Verdict::Acquired);
+            let at_once =
+                predicate.check(&children, created.name()).ok() == Some(Verdict::Acquired);
             let queued = Instant::now();
-            match self.wait(&created, children, predicate, deadline, wake).await {
+            match self
+                .wait(&created, children, predicate, deadline, wake)
+                .await
+            {
                 Ok(()) => {
                     pending.disarm();
                     if !at_once {
                         metrics::counter!("dlock_handoffs_total", labels).increment(1);
-                        metrics::histogram!("dlock_wait_seconds", labels).record(queued.elapsed().as_secs_f64());
+                        metrics::histogram!("dlock_wait_seconds", labels)
+                            .record(queued.elapsed().as_secs_f64());
                     }
                     return Ok(Some(created));
                 }
@@ -491,8 +500,12 @@ impl HeldNode {
     /// Deletes the node; reports [`Error::Lost`] if it was lost before.
     pub async fn release(&self) -> Result<()> {
         let lost = self.is_lost();
-        let labels = [("recipe", self.what.to_string()), ("path", self.recipe_path.clone())];
-        metrics::histogram!("dlock_hold_seconds", &labels).record(self.acquired_at.elapsed().as_secs_f64());
+        let labels = [
+            ("recipe", self.what.to_string()),
+            ("path", self.recipe_path.clone()),
+        ];
+        metrics::histogram!("dlock_hold_seconds", &labels)
+            .record(self.acquired_at.elapsed().as_secs_f64());
         tracing::debug!(node = %self.created.path, token = self.created.token().0, lost, "release");
         self.session.delete_guaranteed(&self.created.path).await?;
         if lost {
