@@ -151,3 +151,110 @@ fn curator_and_dlock_share_one_parking_lot() {
     assert_eq!(ours["max_inside"], "3", "the semaphore admits 3: {ours:?}");
     assert_eq!(theirs["acquisitions"], "40");
 }
+
+/// The parking lot on ZooKeeper with both semaphores: no violations, and
+/// the lot fills up (max_inside = spaces).
+#[test]
+fn the_parking_lot_fills_and_never_overfills_on_zookeeper() {
+    for semaphore in ["v2", "kv"] {
+        let (lot, probe) = (unique("lot"), unique("in-use"));
+        let run = dlock()
+            .args([
+                "demo",
+                "parking-lot",
+                "--semaphore",
+                semaphore,
+                "--cars",
+                "8",
+                "--spaces",
+                "3",
+                "--rounds",
+                "3",
+            ])
+            .args(["--path", &lot, "--probe-path", &probe])
+            .spawn()
+            .unwrap();
+        let s = fields(run);
+        assert_eq!(s["semaphore"], semaphore);
+        assert_eq!(s["violations"], "0", "{s:?}");
+        assert_eq!(s["max_inside"], "3", "{s:?}");
+        assert_eq!(s["acquisitions"], "24", "{s:?}");
+    }
+}
+
+/// The demos on etcd: the parking lot (both semaphores) and the leader
+/// election (both recipes), with zero violations.
+#[cfg(feature = "etcd")]
+#[test]
+fn the_demos_run_safely_on_etcd() {
+    let etcd = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_dlock"))
+            .env(
+                "DLOCK_ENDPOINT",
+                format!("etcd://{}", dlock_testkit::shared_etcd().endpoint()),
+            )
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    for semaphore in ["v2", "kv"] {
+        let (lot, probe) = (unique("lot"), unique("in-use"));
+        let s = fields(etcd(&[
+            "demo",
+            "parking-lot",
+            "--semaphore",
+            semaphore,
+            "--cars",
+            "6",
+            "--rounds",
+            "2",
+            "--path",
+            &lot,
+            "--probe-path",
+            &probe,
+        ]));
+        assert_eq!(s["violations"], "0", "{s:?}");
+        assert!(s["max_inside"].parse::<u32>().unwrap() <= 3, "{s:?}");
+    }
+    for recipe in ["latch", "selector"] {
+        let (path, probe) = (unique("election"), unique("leaders"));
+        let s = fields(etcd(&[
+            "demo",
+            "leader",
+            "--recipe",
+            recipe,
+            "--candidates",
+            "3",
+            "--terms",
+            "6",
+            "--path",
+            &path,
+            "--probe-path",
+            &probe,
+        ]));
+        assert_eq!(
+            (s["violations"].as_str(), s["terms"].as_str()),
+            ("0", "6"),
+            "{s:?}"
+        );
+    }
+    let (lock, stock) = (unique("lock"), unique("stock"));
+    let s = fields(etcd(&[
+        "demo",
+        "flash-sale",
+        "--buyers",
+        "20",
+        "--stock",
+        "30",
+        "--lock-path",
+        &lock,
+        "--stock-path",
+        &stock,
+    ]));
+    assert_eq!(
+        (s["sold"].as_str(), s["oversold"].as_str()),
+        ("30", "0"),
+        "{s:?}"
+    );
+}
