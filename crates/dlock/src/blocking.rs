@@ -88,6 +88,25 @@ impl Session {
         })
     }
 
+    /// A [`Semaphore`] at `path` with `max` leases.
+    pub fn semaphore(&self, path: &str, max: u32) -> Result<Semaphore> {
+        Ok(Semaphore {
+            inner: crate::Semaphore::new(&self.inner, path, max)?,
+            session: self.clone(),
+        })
+    }
+
+    /// A started [`LeaderLatch`] at `path` with participant id `id`.
+    pub fn leader_latch(&self, path: &str, id: &str) -> Result<LeaderLatch> {
+        let _enter = self.runtime.enter();
+        let inner = crate::LeaderLatch::new(&self.inner, path)?.with_id(id);
+        inner.start()?;
+        Ok(LeaderLatch {
+            inner,
+            session: self.clone(),
+        })
+    }
+
     /// Closes the session.
     pub fn close(&self) {
         self.block_on(self.inner.close())
@@ -197,5 +216,91 @@ impl Drop for Guard {
             let _enter = self.session.runtime.enter();
             drop(hold);
         }
+    }
+}
+
+/// The blocking [`crate::Semaphore`]: each lease is a [`Guard`].
+///
+/// ```
+/// let session = dlock::blocking::connect("embedded")?;
+/// let sem = session.semaphore("/doc/blocking-sem", 2)?;
+/// let (a, b) = (sem.acquire()?, sem.acquire()?);
+/// assert!(sem.try_acquire()?.is_none());
+/// a.release()?;
+/// b.release()?;
+/// # Ok::<(), dlock::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Semaphore {
+    inner: crate::Semaphore,
+    session: Session,
+}
+
+impl Semaphore {
+    /// Blocks until a lease is ours.
+    pub fn acquire(&self) -> Result<Guard> {
+        let lease = self.session.block_on(self.inner.acquire_one())?;
+        Ok(self.session.guard_from(Box::new(lease)))
+    }
+
+    /// Blocks at most `timeout` for a lease.
+    pub fn acquire_timeout(&self, timeout: Duration) -> Result<Guard> {
+        let mut leases = self
+            .session
+            .block_on(self.inner.acquire_timeout(1, timeout))?;
+        let lease = leases.pop().expect("one lease asked for");
+        Ok(self.session.guard_from(Box::new(lease)))
+    }
+
+    /// Takes a lease only if one is free now.
+    pub fn try_acquire(&self) -> Result<Option<Guard>> {
+        let leases = self.session.block_on(self.inner.try_acquire(1))?;
+        Ok(leases
+            .and_then(|mut l| l.pop())
+            .map(|lease| self.session.guard_from(Box::new(lease))))
+    }
+}
+
+/// The blocking [`crate::LeaderLatch`] (started when made).
+///
+/// ```
+/// let session = dlock::blocking::connect("embedded")?;
+/// let latch = session.leader_latch("/doc/blocking-latch", "me")?;
+/// let epoch = latch.await_leadership()?;
+/// assert!(latch.has_leadership() && epoch > dlock::FencingToken(0));
+/// latch.close()?;
+/// # Ok::<(), dlock::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct LeaderLatch {
+    inner: crate::LeaderLatch,
+    session: Session,
+}
+
+impl LeaderLatch {
+    /// Blocks until this participant leads; returns the term's epoch.
+    pub fn await_leadership(&self) -> Result<FencingToken> {
+        Ok(self
+            .session
+            .block_on(self.inner.await_leadership())?
+            .epoch())
+    }
+
+    /// Blocks at most `timeout` to lead.
+    pub fn await_leadership_timeout(&self, timeout: Duration) -> Result<FencingToken> {
+        Ok(self
+            .session
+            .block_on(self.inner.await_leadership_timeout(timeout))?
+            .epoch())
+    }
+
+    /// Whether this participant leads now.
+    pub fn has_leadership(&self) -> bool {
+        self.inner.has_leadership()
+    }
+
+    /// Leaves the election.
+    pub fn close(self) -> Result<()> {
+        self.session.block_on(self.inner.close())
     }
 }

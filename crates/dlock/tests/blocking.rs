@@ -69,3 +69,34 @@ fn timeouts_try_and_dropped_guards() {
         0
     );
 }
+
+#[test]
+fn semaphores_and_latches_from_threads() {
+    let path = format!("/blocking-{}", uuid::Uuid::new_v4().simple());
+    let a = dlock::blocking::connect("embedded").unwrap();
+    let b = dlock::blocking::connect("embedded").unwrap();
+    let sem_a = a.semaphore(&format!("{path}/sem"), 2).unwrap();
+    let sem_b = b.semaphore(&format!("{path}/sem"), 2).unwrap();
+    let l1 = sem_a.acquire().unwrap();
+    let l2 = sem_b.acquire().unwrap();
+    assert!(sem_a.try_acquire().unwrap().is_none());
+    let err = sem_b
+        .acquire_timeout(Duration::from_millis(50))
+        .unwrap_err();
+    assert!(matches!(err, dlock::Error::Timeout(_)), "{err}");
+    l1.release().unwrap();
+    let l3 = sem_b.acquire_timeout(Duration::from_secs(5)).unwrap();
+    l2.release().unwrap();
+    l3.release().unwrap();
+    // Two latches: one leads; when it leaves, the other leads with a larger epoch.
+    let first = a.leader_latch(&format!("{path}/latch"), "a").unwrap();
+    let e1 = first.await_leadership().unwrap();
+    let second = b.leader_latch(&format!("{path}/latch"), "b").unwrap();
+    assert!(second
+        .await_leadership_timeout(Duration::from_millis(100))
+        .is_err());
+    first.close().unwrap();
+    let e2 = second.await_leadership().unwrap();
+    assert!(e2 > e1);
+    second.close().unwrap();
+}
