@@ -308,17 +308,21 @@ impl Session {
         self.inner.store.set_data(path, data, version).await
     }
 
-    /// Reads a node's data and metadata.
+    /// Reads a node's data and metadata. Reads are retried per the retry
+    /// policy when the connection drops (they are idempotent); writes are
+    /// not, since a lost reply leaves their outcome unknown.
     pub async fn get_data(&self, path: &str) -> Result<(Vec<u8>, Stat)> {
         path::validate(path)?;
-        let (data, stat, _) = self.inner.store.get_data(path, false).await?;
+        let store = &self.inner.store;
+        let (data, stat, _) = self.retrying(|| store.get_data(path, false)).await?;
         Ok((data, stat))
     }
 
     /// Reads a node's data and arms a watch for its change or deletion.
     pub async fn get_data_watch(&self, path: &str) -> Result<(Vec<u8>, Stat, Watch)> {
         path::validate(path)?;
-        let (data, stat, watch) = self.inner.store.get_data(path, true).await?;
+        let store = &self.inner.store;
+        let (data, stat, watch) = self.retrying(|| store.get_data(path, true)).await?;
         Ok((
             data,
             stat,
@@ -329,27 +333,31 @@ impl Session {
     /// Reads a node's metadata, if it exists.
     pub async fn exists(&self, path: &str) -> Result<Option<Stat>> {
         path::validate(path)?;
-        Ok(self.inner.store.exists(path, false).await?.0)
+        let store = &self.inner.store;
+        Ok(self.retrying(|| store.exists(path, false)).await?.0)
     }
 
     /// Reads a node's metadata and arms a watch for its creation, change or
     /// deletion.
     pub async fn exists_watch(&self, path: &str) -> Result<(Option<Stat>, Watch)> {
         path::validate(path)?;
-        let (stat, watch) = self.inner.store.exists(path, true).await?;
+        let store = &self.inner.store;
+        let (stat, watch) = self.retrying(|| store.exists(path, true)).await?;
         Ok((stat, watch.expect("the store armed the requested watch")))
     }
 
     /// Lists a node's children (unordered).
     pub async fn children(&self, path: &str) -> Result<Vec<Child>> {
         path::validate(path)?;
-        Ok(self.inner.store.children(path, false).await?.0)
+        let store = &self.inner.store;
+        Ok(self.retrying(|| store.children(path, false)).await?.0)
     }
 
     /// Lists a node's children and arms a watch for a change among them.
     pub async fn children_watch(&self, path: &str) -> Result<(Vec<Child>, Watch)> {
         path::validate(path)?;
-        let (children, watch) = self.inner.store.children(path, true).await?;
+        let store = &self.inner.store;
+        let (children, watch) = self.retrying(|| store.children(path, true)).await?;
         Ok((
             children,
             watch.expect("the store armed the requested watch"),

@@ -33,13 +33,19 @@ async fn fenced_append(
     begin: bool,
 ) -> Result<bool> {
     loop {
-        let (data, stat) = session.get_data(resource).await?;
+        let (data, stat) = match session.get_data(resource).await {
+            Ok(read) => read,
+            Err(e) if e.is_retryable() => continue,
+            Err(e) => return Err(e.into()),
+        };
         let mut log = String::from_utf8(data)?;
-        log.push_str(&format!(
-            "{}:{}\n",
-            guard.token(),
-            if begin { "b" } else { "w" }
-        ));
+        let mark = format!("{}:{}\n", guard.token(), if begin { "b" } else { "w" });
+        // A retry after a lost reply: if our mark is last, the earlier
+        // attempt landed (only the holder writes), so do not write it twice.
+        if log.ends_with(&mark) {
+            return Ok(true);
+        }
+        log.push_str(&mark);
         let write = Op::SetData {
             path: resource.into(),
             data: log.into_bytes(),

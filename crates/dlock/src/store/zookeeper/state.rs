@@ -473,6 +473,15 @@ impl Inner {
             zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::NoHosts => {
                 Error::ConnectionLoss
             }
+            // The client's connection layer fails in-flight requests with
+            // custom errors (an I/O error such as a reset, no response in
+            // time): the request's fate is unknown, as after a connection
+            // loss, and it must be retried the same way (seen when an
+            // ensemble member dies under load).
+            zk::Error::Custom(e) => {
+                tracing::debug!(%path, error = %e, "connection failure: treated as a connection loss");
+                Error::ConnectionLoss
+            }
             zk::Error::SessionExpired | zk::Error::SessionMoved => {
                 self.lose(client.session_id().0);
                 Error::SessionExpired
