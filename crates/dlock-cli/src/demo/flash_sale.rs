@@ -214,11 +214,14 @@ impl Buyer {
             tokio::time::sleep(self.hold).await;
             let n = self.counters.purchases.fetch_add(1, Ordering::Relaxed) + 1;
             if self.stall_every > 0 && n % self.stall_every == 0 {
-                // The process freezes; its session times out meanwhile.
+                // The process freezes (a long GC pause): its connection goes
+                // silent, the session times out meanwhile, and the buyer
+                // itself does nothing until the pause is over.
                 self.counters.stalls.fetch_add(1, Ordering::Relaxed);
                 if let Some(faults) = self.session.faults() {
                     faults.suspend(self.stall);
                 }
+                tokio::time::sleep(self.stall).await;
             }
             let data = (stock - 1).to_string().into_bytes();
             let write = Op::SetData {
