@@ -92,7 +92,7 @@ pub async fn run(global: &Global, args: Bench) -> Result<()> {
                 Workload::Rwlock => {
                     rwlock_loop(session, path, id as u32, write_every, deadline, shared).await
                 }
-                Workload::Raw => raw_loop(session, path, id, inflight, deadline, shared).await,
+                Workload::Raw => raw_loop(session, path, id, inflight, deadline).await,
                 Workload::Semaphore => {
                     semaphore_loop(session, path, leases, deadline, shared).await
                 }
@@ -267,7 +267,6 @@ async fn raw_loop(
     id: usize,
     inflight: u32,
     deadline: Instant,
-    _shared: Arc<Shared>,
 ) -> Result<Vec<Duration>> {
     let options = CreateOptions::new(CreateMode::Ephemeral).with_parents();
     let mut workers = Vec::new();

@@ -224,24 +224,21 @@ impl Buyer {
                 tokio::time::sleep(self.stall).await;
             }
             let data = (stock - 1).to_string().into_bytes();
-            let write = Op::SetData {
-                path: self.stock_path.clone(),
-                data,
-                version: None,
-            };
             let written = match (&hold, self.guard) {
                 (Some(h), GuardKind::Fence) => {
-                    match h.guarded(std::slice::from_ref(&write)).await {
+                    let write = Op::SetData {
+                        path: self.stock_path.clone(),
+                        data,
+                        version: None,
+                    };
+                    match h.guarded(&[write]).await {
                         Ok(_) => true,
                         Err(Error::Lost { .. }) => false,
                         Err(e) => return Err(e.into()),
                     }
                 }
                 _ => {
-                    let Op::SetData { path, data, .. } = &write else {
-                        unreachable!()
-                    };
-                    self.session.set_data(path, data, None).await?;
+                    self.session.set_data(&self.stock_path, &data, None).await?;
                     true
                 }
             };
