@@ -2,10 +2,14 @@
 
 use crate::error::{Error, Result};
 
-/// Checks `path` against ZooKeeper's path rules, exactly as ZooKeeper's and
-/// Curator's `PathUtils.validatePath` do: absolute, no trailing slash (except
-/// the root), no empty, `.` or `..` segments, no NUL and none of the
-/// character ranges ZooKeeper forbids.
+/// Checks `path` against ZooKeeper's path rules (`PathUtils.validatePath`):
+/// absolute, no trailing slash (except the root), no empty, `.` or `..`
+/// segments, and none of the characters ZooKeeper forbids — U+0000–U+001F,
+/// U+007F–U+009F, U+E000–U+F8FF (with the surrogates, U+D800–U+F8FF in
+/// UTF-16) and U+FFF0–U+FFFF, bounds included as the ZooKeeper client
+/// (`zookeeper-client`) checks them, and every character beyond U+FFFF,
+/// which is a surrogate pair in ZooKeeper's UTF-16 and which the ZooKeeper
+/// server refuses. So a path accepted here is one every backend can hold.
 ///
 /// ```
 /// use dlock::path::validate;
@@ -42,12 +46,15 @@ pub fn validate(path: &str) -> Result<()> {
     }
     for (i, c) in path.chars().enumerate() {
         let u = c as u32;
-        // The bounds are exclusive, as ZooKeeper codes them.
-        let forbidden = u == 0
-            || (0x00 < u && u < 0x1f)
-            || (0x7f < u && u < 0x9f)
-            || (0xd800 < u && u < 0xf8ff)
-            || (0xfff0 < u && u < 0xffff);
+        // ZooKeeper's server codes these bounds as exclusive, but the Rust
+        // client refuses them inclusively, and the server refuses the
+        // surrogate pairs of characters beyond U+FFFF: refuse all of them,
+        // so that no backend accepts a path ZooKeeper would not.
+        let forbidden = u <= 0x1f
+            || (0x7f..=0x9f).contains(&u)
+            || (0xd800..=0xf8ff).contains(&u)
+            || (0xfff0..=0xffff).contains(&u)
+            || u > 0xffff;
         if forbidden {
             return fail(&format!("invalid character U+{u:04X} at index {i}"));
         }
@@ -120,6 +127,13 @@ mod tests {
             "/a\u{1}",
             "/\u{80}x",
             "/\u{e000}",
+            "/\u{1f}",
+            "/\u{7f}",
+            "/\u{9f}",
+            "/\u{f8ff}",
+            "/\u{fff0}",
+            "/\u{ffff}",
+            "/\u{1f600}",
         ] {
             let err = validate(bad).unwrap_err();
             assert!(
@@ -127,9 +141,17 @@ mod tests {
                 "{bad:?} gave {err}"
             );
         }
-        // Exclusive bounds, exactly as ZooKeeper codes them.
-        assert!(validate("/\u{1f}").is_ok());
-        assert!(validate("/\u{9f}").is_ok());
+        // Just outside the forbidden ranges.
+        for ok in [
+            "/\u{20}",
+            "/\u{7e}",
+            "/\u{a0}",
+            "/\u{d7ff}",
+            "/\u{f900}",
+            "/\u{ffef}",
+        ] {
+            assert!(validate(ok).is_ok(), "{ok:?}");
+        }
     }
 
     #[test]

@@ -128,7 +128,8 @@ impl LockGuard {
 
     /// Releases this hold; the last one deletes the lock node. Reports
     /// [`Error::Lost`] if the lock had been lost before (the node is gone
-    /// either way), so the caller learns its work was not protected.
+    /// either way), so the caller learns its work was not protected —
+    /// [`Error::Closed`] if its session was closed (which took the node).
     pub async fn release(mut self) -> Result<()> {
         if self.held.holds.fetch_sub(1, Ordering::SeqCst) > 1 {
             self.state = GuardState::Released;

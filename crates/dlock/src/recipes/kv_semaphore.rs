@@ -262,7 +262,16 @@ impl KvSemaphore {
         'enter: loop {
             let entry = self.place.enter().await?;
             loop {
-                let look = self.place.look(wait != Wait::No).await?;
+                let look = match self.place.look(wait != Wait::No).await {
+                    Ok(look) => look,
+                    Err(e) => {
+                        // Remove our entry before answering (not in the
+                        // background), so that the session can try again at
+                        // once. The primary error wins.
+                        let _ = entry.delete().await;
+                        return Err(e);
+                    }
+                };
                 if !look.live.contains(&entry.id) {
                     // Our entry is gone: the session was lost meanwhile.
                     // Start over in the new session, as the wait queue does.
@@ -345,7 +354,10 @@ impl KvSemaphore {
                         | Error::NoNode { .. }
                         | Error::ConnectionLoss,
                     ) => {}
-                    Err(e) => return Err(e),
+                    Err(e) => {
+                        let _ = entry.delete().await;
+                        return Err(e);
+                    }
                 }
             }
         }
@@ -402,7 +414,21 @@ impl Place {
             {
                 Ok(created) => created,
                 Err(Error::NodeExists { .. }) => {
-                    let (data, stat) = session.retrying(|| session.get_data(&entry.path)).await?;
+                    let (data, stat) =
+                        match session.retrying(|| session.get_data(&entry.path)).await {
+                            Ok(found) => found,
+                            // Gone meanwhile (an earlier entry of this session
+                            // being removed): nothing of ours is there; create
+                            // it again.
+                            Err(Error::NoNode { .. })
+                                if retry < session.options().retry.max_retries =>
+                            {
+                                retry += 1;
+                                entry.armed = false;
+                                continue;
+                            }
+                            Err(e) => return Err(e),
+                        };
                     if data != token {
                         return Err(Error::InvalidArgument(format!(
                             "session {} already holds or waits for the semaphore at {}: \
@@ -417,9 +443,12 @@ impl Place {
                     }
                 }
                 // The container reaper removed the empty directory between
-                // its creation and ours: go again.
+                // its creation and ours: go again. Nothing was created, and
+                // the entry must not be removed by its token in the
+                // background, which the next create reuses.
                 Err(Error::NoNode { .. }) if retry < session.options().retry.max_retries => {
                     retry += 1;
+                    entry.armed = false;
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -713,7 +742,8 @@ impl KvLease {
 
     /// Gives the slot back: removes us from the record (by compare-and-set,
     /// pruning dead holders) and deletes our entry. Reports [`Error::Lost`]
-    /// if the slot had been lost before.
+    /// if the slot had been lost before — [`Error::Closed`] if its session
+    /// was closed (which took the entry; the others prune the record).
     ///
     /// Cancellation-safe: if this future is dropped before it is done, the
     /// slot is given back in the background.
@@ -968,6 +998,10 @@ mod json {
                 .s
                 .get(self.i + 1..self.i + 5)
                 .ok_or_else(|| self.err("short \\u escape"))?;
+            // Exactly 4 hex digits (from_str_radix alone would take a sign).
+            if !digits.iter().all(u8::is_ascii_hexdigit) {
+                return Err(self.err("invalid \\u escape"));
+            }
             let text = std::str::from_utf8(digits).map_err(|_| self.err("invalid \\u escape"))?;
             let v = u32::from_str_radix(text, 16).map_err(|_| self.err("invalid \\u escape"))?;
             self.i += 4;

@@ -194,7 +194,8 @@ pub struct MultiLock {
 
 impl MultiLock {
     /// Takes `locks` in this order (give the same order everywhere, or two
-    /// multi-locks can wait for each other forever).
+    /// multi-locks can wait for each other forever). A multi-lock of no locks
+    /// protects nothing: acquiring it fails with [`Error::InvalidArgument`].
     pub fn new(locks: Vec<Box<dyn Lockable>>) -> Self {
         MultiLock { locks }
     }
@@ -214,6 +215,11 @@ impl MultiLock {
     }
 
     async fn acquire_for(&self, timeout: Option<Duration>) -> Result<Option<MultiGuard>> {
+        if self.locks.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a MultiLock of no locks protects nothing: give it at least one lock".into(),
+            ));
+        }
         let mut taken = MultiGuard {
             holds: Vec::with_capacity(self.locks.len()),
         };

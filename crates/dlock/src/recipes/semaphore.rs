@@ -279,7 +279,9 @@ impl Semaphore {
         self.check_qty(qty)?;
         let deadline = deadline(timeout);
         let retry_policy = self.session().options().retry;
-        let mut leases = Vec::with_capacity(qty as usize);
+        // Not `with_capacity(qty)`: a huge `qty` (up to u32::MAX is allowed
+        // under a huge maximum) would abort the process on allocation.
+        let mut leases = Vec::new();
         while leases.len() < qty as usize {
             let mut retry = 0;
             loop {
@@ -509,7 +511,8 @@ impl Lease {
 
     /// Gives the lease back: deletes its node (a node already gone is fine,
     /// as in Curator). Reports [`Error::Lost`] if the lease had been lost
-    /// before, so the caller learns its work was not protected.
+    /// before, so the caller learns its work was not protected —
+    /// [`Error::Closed`] if its session was closed (which took the node).
     ///
     /// Cancellation-safe: if this future is dropped before the node is
     /// deleted, the lease is given back in the background.
