@@ -1,6 +1,7 @@
 //! Endpoint URLs: which store to connect to.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
@@ -10,7 +11,15 @@ use crate::session::{Session, SessionOptions};
 /// - `embedded` — the process-wide in-process store;
 /// - `zk://host:port[,host:port...][/chroot]`, optionally with digest
 ///   credentials `zk://user:password@host:port/...`;
-/// - `etcd://host:port[,host:port...]`, optionally `etcd://user:password@...`.
+/// - `etcd://host:port[,host:port...][/namespace]`, optionally
+///   `etcd://user:password@...`; every key lives below `namespace` (as a
+///   ZooKeeper chroot: the store path `/shop/stock` is the etcd key
+///   `/namespace/shop/stock`). TLS with `etcds://` or any TLS option, given
+///   as query parameters named after etcdctl's flags: `cacert` (the CA
+///   bundle that signed the members' certificates; the system's roots if
+///   absent), `cert` and `key` (a client certificate, both or neither), and
+///   `domain` (the name the members' certificates carry, if not the host).
+///   File paths are taken literally (no percent-decoding).
 ///
 /// ```
 /// use dlock::Endpoint;
@@ -24,6 +33,17 @@ use crate::session::{Session, SessionOptions};
 ///     _ => unreachable!(),
 /// }
 /// assert!("redis://x".parse::<Endpoint>().is_err());
+///
+/// let e: Endpoint = "etcds://10.0.0.1:2379/app?cacert=/etc/etcd/ca.pem".parse().unwrap();
+/// match &e {
+///     Endpoint::Etcd { hosts, namespace, tls, .. } => {
+///         assert_eq!(hosts, &["10.0.0.1:2379"]);
+///         assert_eq!(namespace.as_deref(), Some("/app"));
+///         let ca = tls.as_ref().unwrap().ca_file.as_ref().unwrap();
+///         assert_eq!(ca, std::path::Path::new("/etc/etcd/ca.pem"));
+///     }
+///     _ => unreachable!(),
+/// }
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -45,7 +65,69 @@ pub enum Endpoint {
         hosts: Vec<String>,
         /// User and password.
         credentials: Option<Credentials>,
+        /// A path every key lives below (`None`: keys are the paths).
+        namespace: Option<String>,
+        /// TLS to every member (`None`: plain HTTP/2).
+        tls: Option<TlsFiles>,
     },
+}
+
+/// TLS settings of an etcd endpoint: PEM files, read when a session
+/// connects.
+///
+/// ```
+/// use dlock::Endpoint;
+/// let e: Endpoint = "etcd://127.0.0.1:2379?cacert=ca.pem&cert=me.pem&key=me-key.pem&domain=etcd.local"
+///     .parse()
+///     .unwrap();
+/// let Endpoint::Etcd { tls: Some(tls), .. } = &e else { unreachable!() };
+/// assert_eq!(tls.domain.as_deref(), Some("etcd.local"));
+/// assert!(tls.cert_file.is_some() && tls.key_file.is_some());
+/// // A certificate without its key is refused, naming the problem.
+/// let err = "etcd://127.0.0.1:2379?cert=me.pem".parse::<Endpoint>().unwrap_err();
+/// assert!(err.to_string().contains("cert and key"));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TlsFiles {
+    /// The CA bundle that signed the members' certificates (`cacert`);
+    /// `None`: the system's trusted roots.
+    pub ca_file: Option<PathBuf>,
+    /// This client's certificate (`cert`), for members that require one.
+    pub cert_file: Option<PathBuf>,
+    /// The private key of `cert_file` (`key`).
+    pub key_file: Option<PathBuf>,
+    /// The server name to verify (`domain`), if not the host name.
+    pub domain: Option<String>,
+}
+
+impl TlsFiles {
+    fn query(&self) -> String {
+        let mut params = Vec::new();
+        let mut add = |name: &str, value: Option<String>| {
+            if let Some(v) = value {
+                params.push(format!("{name}={v}"));
+            }
+        };
+        add(
+            "cacert",
+            self.ca_file.as_ref().map(|p| p.display().to_string()),
+        );
+        add(
+            "cert",
+            self.cert_file.as_ref().map(|p| p.display().to_string()),
+        );
+        add(
+            "key",
+            self.key_file.as_ref().map(|p| p.display().to_string()),
+        );
+        add("domain", self.domain.clone());
+        if params.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", params.join("&"))
+        }
+    }
 }
 
 /// A user name and password.
@@ -92,9 +174,20 @@ impl fmt::Display for Endpoint {
                 hosts.join(","),
                 chroot.as_deref().unwrap_or("")
             ),
-            Endpoint::Etcd { hosts, credentials } => {
-                write!(f, "etcd://{}{}", user(credentials), hosts.join(","))
-            }
+            Endpoint::Etcd {
+                hosts,
+                credentials,
+                namespace,
+                tls,
+            } => write!(
+                f,
+                "{}://{}{}{}{}",
+                if tls.is_some() { "etcds" } else { "etcd" },
+                user(credentials),
+                hosts.join(","),
+                namespace.as_deref().unwrap_or(""),
+                tls.as_ref().map(TlsFiles::query).unwrap_or_default()
+            ),
         }
     }
 }
@@ -104,7 +197,7 @@ impl FromStr for Endpoint {
 
     fn from_str(url: &str) -> Result<Self> {
         let fail = |reason: String| Error::InvalidEndpoint {
-            url: url.to_string(),
+            url: mask_password(url),
             reason,
         };
         if url == "embedded" || url == "embedded://" {
@@ -113,30 +206,34 @@ impl FromStr for Endpoint {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| fail("expected embedded, zk://host:port or etcd://host:port".into()))?;
-        if !matches!(scheme, "zk" | "zookeeper" | "etcd") {
+        if !matches!(scheme, "zk" | "zookeeper" | "etcd" | "etcds") {
             return Err(fail(format!(
-                "unknown scheme {scheme:?}: use embedded, zk:// or etcd://"
+                "unknown scheme {scheme:?}: use embedded, zk://, etcd:// or etcds://"
             )));
         }
-        let (credentials, rest) = match rest.rsplit_once('@') {
-            Some((userinfo, rest)) => {
+        let (rest, query) = match rest.split_once('?') {
+            Some((rest, query)) => (rest, Some(query)),
+            None => (rest, None),
+        };
+        // As in any URL, the authority (credentials and hosts) ends at the
+        // first '/'; a '/', '?' or '@' in a password is percent-encoded.
+        let (authority, chroot) = match rest.find('/') {
+            Some(i) => (&rest[..i], Some(&rest[i..])),
+            None => (rest, None),
+        };
+        let (credentials, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => {
                 let (user, password) = userinfo
                     .split_once(':')
                     .ok_or_else(|| fail("credentials must be user:password".into()))?;
+                let user = percent_decode(user).map_err(&fail)?;
                 if user.is_empty() {
                     return Err(fail("empty user name".into()));
                 }
-                let creds = Credentials {
-                    user: user.to_string(),
-                    password: password.to_string(),
-                };
-                (Some(creds), rest)
+                let password = percent_decode(password).map_err(&fail)?;
+                (Some(Credentials { user, password }), hosts)
             }
-            None => (None, rest),
-        };
-        let (hosts, chroot) = match rest.find('/') {
-            Some(i) => (&rest[..i], Some(&rest[i..])),
-            None => (rest, None),
+            None => (None, authority),
         };
         let hosts: Vec<String> = hosts.split(',').map(str::to_string).collect();
         for host in &hosts {
@@ -146,33 +243,129 @@ impl FromStr for Endpoint {
             if name.is_empty() {
                 return Err(fail(format!("host {host:?} has no name")));
             }
-            port.parse::<u16>()
-                .map_err(|_| fail(format!("port {port:?} of {host:?} is not a number 0-65535")))?;
+            let port_ok = !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && port.parse::<u16>().is_ok_and(|p| p != 0);
+            if !port_ok {
+                return Err(fail(format!(
+                    "port {port:?} of {host:?} is not a number 1-65535"
+                )));
+            }
         }
+        let below = |what: &str| match chroot {
+            None | Some("/") => Ok(None),
+            Some(c) => match crate::path::validate(c) {
+                Ok(()) => Ok(Some(c.to_string())),
+                Err(e) => Err(fail(format!("bad {what}: {e}"))),
+            },
+        };
         match scheme {
             "zk" | "zookeeper" => {
-                let chroot = match chroot {
-                    None | Some("/") => None,
-                    Some(c) => {
-                        crate::path::validate(c).map_err(|e| fail(format!("bad chroot: {e}")))?;
-                        Some(c.to_string())
-                    }
-                };
+                if query.is_some() {
+                    return Err(fail("zk:// endpoints take no ?options".into()));
+                }
+                let chroot = below("chroot")?;
                 Ok(Endpoint::ZooKeeper {
                     hosts,
                     chroot,
                     credentials,
                 })
             }
-            "etcd" => {
-                if chroot.is_some_and(|c| c != "/") {
-                    return Err(fail("etcd endpoints take no path".into()));
-                }
-                Ok(Endpoint::Etcd { hosts, credentials })
+            "etcd" | "etcds" => {
+                let namespace = below("namespace")?;
+                let tls = match query {
+                    None | Some("") => None,
+                    Some(query) => Some(parse_tls(query).map_err(fail)?),
+                };
+                let tls = match (scheme, tls) {
+                    ("etcds", None) => Some(TlsFiles::default()),
+                    (_, tls) => tls,
+                };
+                Ok(Endpoint::Etcd {
+                    hosts,
+                    credentials,
+                    namespace,
+                    tls,
+                })
             }
             _ => unreachable!("scheme checked above"),
         }
     }
+}
+
+/// `url` with the password of its credentials, if any, replaced by `***`
+/// (errors quote the URL).
+fn mask_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{hosts}{tail}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+/// Decodes `%XX` escapes (user names and passwords may hold any byte).
+fn percent_decode(s: &str) -> std::result::Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .filter(|_| bytes[i + 1].is_ascii_hexdigit() && bytes[i + 2].is_ascii_hexdigit())
+                .ok_or_else(|| format!("bad percent-escape in credentials at byte {i}"))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "credentials are not UTF-8 once percent-decoded".to_string())
+}
+
+/// The TLS options of an etcd URL's query (`cacert=..&cert=..&key=..&domain=..`).
+fn parse_tls(query: &str) -> std::result::Result<TlsFiles, String> {
+    let mut tls = TlsFiles::default();
+    for param in query.split('&') {
+        let (name, value) = param
+            .split_once('=')
+            .ok_or_else(|| format!("option {param:?} needs a value (name=value)"))?;
+        if value.is_empty() {
+            return Err(format!("option {name:?} has an empty value"));
+        }
+        let slot = match name {
+            "cacert" => &mut tls.ca_file,
+            "cert" => &mut tls.cert_file,
+            "key" => &mut tls.key_file,
+            "domain" => {
+                if tls.domain.replace(value.to_string()).is_some() {
+                    return Err(format!("option {name:?} is given twice"));
+                }
+                continue;
+            }
+            _ => {
+                return Err(format!(
+                    "unknown option {name:?}: etcd endpoints take cacert, cert, key and domain"
+                ))
+            }
+        };
+        if slot.replace(PathBuf::from(value)).is_some() {
+            return Err(format!("option {name:?} is given twice"));
+        }
+    }
+    if tls.cert_file.is_some() != tls.key_file.is_some() {
+        return Err("a client certificate needs both cert and key".into());
+    }
+    Ok(tls)
 }
 
 /// Connects a new session to the store at `endpoint` (see [`Endpoint`]),
@@ -217,5 +410,104 @@ pub async fn connect_endpoint(endpoint: &Endpoint, options: SessionOptions) -> R
             url: endpoint.to_string(),
             reason: "dlock was built without the etcd feature (cargo build --features etcd; needs protoc)".into(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn etcd(url: &str) -> (Vec<String>, Option<String>, Option<TlsFiles>) {
+        match url.parse::<Endpoint>().unwrap() {
+            Endpoint::Etcd {
+                hosts,
+                namespace,
+                tls,
+                ..
+            } => (hosts, namespace, tls),
+            other => panic!("{other} is not etcd"),
+        }
+    }
+
+    fn refused(url: &str) -> String {
+        match url.parse::<Endpoint>() {
+            Err(Error::InvalidEndpoint { url: named, reason }) => {
+                assert_eq!(named, url);
+                reason
+            }
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn etcd_namespaces_and_tls() {
+        assert_eq!(etcd("etcd://h:1"), (vec!["h:1".into()], None, None));
+        assert_eq!(etcd("etcd://h:1/").1, None);
+        assert_eq!(etcd("etcd://h:1,g:2/app/x").1.as_deref(), Some("/app/x"));
+        assert_eq!(etcd("etcds://h:1").2, Some(TlsFiles::default()));
+        let (_, ns, tls) = etcd("etcd://u:p@h:1/app?cacert=/c.pem&domain=etcd.local");
+        assert_eq!(ns.as_deref(), Some("/app"));
+        let tls = tls.unwrap();
+        assert_eq!(tls.ca_file, Some(PathBuf::from("/c.pem")));
+        assert_eq!(tls.domain.as_deref(), Some("etcd.local"));
+        assert_eq!(tls.cert_file, None);
+    }
+
+    #[test]
+    fn display_round_trips_and_masks_the_password() {
+        for url in [
+            "etcd://h:1,g:2",
+            "etcd://h:1/app",
+            "etcds://h:1",
+            "etcds://h:1/app?cacert=/c.pem&cert=/me.pem&key=/me.key&domain=d",
+            "zk://h:1/chroot",
+        ] {
+            let e: Endpoint = url.parse().unwrap();
+            assert_eq!(e.to_string(), url);
+            assert_eq!(e.to_string().parse::<Endpoint>().unwrap(), e);
+        }
+        let e: Endpoint = "etcd://alice:secret@h:1/app".parse().unwrap();
+        assert_eq!(e.to_string(), "etcd://alice:***@h:1/app");
+    }
+
+    #[test]
+    fn bad_options_are_named() {
+        assert!(refused("etcd://h:1?verify=no").contains("unknown option \"verify\""));
+        assert!(refused("etcd://h:1?cacert=a&cacert=b").contains("given twice"));
+        assert!(refused("etcd://h:1?cacert").contains("needs a value"));
+        assert!(refused("etcd://h:1?cacert=").contains("empty value"));
+        assert!(refused("etcd://h:1?key=k").contains("both cert and key"));
+        assert!(refused("etcd://h:1/a//b").contains("bad namespace"));
+        assert!(refused("zk://h:1?cacert=a").contains("no ?options"));
+        assert!(refused("etcdx://h:1").contains("unknown scheme"));
+        assert!(refused("zk://h:+2181").contains("not a number 1-65535"));
+        assert!(refused("zk://h:0").contains("not a number 1-65535"));
+    }
+
+    #[test]
+    fn credentials_and_chroots_split_like_urls() {
+        let e: Endpoint = "zk://u:p%2F%40%3F@h:1/a@b".parse().unwrap();
+        let Endpoint::ZooKeeper {
+            hosts,
+            chroot,
+            credentials,
+        } = e
+        else {
+            unreachable!()
+        };
+        assert_eq!(hosts, ["h:1"]);
+        assert_eq!(chroot.as_deref(), Some("/a@b"));
+        assert_eq!(credentials.unwrap().password, "p/@?");
+        let err = "zk://u:%4@h:1".parse::<Endpoint>().unwrap_err();
+        assert!(err.to_string().contains("percent-escape"), "{err}");
+    }
+
+    #[test]
+    fn errors_never_show_the_password() {
+        for url in ["zk://alice:s3cret@h:99999", "etcd://alice:s3cret@h:1?x=1"] {
+            let err = url.parse::<Endpoint>().unwrap_err();
+            assert!(!err.to_string().contains("s3cret"), "{err}");
+            assert!(err.to_string().contains("alice:***@"), "{err}");
+        }
     }
 }

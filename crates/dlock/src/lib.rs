@@ -54,7 +54,7 @@ pub mod recipes;
 pub mod session;
 pub mod store;
 
-pub use endpoint::{connect, connect_endpoint, connect_with, Credentials, Endpoint};
+pub use endpoint::{connect, connect_endpoint, connect_with, Credentials, Endpoint, TlsFiles};
 pub use error::{Error, Result};
 pub use recipes::error_policy::ErrorPolicy;
 pub use recipes::guard::LockGuard;

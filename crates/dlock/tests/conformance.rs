@@ -406,6 +406,38 @@ async fn a_lost_create_reply_still_creates_the_node(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// The hook for etcd#22082-style tests: the delete is applied (another
+/// session sees the node go) although its reply is lost; the caller gets
+/// `ConnectionLoss`, the status blips `Suspended` → `Reconnected` in the
+/// same session, and a retry finds `NoNode`. The hook fires once.
+async fn a_lost_delete_reply_still_deletes_the_node(h: &Harness) -> Result<()> {
+    let (s, other) = (h.session().await, h.session().await);
+    let p = h.path("/reply");
+    s.create(&p, b"", ephemeral()).await?;
+    let (_, deleted) = other.exists_watch(&p).await?;
+    let before = s.status();
+    s.faults().expect("faults").lose_next_delete_reply();
+    let err = s.delete(&p, None).await.unwrap_err();
+    ensure!(err == Error::ConnectionLoss, "{err}");
+    ensure!(
+        tokio::time::timeout(WITHIN, deleted.changed()).await? == WatchEvent::NodeDeleted,
+        "applied although the reply was lost"
+    );
+    let after = s.status();
+    ensure!(
+        after.session_id == before.session_id
+            && after.state == SessionState::Reconnected
+            && after.changes == before.changes + 2,
+        "a blip in the same session: {before:?} -> {after:?}"
+    );
+    let err = s.delete(&p, None).await.unwrap_err();
+    ensure!(matches!(err, Error::NoNode { .. }), "the retry: {err}");
+    s.create(&p, b"", ephemeral()).await?;
+    s.delete(&p, None).await?;
+    ensure!(s.exists(&p).await?.is_none());
+    Ok(())
+}
+
 per_backend!(embedded => crate::common::embedded();
     sequential_names_count_the_parents_creations,
     fencing_tokens_only_grow,
@@ -422,6 +454,7 @@ per_backend!(embedded => crate::common::embedded();
     suspension_past_the_timeout_loses_the_session,
     expiry_fires_watches_and_renews_the_session,
     a_lost_create_reply_still_creates_the_node,
+    a_lost_delete_reply_still_deletes_the_node,
 );
 
 per_backend!(zookeeper => crate::common::zookeeper();
@@ -440,6 +473,7 @@ per_backend!(zookeeper => crate::common::zookeeper();
     suspension_past_the_timeout_loses_the_session,
     expiry_fires_watches_and_renews_the_session,
     a_lost_create_reply_still_creates_the_node,
+    a_lost_delete_reply_still_deletes_the_node,
 );
 
 /// The read-write lock's downgrade (CURATOR-621) at the store level: a
@@ -517,5 +551,6 @@ per_backend!(etcd => crate::common::etcd();
     suspension_past_the_timeout_loses_the_session,
     expiry_fires_watches_and_renews_the_session,
     a_lost_create_reply_still_creates_the_node,
+    a_lost_delete_reply_still_deletes_the_node,
     a_node_named_after_a_siblings_sequence_takes_its_place,
 );

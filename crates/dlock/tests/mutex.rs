@@ -480,3 +480,23 @@ per_backend!(etcd => crate::common::etcd();
     a_cancelled_release_still_releases,
     invalid_paths_are_refused,
 );
+
+// The whole suite again below an etcd namespace: paths in and out of the
+// wait queue, watches and guarded writes all pass through it.
+#[cfg(feature = "etcd")]
+per_backend!(etcd_namespaced => crate::common::etcd_namespaced();
+    node_layout_is_curators,
+    waiters_are_served_in_fifo_order,
+    reentrant_holds_until_the_last_release,
+    reentrant_holder_excludes_another_task,
+    tasks_sharing_one_mutex_exclude_each_other,
+    two_clients_take_turns,
+    a_killed_holder_hands_over_and_learns_it,
+    a_silent_holder_loses_the_lock_after_its_timeout,
+    lock_directories_are_reaped,
+    timeouts_and_cancellation_leave_nothing,
+    a_lost_create_reply_leaves_one_node,
+    guarded_writes_need_the_lock,
+    a_cancelled_release_still_releases,
+    invalid_paths_are_refused,
+);

@@ -39,6 +39,35 @@ pub struct EtcdOptions {
     /// How long to wait for `/health` (of every member) to say `true`
     /// (default 30 s).
     pub startup_timeout: Duration,
+    /// Serve clients over TLS only (`https://`); `/health` and `/metrics`
+    /// then move to a plain-HTTP port of their own. `None` (default): plain
+    /// HTTP.
+    pub tls: Option<EtcdTls>,
+}
+
+/// The server side of TLS for a private etcd: PEM files (see
+/// [`TestCerts`](crate::TestCerts) to make them).
+#[derive(Debug, Clone)]
+pub struct EtcdTls {
+    /// The server certificate (`--cert-file`).
+    pub cert_file: PathBuf,
+    /// Its private key (`--key-file`).
+    pub key_file: PathBuf,
+    /// If set, clients must present a certificate signed by this CA
+    /// (`--client-cert-auth --trusted-ca-file`).
+    pub client_ca_file: Option<PathBuf>,
+}
+
+impl EtcdTls {
+    /// TLS with `certs`' server certificate; with `client_auth`, clients
+    /// must also present a certificate of `certs`' CA.
+    pub fn from_certs(certs: &crate::TestCerts, client_auth: bool) -> EtcdTls {
+        EtcdTls {
+            cert_file: certs.server_cert.clone(),
+            key_file: certs.server_key.clone(),
+            client_ca_file: client_auth.then(|| certs.ca.clone()),
+        }
+    }
 }
 
 impl Default for EtcdOptions {
@@ -50,6 +79,7 @@ impl Default for EtcdOptions {
             auto_compaction_retention: None,
             extra_args: Vec::new(),
             startup_timeout: Duration::from_secs(30),
+            tls: None,
         }
     }
 }
@@ -69,6 +99,9 @@ struct EtcdNode {
     index: Option<usize>,
     client_port: u16,
     peer_port: u16,
+    /// Where `/health` and `/metrics` answer in plain HTTP: the client
+    /// port, or a port of their own under TLS.
+    probe_port: u16,
 }
 
 impl EtcdNode {
@@ -83,6 +116,12 @@ impl EtcdNode {
         token: &str,
     ) -> Result<EtcdNode> {
         let (client_port, peer_port) = members[index];
+        let probe_port = if opts.tls.is_some() {
+            free_port()
+        } else {
+            client_port
+        };
+        let scheme = if opts.tls.is_some() { "https" } else { "http" };
         let name = |i: usize| format!("m{i}");
         let initial_cluster = members
             .iter()
@@ -100,7 +139,7 @@ impl EtcdNode {
             env.push(("ETCD_UNSUPPORTED_ARCH".to_string(), "arm64".to_string()));
         }
         let node = Node::new(&prefix, bin.to_path_buf(), env, |dir| {
-            let client = format!("http://127.0.0.1:{client_port}");
+            let client = format!("{scheme}://127.0.0.1:{client_port}");
             let peer = format!("http://127.0.0.1:{peer_port}");
             let mut args: Vec<String> = vec![
                 "--name".into(),
@@ -130,6 +169,19 @@ impl EtcdNode {
                 "--log-outputs".into(),
                 "stderr".into(),
             ];
+            if let Some(tls) = &opts.tls {
+                args.push("--cert-file".into());
+                args.push(tls.cert_file.display().to_string());
+                args.push("--key-file".into());
+                args.push(tls.key_file.display().to_string());
+                if let Some(ca) = &tls.client_ca_file {
+                    args.push("--client-cert-auth".into());
+                    args.push("--trusted-ca-file".into());
+                    args.push(ca.display().to_string());
+                }
+                args.push("--listen-metrics-urls".into());
+                args.push(format!("http://127.0.0.1:{probe_port}"));
+            }
             if let Some(r) = &opts.auto_compaction_retention {
                 args.push("--auto-compaction-retention".into());
                 args.push(r.clone());
@@ -142,6 +194,7 @@ impl EtcdNode {
             index: if single { None } else { Some(index) },
             client_port,
             peer_port,
+            probe_port,
         })
     }
 
@@ -171,7 +224,7 @@ impl EtcdNode {
     fn launch(&mut self) -> Result<()> {
         self.node.stop();
         let desc = self.describe();
-        if let Some(p) = [self.client_port, self.peer_port]
+        if let Some(p) = [self.client_port, self.peer_port, self.probe_port]
             .into_iter()
             .find(|&p| !port_is_free(p))
         {
@@ -183,7 +236,7 @@ impl EtcdNode {
     }
 
     fn wait_healthy(&self, deadline: Instant) -> Result<()> {
-        let port = self.client_port;
+        let port = self.probe_port;
         self.node
             .wait_until(deadline, || etcd_healthy(port))
             .map_err(|why| {
@@ -284,9 +337,59 @@ impl EtcdServer {
         format!("127.0.0.1:{}", self.node.client_port)
     }
 
-    /// The client URL, `"http://127.0.0.1:PORT"`.
+    /// The client URL, `"http://127.0.0.1:PORT"` (`https://` with TLS).
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.node.client_port)
+        format!("{}://127.0.0.1:{}", self.scheme(), self.node.client_port)
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.node.probe_port != self.node.client_port {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// Runs `etcdctl` (API v3) against this server with `args` and returns
+    /// its standard output; an error carries its exit status and standard
+    /// error. Plain-HTTP servers only.
+    ///
+    /// ```no_run
+    /// let etcd = dlock_testkit::EtcdServer::start()?;
+    /// etcd.etcdctl(&["put", "/a", "1"])?;
+    /// assert_eq!(etcd.etcdctl(&["get", "--print-value-only", "/a"])?.trim(), "1");
+    /// # Ok::<(), anyhow::Error>(())
+    /// ```
+    pub fn etcdctl(&self, args: &[&str]) -> Result<String> {
+        if self.scheme() == "https" {
+            bail!("EtcdServer::etcdctl speaks plain HTTP; this server serves TLS");
+        }
+        let bin = find_executable(
+            "DLOCK_ETCDCTL",
+            "etcdctl",
+            &[PathBuf::from("/usr/bin/etcdctl")],
+        )
+        .ok_or_else(|| {
+            anyhow!(
+                "`etcdctl` was not found (looked at $DLOCK_ETCDCTL, PATH, /usr/bin/etcdctl); \
+                 install it with `scripts/test.sh` or `apt-get install -y etcd-client`"
+            )
+        })?;
+        let out = std::process::Command::new(&bin)
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.url()))
+            .args(args)
+            .output()
+            .with_context(|| format!("cannot run {}", bin.display()))?;
+        if !out.status.success() {
+            bail!(
+                "etcdctl {} failed ({}): {}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// The client port.
@@ -330,7 +433,7 @@ impl EtcdServer {
 
     /// True if `/health` says `true` right now.
     pub fn is_healthy(&self) -> bool {
-        etcd_healthy(self.node.client_port)
+        etcd_healthy(self.node.probe_port)
     }
 
     /// The etcd pid while it runs (not the watchdog's).
@@ -483,14 +586,14 @@ impl EtcdCluster {
 
     /// True if member `i`'s `/health` says `true` right now.
     pub fn is_healthy(&self, i: usize) -> bool {
-        self.nodes[i].node.is_running() && etcd_healthy(self.nodes[i].client_port)
+        self.nodes[i].node.is_running() && etcd_healthy(self.nodes[i].probe_port)
     }
 
     /// The index of the member whose `/metrics` says
     /// `etcd_server_is_leader 1`.
     pub fn leader_index(&self) -> Option<usize> {
         (0..self.nodes.len())
-            .find(|&i| self.nodes[i].node.is_running() && etcd_is_leader(self.nodes[i].client_port))
+            .find(|&i| self.nodes[i].node.is_running() && etcd_is_leader(self.nodes[i].probe_port))
     }
 
     /// Waits until a majority of members are healthy and one is the leader,

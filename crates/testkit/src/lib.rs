@@ -65,12 +65,14 @@ pub mod history;
 mod port;
 mod process;
 mod proxy;
+mod tls;
 mod util;
 mod zk;
 
 pub use curator::{classpath as curator_classpath, CuratorProbe};
-pub use etcd::{shared_etcd, try_shared_etcd, EtcdCluster, EtcdOptions, EtcdServer};
+pub use etcd::{shared_etcd, try_shared_etcd, EtcdCluster, EtcdOptions, EtcdServer, EtcdTls};
 pub use port::free_port;
 pub use proxy::TcpProxy;
+pub use tls::TestCerts;
 pub use util::{http_get, zk_four_letter};
 pub use zk::{shared_zk, try_shared_zk, ZkEnsemble, ZkOptions, ZkServer};

@@ -14,7 +14,7 @@ use tracing::Instrument;
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
-use crate::store::{sort_sequenced, Child, CreateMode, Created, Watch};
+use crate::store::{sort_sequenced, Child, CreateMode, Created, SessionState, Watch};
 
 /// What a recipe's predicate decides for one participant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -379,10 +379,19 @@ impl WaitQueue {
         deadline: Option<Instant>,
         wake: Option<&Notify>,
     ) -> Result<(), Stop> {
+        let owner = ours.stat.ephemeral_owner;
+        let node = ours.path.clone();
         let ours = ours.name().to_string();
         let mut children_watch: Option<Watch> = None;
         loop {
             let watch = match predicate.check(&children, &ours).map_err(Stop::Failed)? {
+                // A node of a session that is gone may still be listed for
+                // a moment (etcd's lessor removes a lost lease's keys up to
+                // half a second late): it is not ours to hold (CURATOR-604).
+                // Start over with a node of the live session.
+                Verdict::Acquired if owner != 0 && !self.session_owns(owner) => {
+                    return Err(Stop::Failed(Error::NoNode { path: node }));
+                }
                 Verdict::Acquired => return Ok(()),
                 Verdict::WatchNode(name) => {
                     let store = self.session.store();
@@ -424,6 +433,15 @@ impl WaitQueue {
             }
             children = self.sorted_children(false).await.map_err(Stop::Failed)?.0;
         }
+    }
+}
+
+impl WaitQueue {
+    /// Whether `owner` is the session's current, live session.
+    fn session_owns(&self, owner: crate::store::SessionId) -> bool {
+        let status = self.session.status();
+        status.session_id == owner
+            && !matches!(status.state, SessionState::Lost | SessionState::Closed)
     }
 }
 

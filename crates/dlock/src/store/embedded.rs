@@ -99,6 +99,13 @@ impl EmbeddedServer {
         Ok(Session::from_store(Arc::new(store), options))
     }
 
+    /// A bare store (no [`Session`] around it), for the crate's own tests of
+    /// store wrappers.
+    #[cfg(test)]
+    pub(crate) fn open_store(&self) -> impl Store {
+        EmbeddedStore::open(self.server.clone(), Duration::from_secs(10))
+    }
+
     /// Opens a new session with default options.
     pub async fn connect_default(&self) -> Result<Session> {
         self.connect(SessionOptions::default()).await
@@ -682,6 +689,7 @@ pub(crate) struct EmbeddedStore {
     /// Bumped by every suspension, so a stale resume timer does nothing.
     suspensions: Arc<StdMutex<u64>>,
     lose_create_reply: AtomicBool,
+    lose_delete_reply: AtomicBool,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -706,6 +714,7 @@ impl EmbeddedStore {
             status,
             suspensions: Arc::new(StdMutex::new(0)),
             lose_create_reply: AtomicBool::new(false),
+            lose_delete_reply: AtomicBool::new(false),
         }
     }
 
@@ -791,9 +800,10 @@ impl EmbeddedStore {
         Watch::new(rx, self.status.subscribe())
     }
 
-    /// A lost reply: the connection blips (Suspended, Reconnected).
-    fn take_lost_reply(&self) -> bool {
-        if self.lose_create_reply.swap(false, Ordering::SeqCst) {
+    /// A lost reply, if `armed` was: the connection blips (Suspended,
+    /// Reconnected).
+    fn take_lost_reply(&self, armed: &AtomicBool) -> bool {
+        if armed.swap(false, Ordering::SeqCst) {
             let id = self.status.borrow().session_id;
             self.set_state(SessionState::Suspended, id);
             self.set_state(SessionState::Reconnected, id);
@@ -853,7 +863,7 @@ impl Store for EmbeddedStore {
         let created = self
             .run(|t, s, f| Self::create_in(t, s, path, data, opts, f))
             .await?;
-        if self.take_lost_reply() {
+        if self.take_lost_reply(&self.lose_create_reply) {
             return Err(Error::ConnectionLoss);
         }
         Ok(created)
@@ -872,14 +882,18 @@ impl Store for EmbeddedStore {
                 Ok((created, list(t, list_path)?))
             })
             .await?;
-        if self.take_lost_reply() {
+        if self.take_lost_reply(&self.lose_create_reply) {
             return Err(Error::ConnectionLoss);
         }
         Ok(result)
     }
 
     async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
-        self.run(|t, _, f| t.delete(path, version, f, None)).await
+        self.run(|t, _, f| t.delete(path, version, f, None)).await?;
+        if self.take_lost_reply(&self.lose_delete_reply) {
+            return Err(Error::ConnectionLoss);
+        }
+        Ok(())
     }
 
     async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
@@ -932,9 +946,15 @@ impl Store for EmbeddedStore {
     }
 
     async fn close(&self) {
-        let session = self.status.borrow().session_id;
+        // Closed first: a watcher woken by the session's deletions must find
+        // the store closed, not a lost session to renew (and lead again in).
+        let mut session = 0;
+        self.status.send_modify(|s| {
+            session = s.session_id;
+            s.state = SessionState::Closed;
+            s.changes += 1;
+        });
         self.server.apply(|t, f| t.end_session(session, f));
-        self.set_state(SessionState::Closed, session);
     }
 }
 
@@ -993,5 +1013,9 @@ impl Faults for EmbeddedStore {
 
     fn lose_next_create_reply(&self) {
         self.lose_create_reply.store(true, Ordering::SeqCst);
+    }
+
+    fn lose_next_delete_reply(&self) {
+        self.lose_delete_reply.store(true, Ordering::SeqCst);
     }
 }

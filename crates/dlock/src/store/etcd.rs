@@ -3,7 +3,8 @@
 //! `protoc`).
 //!
 //! Connect with an endpoint URL, `etcd://host:port[,host:port...]`,
-//! optionally with etcd credentials (`etcd://user:password@host:port`):
+//! optionally with etcd credentials (`etcd://user:password@host:port`), a
+//! namespace (`etcd://host:port/app`) and TLS (`etcds://...?cacert=ca.pem`):
 //!
 //! ```no_run
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
@@ -114,8 +115,17 @@
 //!   transaction's else branch, still one round trip. Operations on the
 //!   same path in one multi are collapsed into its final state. At most 42
 //!   operations.
-//! - **TLS** is not supported yet (plain `http://` to each member), nor a
-//!   namespace prefix: keys are the paths, as they are.
+//! - **A namespace** (`etcd://host:port/app`) puts every key below a
+//!   path, as a ZooKeeper chroot does: the node `/shop/stock` is then the
+//!   key `/app/shop/stock`. The namespace acts as the root (it always
+//!   exists, nothing can delete it); paths in created nodes and errors are
+//!   given back relative to it. Several applications can share a cluster
+//!   this way, and etcd's role permissions can be granted on the prefix
+//!   alone (`etcdctl role grant-permission app readwrite /app/ --prefix`).
+//! - **TLS** (`etcds://...` or any of the `cacert`, `cert`, `key`, `domain`
+//!   options, see [`Endpoint`]) connects to every member over
+//!   `https://`, verifying it against `cacert` (or the system's roots), and
+//!   presents a client certificate if one is given.
 //!
 //! # Faults
 //!
@@ -156,6 +166,7 @@ use tokio::sync::watch as status_watch;
 use self::error::{map_error, Failure};
 use self::lease::{Config, Lease};
 use self::watch::{Hub, Kind, Request};
+use super::namespace::Namespaced;
 use super::{
     BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId, SessionStatus,
     Stat, Store, Watch,
@@ -178,6 +189,7 @@ use crate::session::{Session, SessionOptions};
 pub async fn connect(endpoint: &Endpoint, options: SessionOptions) -> Result<Session> {
     options.validate()?;
     let config = Config::from_endpoint(endpoint, options.session_timeout)?;
+    let root = config.namespace.clone();
     let lease = Lease::open(config).await?;
     let hub = Hub::start(lease.client.clone(), &lease.runtime);
     let store = EtcdStore {
@@ -185,8 +197,14 @@ pub async fn connect(endpoint: &Endpoint, options: SessionOptions) -> Result<Ses
         hub,
         owned: StdMutex::new(Owned::default()),
         sequence: AtomicU64::new(random_start()),
+        root: root.clone(),
     };
-    Ok(Session::from_store(Arc::new(store), options))
+    let store: Arc<dyn Store> = if root == "/" {
+        Arc::new(store)
+    } else {
+        Arc::new(Namespaced::new(store, root))
+    };
+    Ok(Session::from_store(store, options))
 }
 
 /// How many distinct sequence suffixes there are (10 digits).
@@ -217,6 +235,9 @@ struct EtcdStore {
     hub: Hub,
     owned: StdMutex<Owned>,
     sequence: AtomicU64,
+    /// The path that acts as the root: `/`, or the namespace (whose keys
+    /// the [`Namespaced`] wrapper maps every path below).
+    root: String,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -349,6 +370,30 @@ impl EtcdStore {
         Some((sibling.clone(), revision))
     }
 
+    /// Whether `path` is a namespace's root, which has no key of its own
+    /// (and which a role limited to the namespace may not read).
+    fn is_keyless(&self, path: &str) -> bool {
+        path == self.root && self.root != "/"
+    }
+
+    /// The key holding `path`'s own data: for a keyless root, a key that
+    /// never exists (keys below it start with its path and a `/`, and paths
+    /// never end with one), so that reads need no permission outside the
+    /// namespace.
+    fn own_key(&self, path: &str) -> String {
+        if self.is_keyless(path) {
+            format!("{path}/")
+        } else {
+            path.to_string()
+        }
+    }
+
+    /// The ancestors of `path` strictly below the root: those a create must
+    /// check are not ephemeral.
+    fn ancestors_below_root<'p>(&self, path: &'p str) -> Vec<&'p str> {
+        keys::ancestors_below(&self.root, path)
+    }
+
     fn next_suffix(&self) -> String {
         let n = self.sequence.fetch_add(1, Ordering::Relaxed) % SEQUENCE_SPACE;
         format!("{n:0width$}", width = keys::SEQUENCE_DIGITS)
@@ -357,8 +402,10 @@ impl EtcdStore {
     /// Reads a path: its key (with value), how many keys are below it, and
     /// the read's revision.
     async fn read(&self, path: &str, lease: SessionId) -> Result<(Option<KeyValue>, i64, i64)> {
-        let txn =
-            Txn::new().and_then([TxnOp::get(path, None), count_range(keys::descendants(path))]);
+        let txn = Txn::new().and_then([
+            TxnOp::get(self.own_key(path), None),
+            count_range(keys::descendants(path)),
+        ]);
         let resp = self.txn(txn, path, lease).await?;
         let gets = gets(&resp);
         let key = first(gets.first()).cloned();
@@ -368,7 +415,7 @@ impl EtcdStore {
 
     /// Whether `path` exists (as a key or an implicit directory).
     async fn path_exists(&self, path: &str, lease: SessionId) -> Result<bool> {
-        if path == "/" {
+        if path == self.root {
             return Ok(true);
         }
         let (key, below) = self.counts(path, lease).await?;
@@ -384,7 +431,10 @@ impl EtcdStore {
     /// How many keys `path` is (0 or 1), and how many are below it.
     async fn counts(&self, path: &str, lease: SessionId) -> Result<(i64, i64)> {
         let txn = Txn::new().and_then([
-            TxnOp::get(path, Some(GetOptions::new().with_count_only())),
+            TxnOp::get(
+                self.own_key(path),
+                Some(GetOptions::new().with_count_only()),
+            ),
             count_range(keys::descendants(path)),
         ]);
         let resp = self.txn(txn, path, lease).await?;
@@ -412,6 +462,7 @@ impl EtcdStore {
             read_revision,
             mod_revision,
             digest,
+            keyless: self.is_keyless(path),
         });
         Watch::new(rx, self.lease.status())
     }
@@ -442,6 +493,7 @@ impl EtcdStore {
             let suffix = || self.next_suffix();
             let is_implicit = |p: &str| implicit.contains(p);
             let cx = multi::Context {
+                root: &self.root,
                 lease,
                 fence: &fence,
                 parent_exists: &parent_exists,
@@ -521,7 +573,7 @@ impl EtcdStore {
             } else {
                 self.position_of(lease, &full)
             };
-            let ancestors: Vec<&str> = path::ancestors(&full).collect();
+            let ancestors = self.ancestors_below_root(&full);
 
             let mut compares = vec![Compare::create_revision(full.as_str(), CompareOp::Equal, 0)];
             compares.extend(
@@ -624,7 +676,7 @@ impl Store for EtcdStore {
     }
 
     async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
-        if path == "/" {
+        if path == self.root {
             return Err(Error::InvalidArgument("the root cannot be deleted".into()));
         }
         let lease = self.lease.current().await?;
@@ -653,6 +705,12 @@ impl Store for EtcdStore {
             .or_else([TxnOp::get(path, keys_only()), count_range((start, end))]);
         let resp = self.txn(txn, path, lease).await?;
         if resp.succeeded() {
+            if self.lease.lose_delete_reply.swap(false, Ordering::SeqCst) {
+                // As if the reply never came: the fence stays, so a retry
+                // cannot remove a newer node of this name (etcd#22082).
+                self.lease.blip();
+                return Err(Error::ConnectionLoss);
+            }
             self.forget(lease, path);
             return Ok(());
         }
@@ -719,7 +777,7 @@ impl Store for EtcdStore {
                 let w = watch.then(|| self.arm(path, Kind::Data, rev, kv.mod_revision(), 0));
                 Ok((kv.value().to_vec(), keys::stat(&kv, below), w))
             }
-            None if below > 0 || path == "/" => {
+            None if below > 0 || path == self.root => {
                 let w = watch.then(|| self.arm(path, Kind::Implicit, rev, 0, 0));
                 Ok((Vec::new(), keys::implicit_stat(below), w))
             }
@@ -734,7 +792,7 @@ impl Store for EtcdStore {
         let (key, below, rev) = self.read(path, lease).await?;
         let (stat, kind, mod_revision) = match key {
             Some(kv) => (Some(keys::stat(&kv, below)), Kind::Data, kv.mod_revision()),
-            None if below > 0 || path == "/" => {
+            None if below > 0 || path == self.root => {
                 (Some(keys::implicit_stat(below)), Kind::Implicit, 0)
             }
             None => (None, Kind::Absent, 0),
@@ -748,14 +806,17 @@ impl Store for EtcdStore {
     async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
         let lease = self.lease.current().await?;
         let txn = Txn::new().and_then([
-            TxnOp::get(path, Some(GetOptions::new().with_count_only())),
+            TxnOp::get(
+                self.own_key(path),
+                Some(GetOptions::new().with_count_only()),
+            ),
             keys_range(keys::below(path)),
         ]);
         let resp = self.txn(txn, path, lease).await?;
         let gets = gets(&resp);
         let is_key = gets.first().is_some_and(|g| g.count() > 0);
         let children = keys::children(path, gets.get(1).map_or(&[][..], |g| g.kvs()));
-        if !is_key && children.is_empty() && path != "/" {
+        if !is_key && children.is_empty() && path != self.root {
             return Err(Error::NoNode {
                 path: path.to_string(),
             });
@@ -777,7 +838,7 @@ impl Store for EtcdStore {
         for op in ops {
             if let Op::Create { path, .. } = op {
                 let parent = path::parent(path).to_string();
-                if parent != "/" && !parents.contains_key(&parent) {
+                if parent != self.root && !parents.contains_key(&parent) {
                     let exists = self.path_exists(&parent, lease).await?;
                     parents.insert(parent, exists);
                 }
@@ -925,5 +986,14 @@ impl Faults for EtcdStore {
     /// `Reconnected` (same lease).
     fn lose_next_create_reply(&self) {
         self.lease.lose_create_reply.store(true, Ordering::SeqCst);
+    }
+
+    /// The next delete is applied, but the caller gets `ConnectionLoss`,
+    /// and the status blips `Suspended` → `Reconnected` (same lease). The
+    /// fence of a node this lease created is kept (the client would have
+    /// no reply to clear it with), so a retry finds `NoNode` even if a
+    /// newer node of the same name exists by then.
+    fn lose_next_delete_reply(&self) {
+        self.lease.lose_delete_reply.store(true, Ordering::SeqCst);
     }
 }

@@ -25,6 +25,7 @@
 pub mod embedded;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+mod namespace;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
@@ -498,4 +499,12 @@ pub trait Faults: Send + Sync {
     /// caller gets [`Error::ConnectionLoss`](crate::Error::ConnectionLoss)
     /// and the connection blips (`Suspended`, then `Reconnected`).
     fn lose_next_create_reply(&self);
+
+    /// The next delete is applied by the server, but its reply is lost: the
+    /// caller gets [`Error::ConnectionLoss`](crate::Error::ConnectionLoss)
+    /// and the connection blips (`Suspended`, then `Reconnected`), so a
+    /// retry finds the node gone (`NoNode`). Recipes name every node
+    /// uniquely, so such a retry can never remove a newer holder's node
+    /// (etcd#22082).
+    fn lose_next_delete_reply(&self);
 }

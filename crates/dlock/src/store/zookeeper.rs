@@ -62,6 +62,7 @@
 //!   discarded: the caller gets `ConnectionLoss` and the status blips
 //!   `Suspended` → `Reconnected` (same session), as after a connection that
 //!   dropped before the reply arrived.
+//! - [`Faults::lose_next_delete_reply`]: the same for the next delete.
 
 mod nodelay;
 mod state;
@@ -268,7 +269,7 @@ impl Store for ZooKeeperStore {
     async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
         let client = self.inner.client().await?;
         let created = self.create_in(&client, path, data, opts).await?;
-        self.inner.take_lost_reply()?;
+        self.inner.take_lost_reply(&self.inner.lose_create_reply)?;
         Ok(created)
     }
 
@@ -291,7 +292,7 @@ impl Store for ZooKeeperStore {
         }
         let created = self.finish_create(&client, path, opts.mode, create)?;
         let listing = listing.map_err(|e| self.inner.error(&client, e, list))?;
-        self.inner.take_lost_reply()?;
+        self.inner.take_lost_reply(&self.inner.lose_create_reply)?;
         Ok((created, children(listing)))
     }
 
@@ -300,7 +301,8 @@ impl Store for ZooKeeperStore {
         client
             .delete(path, version)
             .await
-            .map_err(|e| self.inner.error(&client, e, path))
+            .map_err(|e| self.inner.error(&client, e, path))?;
+        self.inner.take_lost_reply(&self.inner.lose_delete_reply)
     }
 
     async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
@@ -448,8 +450,8 @@ fn op_path(op: &Op) -> &str {
 }
 
 /// ZooKeeper offers no way to drop one client's connection or one reply, so
-/// only `expire` acts purely on the server; `suspend` and
-/// `lose_next_create_reply` act on this client's view, with the server-side
+/// only `expire` acts purely on the server; `suspend` and the
+/// `lose_next_*_reply` hooks act on this client's view, with the server-side
 /// effects a real fault would have (see the module docs).
 #[async_trait]
 impl Faults for ZooKeeperStore {
@@ -484,5 +486,12 @@ impl Faults for ZooKeeperStore {
     /// connection that dropped before the reply arrived.
     fn lose_next_create_reply(&self) {
         self.inner.lose_create_reply.store(true, Ordering::SeqCst);
+    }
+
+    /// The next delete is applied by the server, but its result is
+    /// discarded: the caller gets `ConnectionLoss`, and the status blips
+    /// `Suspended` → `Reconnected` (same session).
+    fn lose_next_delete_reply(&self) {
+        self.inner.lose_delete_reply.store(true, Ordering::SeqCst);
     }
 }

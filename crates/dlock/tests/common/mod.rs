@@ -19,7 +19,8 @@ pub enum Backend {
     Embedded(EmbeddedServer),
     /// A real ZooKeeper server shared by the test binary.
     ZooKeeper(String),
-    /// A real etcd server shared by the test binary (`host:port`).
+    /// A real etcd server shared by the test binary (`host:port`, and a
+    /// namespace path if any).
     Etcd(String),
 }
 
@@ -48,6 +49,14 @@ pub fn zookeeper() -> Harness {
 pub fn etcd() -> Harness {
     let server = dlock_testkit::shared_etcd();
     Harness::new(Backend::Etcd(server.endpoint()))
+}
+
+/// The test binary's private etcd server, every key below a namespace of
+/// the test's own (`etcd://host:port/ns-...`).
+pub fn etcd_namespaced() -> Harness {
+    let server = dlock_testkit::shared_etcd();
+    let namespace = format!("/ns-{}", uuid::Uuid::new_v4().simple());
+    Harness::new(Backend::Etcd(format!("{}{namespace}", server.endpoint())))
 }
 
 impl Harness {

@@ -83,6 +83,20 @@ pub fn subtree(path: &str) -> (Vec<u8>, Vec<u8>) {
     (path.as_bytes().to_vec(), end)
 }
 
+/// The ancestors of `path` strictly below `root` (`/` or a namespace),
+/// outermost first: the nodes a create checks are not ephemeral. Keys at or
+/// above a namespace are not ours, and a role limited to it may not read
+/// them.
+pub fn ancestors_below<'p>(root: &str, path: &'p str) -> Vec<&'p str> {
+    crate::path::ancestors(path)
+        .filter(|a| {
+            root == "/"
+                || a.strip_prefix(root)
+                    .is_some_and(|rest| rest.starts_with('/'))
+        })
+        .collect()
+}
+
 /// Where a watched key lies relative to the watched `path`.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Relation {
@@ -236,6 +250,13 @@ mod tests {
         );
         assert_eq!(marker("/a/n", 42), b"/a/n/\0pos/42");
         assert_eq!(subtree("/a"), (b"/a".to_vec(), b"/a0".to_vec()));
+    }
+
+    #[test]
+    fn ancestors_below_a_namespace() {
+        assert_eq!(ancestors_below("/", "/a/b/c"), ["/a", "/a/b"]);
+        assert_eq!(ancestors_below("/ns", "/ns/a/b"), ["/ns/a"]);
+        assert!(ancestors_below("/ns", "/ns/a").is_empty());
     }
 
     #[test]

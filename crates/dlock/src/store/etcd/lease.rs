@@ -20,16 +20,20 @@ use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use super::error::{map_error, Failure};
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Endpoint, TlsFiles};
 use crate::error::{Error, Result};
 use crate::store::{SessionId, SessionState, SessionStatus};
 
 /// How to reach the cluster and what to ask for, kept for every new lease.
 pub(super) struct Config {
-    /// `http://host:port` of every member.
+    /// `http://host:port` (`https://` with TLS) of every member.
     pub urls: Vec<String>,
     /// `user`, `password` for etcd's authentication.
     pub credentials: Option<(String, String)>,
+    /// The client's TLS settings, files already read.
+    pub tls: Option<etcd_client::TlsOptions>,
+    /// The path every key lives below (`/` for none).
+    pub namespace: String,
     /// The TTL asked for, in whole seconds (the session timeout rounded up).
     pub ttl_secs: i64,
     /// The endpoint URL with the password masked, for messages.
@@ -45,14 +49,28 @@ impl std::fmt::Debug for Config {
 impl Config {
     pub fn from_endpoint(endpoint: &Endpoint, timeout: Duration) -> Result<Config> {
         match endpoint {
-            Endpoint::Etcd { hosts, credentials } => Ok(Config {
-                urls: hosts.iter().map(|h| format!("http://{h}")).collect(),
-                credentials: credentials
-                    .as_ref()
-                    .map(|c| (c.user.clone(), c.password.clone())),
-                ttl_secs: ttl_secs(timeout),
-                endpoint: endpoint.to_string(),
-            }),
+            Endpoint::Etcd {
+                hosts,
+                credentials,
+                namespace,
+                tls,
+            } => {
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                let tls = match tls {
+                    Some(files) => Some(tls_options(endpoint, files)?),
+                    None => None,
+                };
+                Ok(Config {
+                    urls: hosts.iter().map(|h| format!("{scheme}://{h}")).collect(),
+                    credentials: credentials
+                        .as_ref()
+                        .map(|c| (c.user.clone(), c.password.clone())),
+                    tls,
+                    namespace: namespace.clone().unwrap_or_else(|| "/".into()),
+                    ttl_secs: ttl_secs(timeout),
+                    endpoint: endpoint.to_string(),
+                })
+            }
             other => Err(Error::InvalidEndpoint {
                 url: other.to_string(),
                 reason: "not an etcd endpoint".into(),
@@ -63,6 +81,32 @@ impl Config {
     pub fn unreachable(&self, why: impl std::fmt::Display) -> Error {
         Error::Unreachable(format!("cannot reach etcd at {}: {why}", self.endpoint))
     }
+}
+
+/// Reads the PEM files of `files` into the client's TLS settings.
+fn tls_options(endpoint: &Endpoint, files: &TlsFiles) -> Result<etcd_client::TlsOptions> {
+    use etcd_client::{Certificate, Identity, TlsOptions};
+    let read = |what: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| Error::InvalidEndpoint {
+            url: endpoint.to_string(),
+            reason: format!("cannot read the {what} {}: {e}", path.display()),
+        })
+    };
+    let mut tls = TlsOptions::new();
+    tls = match &files.ca_file {
+        Some(ca) => tls.ca_certificate(Certificate::from_pem(read("CA certificate (cacert)", ca)?)),
+        None => tls.with_native_roots(),
+    };
+    if let (Some(cert), Some(key)) = (&files.cert_file, &files.key_file) {
+        tls = tls.identity(Identity::from_pem(
+            read("client certificate (cert)", cert)?,
+            read("client key (key)", key)?,
+        ));
+    }
+    if let Some(domain) = &files.domain {
+        tls = tls.domain_name(domain.clone());
+    }
+    Ok(tls)
 }
 
 /// A ZooKeeper-style millisecond timeout as a lease TTL: whole seconds,
@@ -104,6 +148,8 @@ pub(super) struct Lease {
     kick: Notify,
     /// `Faults::lose_next_create_reply` is armed.
     pub lose_create_reply: AtomicBool,
+    /// `Faults::lose_next_delete_reply` is armed.
+    pub lose_delete_reply: AtomicBool,
 }
 
 impl std::fmt::Debug for Lease {
@@ -120,6 +166,9 @@ pub(super) async fn connect_client(config: &Config) -> Result<Client> {
     let mut options = etcd_client::ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(5))
         .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+    if let Some(tls) = &config.tls {
+        options = options.with_tls(tls.clone());
+    }
     if let Some((user, password)) = &config.credentials {
         options = options
             .with_user(user.clone(), password.clone())
@@ -189,6 +238,7 @@ impl Lease {
             renewing: tokio::sync::Mutex::new(()),
             kick: Notify::new(),
             lose_create_reply: AtomicBool::new(false),
+            lose_delete_reply: AtomicBool::new(false),
         });
         lease.spawn_keep_alive(id, ttl, sent);
         Ok(lease)

@@ -206,6 +206,8 @@ pub(super) struct Context<'a> {
     /// check passes while something is below them, a delete removes nothing
     /// and needs them empty by then.
     pub implicit: &'a dyn Fn(&str) -> bool,
+    /// The root: `/` or the namespace (only ancestors below it are checked).
+    pub root: &'a str,
 }
 
 /// Plans `ops`.
@@ -348,7 +350,7 @@ pub(super) fn plan(ops: &[Op], cx: &Context<'_>) -> std::result::Result<Plan, St
                         ));
                     }
                 }
-                for ancestor in path::ancestors(&full) {
+                for ancestor in keys::ancestors_below(cx.root, &full) {
                     match sims.get(ancestor) {
                         Some(s) if s.exists && s.created.is_some_and(CreateMode::is_ephemeral) => {
                             return Err(fail(

@@ -64,6 +64,9 @@ pub(super) struct Request {
     pub mod_revision: i64,
     /// [`Kind::Children`]: the listing's [`keys::digest`].
     pub digest: u64,
+    /// The path is a namespace's root: it has no key of its own (a role
+    /// limited to the namespace may not even read it), only keys below.
+    pub keyless: bool,
 }
 
 enum Cmd {
@@ -126,7 +129,11 @@ impl Pending {
         match self.armed.kind {
             Kind::Data => (self.armed.path.as_bytes().to_vec(), options),
             Kind::Absent | Kind::Implicit | Kind::Children => {
-                let (start, end) = keys::subtree(&self.armed.path);
+                let (start, end) = if self.armed.keyless {
+                    keys::below(&self.armed.path)
+                } else {
+                    keys::subtree(&self.armed.path)
+                };
                 (start, options.with_range(end))
             }
         }
@@ -205,10 +212,13 @@ async fn look(
             )
         }
     };
-    let own = TxnOp::get(
-        armed.path.as_str(),
-        Some(GetOptions::new().with_keys_only()),
-    );
+    let own_key = if armed.keyless {
+        // Never found: keys below the root start with its path and a '/'.
+        format!("{}/", armed.path)
+    } else {
+        armed.path.clone()
+    };
+    let own = TxnOp::get(own_key, Some(GetOptions::new().with_keys_only()));
     let resp = client
         .kv_client()
         .txn(Txn::new().and_then([own, below]))

@@ -190,6 +190,8 @@ pub(super) struct Inner {
     renewing: tokio::sync::Mutex<()>,
     /// `Faults::lose_next_create_reply` is armed.
     pub lose_create_reply: AtomicBool,
+    /// `Faults::lose_next_delete_reply` is armed.
+    pub lose_delete_reply: AtomicBool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -225,6 +227,7 @@ impl Inner {
             }),
             renewing: tokio::sync::Mutex::new(()),
             lose_create_reply: AtomicBool::new(false),
+            lose_delete_reply: AtomicBool::new(false),
         });
         inner.spawn_monitor(&client);
         Ok(inner)
@@ -539,10 +542,11 @@ impl Inner {
         watch
     }
 
-    /// A lost reply, if one is armed: the connection blips (`Suspended`,
-    /// `Reconnected`) and the caller gets `ConnectionLoss`.
-    pub fn take_lost_reply(&self) -> Result<()> {
-        if !self.lose_create_reply.swap(false, Ordering::SeqCst) {
+    /// A lost reply, if `armed` was (one of the `lose_*_reply` flags): the
+    /// connection blips (`Suspended`, `Reconnected`) and the caller gets
+    /// `ConnectionLoss`.
+    pub fn take_lost_reply(&self, armed: &AtomicBool) -> Result<()> {
+        if !armed.swap(false, Ordering::SeqCst) {
             return Ok(());
         }
         let _slot = self.lock();

@@ -1,0 +1,249 @@
+//! A store seen from below a path: every path the caller names lives under
+//! a fixed prefix, as in a ZooKeeper chroot or etcd's `namespace` package.
+//!
+//! The wrapped store must treat the prefix as its root (it always exists,
+//! cannot be deleted, and is the parent of top-level nodes); the wrapper
+//! only moves paths in and out: arguments down, created paths and the paths
+//! errors name back up. Watches and children carry no absolute paths.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use super::{
+    BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionStatus, Stat, Store,
+    Watch,
+};
+use crate::error::{Error, Result};
+
+/// `inner`, with every path below `prefix` (a valid path other than `/`).
+#[derive(Debug)]
+pub(crate) struct Namespaced<S> {
+    inner: S,
+    prefix: String,
+}
+
+impl<S: Store> Namespaced<S> {
+    pub fn new(inner: S, prefix: String) -> Self {
+        debug_assert!(prefix.starts_with('/') && prefix.len() > 1 && !prefix.ends_with('/'));
+        Namespaced { inner, prefix }
+    }
+
+    /// The inner path of the caller's `path`.
+    fn inside(&self, path: &str) -> String {
+        if path == "/" {
+            self.prefix.clone()
+        } else {
+            format!("{}{path}", self.prefix)
+        }
+    }
+
+    /// The caller's path of the inner `path` (paths outside the prefix,
+    /// which the inner store never names, are passed through).
+    fn outside(&self, path: String) -> String {
+        match path.strip_prefix(self.prefix.as_str()) {
+            Some("") => "/".to_string(),
+            Some(rest) if rest.starts_with('/') => rest.to_string(),
+            _ => path,
+        }
+    }
+
+    fn created(&self, created: Created) -> Created {
+        Created {
+            path: self.outside(created.path),
+            ..created
+        }
+    }
+
+    fn error(&self, e: Error) -> Error {
+        match e {
+            Error::InvalidPath { path, reason } => Error::InvalidPath {
+                path: self.outside(path),
+                reason,
+            },
+            Error::NoNode { path } => Error::NoNode {
+                path: self.outside(path),
+            },
+            Error::NodeExists { path } => Error::NodeExists {
+                path: self.outside(path),
+            },
+            Error::BadVersion { path } => Error::BadVersion {
+                path: self.outside(path),
+            },
+            Error::NotEmpty { path } => Error::NotEmpty {
+                path: self.outside(path),
+            },
+            Error::NoChildrenForEphemerals { path } => Error::NoChildrenForEphemerals {
+                path: self.outside(path),
+            },
+            Error::NoAuth { path } => Error::NoAuth {
+                path: self.outside(path),
+            },
+            Error::Lost { what, path } => Error::Lost {
+                what,
+                path: self.outside(path),
+            },
+            Error::MalformedData { path, reason } => Error::MalformedData {
+                path: self.outside(path),
+                reason,
+            },
+            Error::MultiFailed { index, source } => Error::MultiFailed {
+                index,
+                source: Box::new(self.error(*source)),
+            },
+            Error::Several(errors) => {
+                Error::Several(errors.into_iter().map(|e| self.error(e)).collect())
+            }
+            other => other,
+        }
+    }
+
+    fn op(&self, op: &Op) -> Op {
+        let mut op = op.clone();
+        match &mut op {
+            Op::Check { path, .. }
+            | Op::Create { path, .. }
+            | Op::SetData { path, .. }
+            | Op::Delete { path, .. } => *path = self.inside(path),
+        }
+        op
+    }
+}
+
+#[async_trait]
+impl<S: Store> Store for Namespaced<S> {
+    fn backend(&self) -> BackendKind {
+        self.inner.backend()
+    }
+
+    fn status(&self) -> watch::Receiver<SessionStatus> {
+        self.inner.status()
+    }
+
+    fn session_timeout(&self) -> Duration {
+        self.inner.session_timeout()
+    }
+
+    async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
+        match self.inner.create(&self.inside(path), data, opts).await {
+            Ok(created) => Ok(self.created(created)),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    async fn create_and_list(
+        &self,
+        path: &str,
+        data: &[u8],
+        opts: CreateOptions,
+        list: &str,
+    ) -> Result<(Created, Vec<Child>)> {
+        let (path, list) = (self.inside(path), self.inside(list));
+        match self.inner.create_and_list(&path, data, opts, &list).await {
+            Ok((created, children)) => Ok((self.created(created), children)),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
+        let result = self.inner.delete(&self.inside(path), version).await;
+        result.map_err(|e| self.error(e))
+    }
+
+    async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
+        let result = self.inner.set_data(&self.inside(path), data, version).await;
+        result.map_err(|e| self.error(e))
+    }
+
+    async fn get_data(&self, path: &str, watch: bool) -> Result<(Vec<u8>, Stat, Option<Watch>)> {
+        let result = self.inner.get_data(&self.inside(path), watch).await;
+        result.map_err(|e| self.error(e))
+    }
+
+    async fn exists(&self, path: &str, watch: bool) -> Result<(Option<Stat>, Option<Watch>)> {
+        let result = self.inner.exists(&self.inside(path), watch).await;
+        result.map_err(|e| self.error(e))
+    }
+
+    async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
+        let result = self.inner.children(&self.inside(path), watch).await;
+        result.map_err(|e| self.error(e))
+    }
+
+    async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
+        let ops: Vec<Op> = ops.iter().map(|op| self.op(op)).collect();
+        match self.inner.multi(&ops).await {
+            Ok(results) => Ok(results
+                .into_iter()
+                .map(|r| match r {
+                    OpResult::Created(created) => OpResult::Created(self.created(created)),
+                    other => other,
+                })
+                .collect()),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    fn faults(&self) -> Option<&dyn Faults> {
+        self.inner.faults()
+    }
+
+    async fn close(&self) {
+        self.inner.close().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::embedded::EmbeddedServer;
+
+    #[tokio::test]
+    async fn paths_move_in_and_out() -> Result<()> {
+        let server = EmbeddedServer::new();
+        let outer = server.connect(crate::SessionOptions::default()).await?;
+        let ns = Namespaced::new(server.open_store(), "/ns".into());
+        outer
+            .create("/ns", b"", CreateOptions::new(CreateMode::Persistent))
+            .await?;
+
+        let created = ns
+            .create("/a", b"x", CreateOptions::new(CreateMode::Persistent))
+            .await?;
+        assert_eq!(created.path, "/a");
+        assert_eq!(outer.get_data("/ns/a").await?.0, b"x");
+        let (children, _) = ns.children("/", false).await?;
+        assert_eq!(children.len(), 1);
+        assert_eq!(children[0].name, "a");
+        let err = ns.delete("/missing", None).await.unwrap_err();
+        assert_eq!(
+            err,
+            Error::NoNode {
+                path: "/missing".into()
+            }
+        );
+        let err = ns
+            .multi(&[Op::Delete {
+                path: "/a".into(),
+                version: Some(7),
+            }])
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            Error::MultiFailed {
+                index: 0,
+                source: Box::new(Error::BadVersion { path: "/a".into() })
+            }
+        );
+        ns.delete("/a", None).await?;
+        outer.delete("/ns", None).await?;
+        ns.close().await;
+        outer.close().await;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+use super::CreateMode;
