@@ -106,6 +106,10 @@ fn bad_input_is_named_in_one_line() {
             vec!["--session-timeout", "10parsecs", "demo", "flash-sale"],
             "unknown unit",
         ),
+        (
+            vec!["demo", "flash-sale", "--ledger", "ledger/relative"],
+            "invalid path \"ledger/relative\"",
+        ),
     ] {
         let out = dlock(&args);
         assert!(!out.status.success(), "{args:?} should fail");
@@ -185,4 +189,83 @@ fn fencing_keeps_stalled_holders_from_overselling() {
         unguarded["oversold"].parse::<u64>().unwrap() > 0,
         "stale writes oversold: {report}"
     );
+}
+
+/// `--ledger` records every write that landed, in the same atomic write as
+/// the stock: without a lock the sale oversells, and the ledger on a real
+/// ZooKeeper holds exactly as many entries as the process reports sales,
+/// the oversold ones included. The summary line keeps its form.
+#[test]
+fn the_ledger_records_every_sale_that_landed() {
+    let endpoint = format!("zk://{}", dlock_testkit::shared_zk().connect_string());
+    let root = format!("/flash-sale-{}", uuid::Uuid::new_v4().simple());
+    let (stock, ledger) = (format!("{root}/stock"), format!("{root}/ledger"));
+    let out = dlock(&[
+        "--endpoint",
+        &endpoint,
+        "demo",
+        "flash-sale",
+        "--buyers",
+        "20",
+        "--stock",
+        "20",
+        "--hold-ms",
+        "5",
+        "--lock",
+        "none",
+        "--lock-path",
+        &format!("{root}/lock"),
+        "--stock-path",
+        &stock,
+        "--ledger",
+        &ledger,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = summary(&out);
+    let sold: usize = s["sold"].parse().unwrap();
+    assert!(sold > 20, "sold {sold} of 20 without a lock");
+    let admin = dlock::blocking::connect(&endpoint).unwrap();
+    let session = admin.session();
+    let entries = admin.block_on(session.children(&ledger)).unwrap();
+    assert_eq!(entries.len(), sold, "one ledger entry per sale that landed");
+    let mut units = Vec::new();
+    for e in &entries {
+        let path = format!("{ledger}/{}", e.name);
+        assert!(e.name.starts_with("sale-"), "{path}");
+        let (data, stat) = admin.block_on(session.get_data(&path)).unwrap();
+        let data = String::from_utf8(data).unwrap();
+        let words: Vec<&str> = data.split(' ').collect();
+        assert_eq!(words.len(), 3, "{data:?}");
+        assert_eq!(words[1], "fence=none", "{data:?}");
+        assert!(words[2].starts_with("pid="), "{data:?}");
+        assert_eq!(stat.ephemeral_owner, 0, "ledger entries persist");
+        units.push(
+            words[0]
+                .strip_prefix("unit=")
+                .unwrap()
+                .parse::<u32>()
+                .unwrap(),
+        );
+        admin.block_on(session.delete(&path, None)).unwrap();
+    }
+    units.sort_unstable();
+    units.dedup();
+    assert!(
+        units.len() < sold,
+        "without a lock some units were sold twice: {units:?}"
+    );
+    admin.block_on(session.delete(&ledger, None)).unwrap();
+    admin.block_on(session.delete(&stock, None)).unwrap();
+    // Nothing else is left: the root is an empty container, if anything.
+    match admin.block_on(session.children(&root)) {
+        Ok(children) => assert!(children.is_empty(), "left under {root}: {children:?}"),
+        Err(dlock::Error::NoNode { .. }) => {}
+        Err(e) => panic!("{e}"),
+    }
+    let _ = admin.block_on(session.delete(&root, None));
+    admin.close();
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dlock::store::{CreateMode, CreateOptions, Op};
-use dlock::{Error, Lockable, Mutex, ReadWriteLock, SemaphoreMutex, Session};
+use dlock::{Error, Hold, Lockable, Mutex, ReadWriteLock, SemaphoreMutex, Session};
 
 use crate::Global;
 
@@ -36,11 +36,19 @@ impl LockKind {
         }
     }
 
-    fn make(self, session: &Session, path: &str) -> Result<Option<Box<dyn Lockable>>> {
+    /// The lock for one buyer; its nodes carry `label` (as `dlock inspect`
+    /// shows), so that anyone can tell which process and buyer holds.
+    fn make(self, session: &Session, path: &str, label: &str) -> Result<Option<Box<dyn Lockable>>> {
         Ok(match self {
-            LockKind::Mutex => Some(Box::new(Mutex::new(session, path)?)),
-            LockKind::Write => Some(Box::new(ReadWriteLock::new(session, path)?.write_half())),
-            LockKind::SemaphoreMutex => Some(Box::new(SemaphoreMutex::new(session, path)?)),
+            LockKind::Mutex => Some(Box::new(Mutex::new(session, path)?.with_data(label))),
+            LockKind::Write => Some(Box::new(
+                ReadWriteLock::new(session, path)?
+                    .with_data(label)
+                    .write_half(),
+            )),
+            LockKind::SemaphoreMutex => Some(Box::new(
+                SemaphoreMutex::new(session, path)?.with_data(label),
+            )),
             LockKind::None => None,
         })
     }
@@ -88,13 +96,31 @@ pub struct FlashSale {
     /// over: the Kleppmann scenario. Needs a backend with fault injection.
     #[arg(long, default_value_t = 0)]
     stall_every: u64,
+    /// Record every sale in the store, in the same atomic (and, with
+    /// `--guard fence`, guarded) write as the stock: a persistent
+    /// sequential node PATH/sale-NNNNNNNNNN whose data is
+    /// `unit=<stock it sold> fence=<token> pid=<process>`. The sales can
+    /// then be counted from the store even if a process dies mid-sale.
+    /// PATH is created if missing; the entries stay until removed.
+    #[arg(long, value_name = "PATH")]
+    ledger: Option<String>,
 }
 
 /// Runs the flash sale.
 pub async fn run(global: &Global, args: FlashSale) -> Result<()> {
     dlock::path::validate(&args.lock_path)?;
     dlock::path::validate(&args.stock_path)?;
+    if let Some(ledger) = &args.ledger {
+        dlock::path::validate(ledger)?;
+    }
     let admin = global.connect().await?;
+    if let Some(ledger) = &args.ledger {
+        let options = CreateOptions::new(CreateMode::Persistent).with_parents();
+        match admin.create(ledger, b"", options).await {
+            Ok(_) | Err(Error::NodeExists { .. }) => {}
+            Err(e) => bail!(e),
+        }
+    }
     let stock = match args.stock {
         Some(stock) => {
             set_stock(&admin, &args.stock_path, stock).await?;
@@ -125,7 +151,7 @@ pub async fn run(global: &Global, args: FlashSale) -> Result<()> {
         })
     });
     let mut tasks = Vec::with_capacity(buyers.len());
-    for session in &buyers {
+    for (i, session) in buyers.iter().enumerate() {
         if args.stall_every > 0 && session.faults().is_none() {
             bail!(
                 "--stall-every needs fault injection, which the {} backend lacks",
@@ -134,9 +160,14 @@ pub async fn run(global: &Global, args: FlashSale) -> Result<()> {
         }
         let buyer = Buyer {
             session: session.clone(),
-            lock: args.lock.make(session, &args.lock_path)?,
+            lock: args.lock.make(
+                session,
+                &args.lock_path,
+                &format!("flash-sale pid={} buyer={i}", std::process::id()),
+            )?,
             guard: args.guard,
             stock_path: args.stock_path.clone(),
+            ledger: args.ledger.as_ref().map(|l| format!("{l}/sale-")),
             hold: Duration::from_millis(args.hold_ms),
             stall_every: args.stall_every,
             stall: session.session_timeout() * 2,
@@ -162,9 +193,11 @@ pub async fn run(global: &Global, args: FlashSale) -> Result<()> {
     let oversold = sold.saturating_sub(u64::from(stock));
     if args.guard == GuardKind::Fence || args.stall_every > 0 {
         eprintln!(
-            "stalls={} abandoned={} (purchases whose lock was lost before their write)",
+            "stalls={} abandoned={} unconfirmed={} (abandoned: purchases whose lock was lost \
+             before their write; unconfirmed: writes whose outcome a lost connection hid)",
             counters.stalls.load(Ordering::Relaxed),
-            counters.abandoned.load(Ordering::Relaxed)
+            counters.abandoned.load(Ordering::Relaxed),
+            counters.unconfirmed.load(Ordering::Relaxed)
         );
     }
     println!(
@@ -181,6 +214,29 @@ struct Counters {
     purchases: AtomicU64,
     stalls: AtomicU64,
     abandoned: AtomicU64,
+    unconfirmed: AtomicU64,
+}
+
+/// What became of one purchase's write.
+enum Written {
+    /// The stock (and the ledger entry) landed.
+    Sold,
+    /// Nothing landed: the lock was lost first.
+    Abandoned,
+    /// The connection dropped with the write in flight, and whether it
+    /// landed could not be found out (the lock was lost meanwhile). The
+    /// store — the stock and the ledger — knows; this process does not.
+    Unconfirmed,
+}
+
+/// Errors after which a buyer gives up the purchase at hand and starts
+/// over: its lock (or the session holding it) is gone, or the connection
+/// dropped; the session renews itself on the next operation.
+fn lost_purchase(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Lost { .. } | Error::SessionExpired | Error::ConnectionLoss
+    )
 }
 
 struct Buyer {
@@ -188,6 +244,8 @@ struct Buyer {
     lock: Option<Box<dyn Lockable>>,
     guard: GuardKind,
     stock_path: String,
+    /// Prefix of the ledger entries (`<ledger>/sale-`), if kept.
+    ledger: Option<String>,
     hold: Duration,
     stall_every: u64,
     stall: Duration,
@@ -201,10 +259,23 @@ impl Buyer {
     async fn run(self) -> Result<()> {
         loop {
             let hold = match &self.lock {
-                Some(lock) => lock.lock_for(None).await?,
+                Some(lock) => match lock.lock_for(None).await {
+                    Ok(hold) => hold,
+                    // Our session died while we waited (the process was
+                    // frozen past its timeout, say): queue up again.
+                    Err(e) if lost_purchase(&e) => continue,
+                    Err(e) => return Err(e.into()),
+                },
                 None => None,
             };
-            let (stock, _) = read_stock(&self.session, &self.stock_path).await?;
+            let (stock, version) = match read_stock(&self.session, &self.stock_path).await {
+                Ok(read) => read,
+                Err(e) if e.downcast_ref().is_some_and(lost_purchase) => {
+                    self.release(hold).await?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if stock == 0 {
                 if let Some(h) = hold {
                     let _ = h.release().await;
@@ -223,38 +294,93 @@ impl Buyer {
                 }
                 tokio::time::sleep(self.stall).await;
             }
-            let data = (stock - 1).to_string().into_bytes();
-            let written = match (&hold, self.guard) {
-                (Some(h), GuardKind::Fence) => {
-                    let write = Op::SetData {
-                        path: self.stock_path.clone(),
-                        data,
-                        version: None,
-                    };
-                    match h.guarded(&[write]).await {
-                        Ok(_) => true,
-                        Err(Error::Lost { .. }) => false,
-                        Err(e) => return Err(e.into()),
-                    }
+            match self.write(hold.as_deref(), stock, version).await? {
+                Written::Sold => {
+                    self.sold.fetch_add(1, Ordering::Relaxed);
                 }
-                _ => {
-                    self.session.set_data(&self.stock_path, &data, None).await?;
-                    true
+                Written::Abandoned => {
+                    self.counters.abandoned.fetch_add(1, Ordering::Relaxed);
                 }
-            };
-            if written {
-                self.sold.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.counters.abandoned.fetch_add(1, Ordering::Relaxed);
-            }
-            if let Some(h) = hold {
-                // A lost lock reports itself here; the purchase was already
-                // accounted for above.
-                match h.release().await {
-                    Ok(()) | Err(Error::Lost { .. }) => {}
-                    Err(e) => return Err(e.into()),
+                Written::Unconfirmed => {
+                    self.counters.unconfirmed.fetch_add(1, Ordering::Relaxed);
                 }
             }
+            // A lost lock reports itself here; the purchase was already
+            // accounted for above.
+            self.release(hold).await?;
+        }
+    }
+
+    /// Writes stock − 1 (and the ledger entry) for a purchase that read
+    /// `stock` at data version `version`.
+    async fn write(&self, hold: Option<&dyn Hold>, stock: u32, version: i32) -> Result<Written> {
+        let data = (stock - 1).to_string().into_bytes();
+        let fenced = hold.filter(|_| self.guard == GuardKind::Fence);
+        let result = match (&self.ledger, fenced) {
+            (None, None) => self
+                .session
+                .set_data(&self.stock_path, &data, None)
+                .await
+                .map(drop),
+            (ledger, fenced) => {
+                let mut ops = vec![Op::SetData {
+                    path: self.stock_path.clone(),
+                    data,
+                    version: None,
+                }];
+                if let Some(prefix) = ledger {
+                    let fence = hold.map_or("none".to_string(), |h| h.token().to_string());
+                    let entry = format!("unit={stock} fence={fence} pid={}", std::process::id());
+                    ops.push(Op::Create {
+                        path: prefix.clone(),
+                        data: entry.into_bytes(),
+                        mode: CreateMode::PersistentSequential,
+                    });
+                }
+                match fenced {
+                    Some(h) => h.guarded(&ops).await.map(drop),
+                    None => self.session.multi(&ops).await.map(drop),
+                }
+            }
+        };
+        match (result, fenced) {
+            (Ok(()), _) => Ok(Written::Sold),
+            // The lock (with its session) was gone when the write came:
+            // the guard refused it.
+            (Err(Error::Lost { .. } | Error::SessionExpired), Some(_)) => Ok(Written::Abandoned),
+            (Err(Error::ConnectionLoss), Some(h)) => Ok(self.after_lost_reply(h, version).await),
+            (Err(e), _) => Err(e.into()),
+        }
+    }
+
+    /// The connection dropped with our guarded write in flight. While we
+    /// still hold the lock nobody else writes the stock, so its version
+    /// tells: one past the version we read means our write landed.
+    async fn after_lost_reply(&self, hold: &dyn Hold, version: i32) -> Written {
+        let landed = Op::Check {
+            path: self.stock_path.clone(),
+            version: Some(version + 1),
+        };
+        loop {
+            match hold.guarded(std::slice::from_ref(&landed)).await {
+                Ok(_) => return Written::Sold,
+                // The lock check passed, the version check did not.
+                Err(Error::MultiFailed { .. }) => return Written::Abandoned,
+                Err(Error::ConnectionLoss) => continue,
+                Err(_) => return Written::Unconfirmed,
+            }
+        }
+    }
+
+    /// Gives the lock back; a lock or session lost meanwhile is no error.
+    async fn release(&self, hold: Option<Box<dyn Hold>>) -> Result<()> {
+        match hold {
+            Some(h) => match h.release().await {
+                Ok(()) => Ok(()),
+                Err(e) if lost_purchase(&e) => Ok(()),
+                Err(e) => Err(e.into()),
+            },
+            None => Ok(()),
         }
     }
 }
