@@ -156,7 +156,7 @@ impl Proc {
     fn freeze(&self) -> Result<()> {
         self.signal(libc::SIGSTOP)?;
         let deadline = Instant::now() + Duration::from_secs(5);
-        while !all_threads_stopped(self.pid()) {
+        while !dlock_testkit::all_threads_stopped(self.pid() as u32) {
             ensure!(
                 Instant::now() < deadline,
                 "{} did not stop within 5 s of SIGSTOP",
@@ -264,22 +264,6 @@ impl Drop for Proc {
             let _ = self.child.wait();
         }
     }
-}
-
-/// True if every thread of `pid` is stopped (or gone).
-fn all_threads_stopped(pid: i32) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return true;
-    };
-    tasks.flatten().all(|t| {
-        std::fs::read_to_string(t.path().join("stat"))
-            .ok()
-            .and_then(|s| {
-                s.rfind(')')
-                    .map(|i| s[i + 1..].trim_start().starts_with(['T', 't', 'Z', 'X']))
-            })
-            .unwrap_or(true)
-    })
 }
 
 /// `key=value` pairs of a line.

@@ -1,25 +1,279 @@
-//! Faults on real ZooKeeper: an ensemble losing its leader under
-//! contention, connections cut within and past the session, a paused holder
-//! with and without fencing. Histories are checked afterwards (see
-//! `dlock_testkit::history`).
+//! Faults on real ZooKeeper and etcd servers: a cluster losing its leader
+//! (kill -9) while clients contend on a fenced mutex, a semaphore and a
+//! leader selector; connections cut within and past the session; a paused
+//! holder with and without fencing.
+//!
+//! Each scenario is written once, over a [`Backend`], and runs on both:
+//! `zookeeper::<scenario>` and `etcd::<scenario>`. Histories are checked
+//! afterwards (see `dlock_testkit::history`). Every test ends with nothing
+//! left under its root (a listing, see [`finish`]) and its sessions closed.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use dlock::store::{CreateMode, CreateOptions, Op, SessionState};
-use dlock::{Error, LockGuard, Mutex, Session, SessionOptions};
-use dlock_testkit::history::check_fenced_log;
-use dlock_testkit::{shared_zk, TcpProxy, ZkEnsemble};
+use dlock::{Error, LeaderSelector, LockGuard, Mutex, Semaphore, Session, SessionOptions};
+use dlock_testkit::history::{check_fenced_log, Event, History};
+use dlock_testkit::{EtcdCluster, TcpProxy, ZkEnsemble};
+use tokio::sync::watch;
+
+/// A session timeout the faults of the contention and short-cut scenarios
+/// do not outlast: sessions ride them out.
+const LONG: Duration = Duration::from_secs(6);
+/// The session timeout of the expiry scenarios: ZooKeeper grants at least
+/// 2 ticks (1 s with the testkit's tickTime), etcd 3.4 at least 2 s.
+const SHORT: Duration = Duration::from_secs(2);
+/// How long a scenario waits for an effect (progress, a state change)
+/// before it fails.
+const WITHIN: Duration = Duration::from_secs(60);
+
+/// The store a scenario runs on.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(all(feature = "zookeeper", feature = "etcd")), allow(dead_code))]
+enum Backend {
+    ZooKeeper,
+    Etcd,
+}
+
+impl Backend {
+    /// The endpoint URL of `hosts` (`host:port[,host:port...]`).
+    fn url(self, hosts: &str) -> String {
+        match self {
+            Backend::ZooKeeper => format!("zk://{hosts}"),
+            Backend::Etcd => format!("etcd://{hosts}"),
+        }
+    }
+
+    /// The test binary's shared single server, `host:port`.
+    fn shared(self) -> String {
+        match self {
+            Backend::ZooKeeper => dlock_testkit::shared_zk().connect_string(),
+            Backend::Etcd => dlock_testkit::shared_etcd().endpoint(),
+        }
+    }
+
+    /// A fresh private 3-member cluster.
+    fn start_cluster(self) -> Result<Cluster> {
+        Ok(match self {
+            Backend::ZooKeeper => Cluster::ZooKeeper(ZkEnsemble::start(3)?),
+            Backend::Etcd => Cluster::Etcd(EtcdCluster::start(3)?),
+        })
+    }
+
+    /// A new session to `hosts` with the session timeout `timeout`.
+    async fn connect(self, hosts: &str, timeout: Duration) -> Result<Session> {
+        let options = SessionOptions::default().with_session_timeout(timeout);
+        let url = self.url(hosts);
+        dlock::connect_with(&url, options)
+            .await
+            .with_context(|| format!("connect to {url}"))
+    }
+}
+
+/// A 3-member ZooKeeper ensemble or etcd cluster.
+enum Cluster {
+    ZooKeeper(ZkEnsemble),
+    Etcd(EtcdCluster),
+}
+
+impl Cluster {
+    /// Every member, `host:port,host:port,...`: clients know them all.
+    fn hosts(&self) -> String {
+        match self {
+            Cluster::ZooKeeper(zk) => zk.connect_string(),
+            Cluster::Etcd(etcd) => etcd.endpoints().join(","),
+        }
+    }
+
+    /// Kills the current leader with `SIGKILL`; returns its index.
+    fn kill_leader(&mut self) -> Result<usize> {
+        let leader = match self {
+            Cluster::ZooKeeper(zk) => zk.leader_index(),
+            Cluster::Etcd(etcd) => etcd.leader_index(),
+        }
+        .context("the cluster has a leader")?;
+        match self {
+            Cluster::ZooKeeper(zk) => zk.kill(leader),
+            Cluster::Etcd(etcd) => etcd.kill(leader),
+        }
+        Ok(leader)
+    }
+
+    /// Starts killed member `i` again (same data) and waits until every
+    /// member serves and one leads.
+    fn restart(&mut self, i: usize) -> Result<()> {
+        match self {
+            Cluster::ZooKeeper(zk) => {
+                zk.restart(i)?;
+                zk.wait_for_quorum(WITHIN)
+            }
+            Cluster::Etcd(etcd) => {
+                etcd.restart(i)?;
+                etcd.wait_for_quorum(WITHIN)
+            }
+        }
+    }
+}
 
 fn root() -> String {
     format!("/faults-{}", uuid::Uuid::new_v4().simple())
 }
 
-async fn connect(hosts: &str, timeout: Duration) -> Result<Session> {
-    let options = SessionOptions::default().with_session_timeout(timeout);
-    Ok(dlock::connect_with(&format!("zk://{hosts}"), options).await?)
+fn persistent() -> CreateOptions {
+    CreateOptions::new(CreateMode::Persistent).with_parents()
+}
+
+/// Ends a test: waits until the background work of every session (releases
+/// of dropped guards, deletes after a reconnection) has settled, lists the
+/// tree under `root` and fails if any node holds data or belongs to a
+/// session (an ephemeral node), removes the empty skeleton (ZooKeeper's
+/// containers; etcd has none), checks that `root` is gone, and closes every
+/// session, `checker` last.
+async fn finish(root: &str, checker: &Session, sessions: &[&Session]) -> Result<()> {
+    for s in sessions.iter().chain([&checker]) {
+        tokio::time::timeout(WITHIN, s.background_idle())
+            .await
+            .context("background work settles")?;
+    }
+    let mut listing = Vec::new();
+    let mut stack = vec![root.to_string()];
+    while let Some(path) = stack.pop() {
+        let (data, stat) = match checker.get_data(&path).await {
+            Ok(read) => read,
+            Err(Error::NoNode { .. }) => continue,
+            Err(e) => return Err(e).context(path),
+        };
+        match checker.children(&path).await {
+            Ok(children) => {
+                stack.extend(children.into_iter().map(|c| format!("{path}/{}", c.name)))
+            }
+            Err(Error::NoNode { .. }) => {}
+            Err(e) => return Err(e).context(path),
+        }
+        listing.push((path, data.len(), stat.ephemeral_owner));
+    }
+    let left: Vec<String> = listing
+        .iter()
+        .filter(|(_, bytes, owner)| *bytes > 0 || *owner != 0)
+        .map(|(path, bytes, owner)| format!("{path} (owner {owner:#x}, {bytes} bytes)"))
+        .collect();
+    ensure!(left.is_empty(), "left behind under {root}: {left:#?}");
+    for (path, _, _) in listing.iter().rev() {
+        if let Err(e) = remove(checker, path, true).await {
+            // Something appeared after the listing: say what, and whose.
+            let mut now = Vec::new();
+            for c in checker.children(path).await.unwrap_or_default() {
+                let child = format!("{path}/{}", c.name);
+                let stat = checker.exists(&child).await.ok().flatten();
+                now.push(format!(
+                    "{child}: {:?}",
+                    stat.map(|s| (s.ephemeral_owner, s.czxid))
+                ));
+            }
+            let ours: Vec<String> = sessions
+                .iter()
+                .chain([&checker])
+                .map(|s| format!("{:#x}", s.session_id()))
+                .collect();
+            return Err(e.context(format!(
+                "after a clean listing {listing:?}, {path} has (owner, czxid) {now:#?}; \
+                 the test's sessions are {ours:?}"
+            )));
+        }
+    }
+    ensure!(
+        checker.exists(root).await?.is_none(),
+        "{root} still exists after removing its empty skeleton"
+    );
+    for s in sessions {
+        s.close().await;
+    }
+    checker.close().await;
+    Ok(())
+}
+
+/// Deletes `path`, again after a lost connection (a write the session does
+/// not retry itself); a retry that finds it gone is done, and so is a first
+/// try if `may_be_gone` (an empty container the server may reap first).
+async fn remove(session: &Session, path: &str, may_be_gone: bool) -> Result<()> {
+    let mut retried = false;
+    loop {
+        match session.delete(path, None).await {
+            Ok(()) => return Ok(()),
+            Err(Error::NoNode { .. }) if retried || may_be_gone => return Ok(()),
+            Err(e) if e.is_retryable() => retried = true,
+            Err(e) => return Err(e).with_context(|| format!("delete {path}")),
+        }
+    }
+}
+
+/// Waits until `progress` has counted at least `n`.
+async fn reach(progress: &mut watch::Receiver<usize>, n: usize) -> Result<()> {
+    let reached = tokio::time::timeout(WITHIN, async {
+        progress.wait_for(|&done| done >= n).await.map(|_| ())
+    })
+    .await;
+    match reached {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => bail!("every worker stopped before {n} were done"),
+        Err(_) => bail!("only {} of {n} done within {WITHIN:?}", *progress.borrow()),
+    }
+}
+
+/// Lets `n` units of work complete, kills the cluster's leader (-9), then
+/// waits for `n` more: progress resumes under the new leader. With more
+/// than one round, the killed member is restarted (and the cluster back to
+/// full strength) before the next round kills the leader again. Returns how
+/// many were done when the last leader died.
+///
+/// Scenarios connect every session (the checker too) before the fault: the
+/// scenarios are about sessions living through it. (On etcd, a *new*
+/// session may fail to connect while a member is down: etcd-client's
+/// balanced channel keeps routing requests to the dead member, where they
+/// fail at once, and the first lease grant is not retried.)
+async fn kill_the_leader_midway(
+    cluster: &mut Cluster,
+    progress: &mut watch::Receiver<usize>,
+    n: usize,
+    rounds: usize,
+) -> Result<usize> {
+    let mut before = 0;
+    for round in 1..=rounds {
+        let start = *progress.borrow();
+        reach(progress, start + n)
+            .await
+            .with_context(|| format!("round {round}: no progress before the fault"))?;
+        let leader = tokio::task::block_in_place(|| cluster.kill_leader())?;
+        before = *progress.borrow();
+        reach(progress, before + n).await.with_context(|| {
+            format!("round {round}: no progress after member {leader}, the leader, was killed")
+        })?;
+        if round < rounds {
+            tokio::task::block_in_place(|| cluster.restart(leader))
+                .with_context(|| format!("round {round}: restart member {leader}"))?;
+        }
+    }
+    Ok(before)
+}
+
+/// Runs `attempt` again while it fails with a retryable error (a lost
+/// connection); `Ok(None)` if it reports `Lost` (we no longer hold what it
+/// is guarded by).
+async fn retrying<T, F, Fut>(mut attempt: F) -> Result<Option<T>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = dlock::Result<T>>,
+{
+    loop {
+        match attempt().await {
+            Ok(done) => return Ok(Some(done)),
+            Err(Error::Lost { .. }) => return Ok(None),
+            Err(e) if e.is_retryable() => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Appends `token:mark` to the fenced resource, only while `guard` holds:
@@ -71,160 +325,299 @@ fn parse_log(data: &[u8]) -> Vec<(i64, bool)> {
         .collect()
 }
 
-/// Clients contend for a fenced mutex on a 3-node ensemble; the ensemble's
-/// leader is killed (-9) mid-run. No two sections interleave, tokens only
-/// grow, and sections keep completing after the new leader is elected.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_ensemble_leader_dies_during_contention() -> Result<()> {
-    let mut ensemble = ZkEnsemble::start(3)?;
-    let hosts = ensemble.connect_string();
+fn parse_number(data: &[u8]) -> Result<i64> {
+    Ok(std::str::from_utf8(data)?.parse()?)
+}
+
+/// Clients know every member of a 3-member cluster and contend for a fenced
+/// mutex; the cluster's leader is killed (-9) mid-run. No two sections
+/// interleave, tokens only grow, and sections keep completing after a new
+/// leader is elected.
+async fn the_ensemble_leader_dies_during_contention(backend: Backend, rounds: usize) -> Result<()> {
+    let mut cluster = backend.start_cluster()?;
+    let hosts = cluster.hosts();
     let root = root();
     let (lock, resource) = (format!("{root}/lock"), format!("{root}/resource"));
-    let admin = connect(&hosts, Duration::from_secs(6)).await?;
-    admin
-        .create(
-            &resource,
-            b"",
-            CreateOptions::new(CreateMode::Persistent).with_parents(),
-        )
-        .await?;
-    let sections = Arc::new(AtomicUsize::new(0));
+    let admin = backend.connect(&hosts, LONG).await?;
+    admin.create(&resource, b"", persistent()).await?;
+    let (progress, mut sections) = watch::channel(0usize);
+    let progress = Arc::new(progress);
     let stop = Arc::new(AtomicBool::new(false));
+    let mut sessions = Vec::new();
     let mut clients = Vec::new();
     for _ in 0..4 {
-        let session = connect(&hosts, Duration::from_secs(6)).await?;
-        let (lock, resource, sections, stop) = (
-            lock.clone(),
-            resource.clone(),
-            sections.clone(),
-            stop.clone(),
-        );
+        let session = backend.connect(&hosts, LONG).await?;
+        sessions.push(session.clone());
+        let mutex = Mutex::new(&session, &lock)?;
+        let (resource, progress, stop) = (resource.clone(), progress.clone(), stop.clone());
         clients.push(tokio::spawn(async move {
-            let mutex = Mutex::new(&session, &lock)?;
             while !stop.load(Ordering::SeqCst) {
                 let guard = match mutex.acquire().await {
                     Ok(g) => g,
                     Err(e) if e.is_retryable() => continue,
-                    Err(e) => return Err(anyhow::Error::from(e)),
+                    Err(e) => return Err(anyhow::Error::from(e).context("acquire")),
                 };
                 if fenced_append(&session, &guard, &resource, true).await?
                     && fenced_append(&session, &guard, &resource, false).await?
                 {
-                    sections.fetch_add(1, Ordering::SeqCst);
+                    progress.send_modify(|n| *n += 1);
                 }
-                let _ = guard.release().await;
+                match guard.release().await {
+                    Ok(()) | Err(Error::Lost { .. }) => {}
+                    // Still unanswered after the session's retries: the node
+                    // goes in the background (`finish` waits for that).
+                    Err(e) if e.is_retryable() => {}
+                    Err(e) => return Err(anyhow::Error::from(e).context("release")),
+                }
             }
-            session.close().await;
             anyhow::Ok(())
         }));
     }
-    let wait_for = |n: usize| {
-        let sections = sections.clone();
-        async move {
-            tokio::time::timeout(Duration::from_secs(60), async {
-                while sections.load(Ordering::SeqCst) < n {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            })
-            .await
-        }
-    };
-    wait_for(20).await.context("no progress before the fault")?;
-    let leader = ensemble
-        .leader_index()
-        .context("the ensemble has a leader")?;
-    ensemble.kill(leader);
-    let before = sections.load(Ordering::SeqCst);
-    wait_for(before + 20)
-        .await
-        .context("no progress after the leader died")?;
+    let before = kill_the_leader_midway(&mut cluster, &mut sections, 20, rounds).await?;
     stop.store(true, Ordering::SeqCst);
     for c in clients {
         c.await??;
     }
     let (data, _) = admin.get_data(&resource).await?;
-    let log = parse_log(&data);
-    let checked = check_fenced_log(&log).map_err(anyhow::Error::msg)?;
+    let checked = check_fenced_log(&parse_log(&data)).map_err(anyhow::Error::msg)?;
     ensure!(checked >= before + 20, "{checked} sections in the log");
-    admin.delete(&resource, None).await?;
-    admin.close().await;
-    Ok(())
+    remove(&admin, &resource, false).await?;
+    finish(&root, &admin, &sessions.iter().collect::<Vec<_>>()).await
+}
+
+/// Four clients contend on a semaphore of 2 leases on a 3-member cluster;
+/// the leader is killed (-9) mid-run. Each client records entering and
+/// leaving its section; inside, it makes round trips guarded by its lease
+/// (each succeeds only while the lease exists) until it sees a second
+/// holder inside, at most 10. Never more than two are inside at once, both
+/// leases are used, and sections keep completing after the fault.
+async fn a_semaphore_keeps_its_limit_when_the_leader_dies(
+    backend: Backend,
+    rounds: usize,
+) -> Result<()> {
+    let mut cluster = backend.start_cluster()?;
+    let hosts = cluster.hosts();
+    let admin = backend.connect(&hosts, LONG).await?;
+    let root = root();
+    let path = format!("{root}/semaphore");
+    let history = Arc::new(History::new());
+    let (progress, mut sections) = watch::channel(0usize);
+    let progress = Arc::new(progress);
+    let stop = Arc::new(AtomicBool::new(false));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut sessions = Vec::new();
+    let mut clients = Vec::new();
+    for client in 0..4 {
+        let session = backend.connect(&hosts, LONG).await?;
+        sessions.push(session.clone());
+        let semaphore = Semaphore::new(&session, &path, 2)?;
+        let (history, progress, stop, inside) = (
+            history.clone(),
+            progress.clone(),
+            stop.clone(),
+            inside.clone(),
+        );
+        clients.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                history.record(client, Event::Invoke("acquire"));
+                let lease = match semaphore.acquire_one().await {
+                    Ok(lease) => lease,
+                    Err(e) if e.is_retryable() => {
+                        history.record(client, Event::Fail("acquire", e.to_string()));
+                        continue;
+                    }
+                    Err(e) => return Err(anyhow::Error::from(e).context("acquire")),
+                };
+                let token = lease.token().0;
+                history.record(client, Event::Ok("acquire", token));
+                history.record(client, Event::Enter(token));
+                inside.fetch_add(1, Ordering::SeqCst);
+                let mut held = true;
+                for _ in 0..10 {
+                    if retrying(|| lease.guarded(&[])).await?.is_none() {
+                        held = false;
+                        break;
+                    }
+                    if inside.load(Ordering::SeqCst) >= 2 {
+                        break;
+                    }
+                }
+                inside.fetch_sub(1, Ordering::SeqCst);
+                history.record(client, Event::Exit(token));
+                if held {
+                    progress.send_modify(|n| *n += 1);
+                } else {
+                    history.record(client, Event::Fail("section", "lease lost".into()));
+                }
+                match lease.release().await {
+                    Ok(()) | Err(Error::Lost { .. }) => {}
+                    // Still unanswered after the session's retries: the node
+                    // goes in the background (`finish` waits for that).
+                    Err(e) if e.is_retryable() => {}
+                    Err(e) => return Err(anyhow::Error::from(e).context("release")),
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    let before = kill_the_leader_midway(&mut cluster, &mut sections, 30, rounds).await?;
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        c.await??;
+    }
+    let most = history.check_at_most(2).map_err(anyhow::Error::msg)?;
+    ensure!(
+        most == 2,
+        "at most {most} inside at once: the limit was never used"
+    );
+    let done = *sections.borrow();
+    ensure!(done >= before + 30, "{done} sections");
+    finish(&root, &admin, &sessions.iter().collect::<Vec<_>>()).await
+}
+
+/// Records the end of a leadership term when dropped: when
+/// `take_leadership` returns, or when the selector drops it (a cancelled
+/// term), which it does before releasing leadership.
+struct TermEnds {
+    history: Arc<History>,
+    client: usize,
+    epoch: i64,
+}
+
+impl Drop for TermEnds {
+    fn drop(&mut self) {
+        self.history.record(self.client, Event::Exit(self.epoch));
+    }
+}
+
+/// Three leader selectors (auto-requeue: they take turns) on a 3-member
+/// cluster; the leader is killed (-9) mid-run. Each term records its start
+/// and end and makes one write guarded by its leadership: there is never
+/// more than one leader, epochs only grow from term to term, and terms keep
+/// completing after the fault.
+async fn one_leader_at_a_time_when_the_leader_dies(backend: Backend, rounds: usize) -> Result<()> {
+    let mut cluster = backend.start_cluster()?;
+    let hosts = cluster.hosts();
+    let admin = backend.connect(&hosts, LONG).await?;
+    let root = root();
+    let path = format!("{root}/election");
+    let history = Arc::new(History::new());
+    let (progress, mut terms) = watch::channel(0usize);
+    let progress = Arc::new(progress);
+    let failures = Arc::new(StdMutex::new(Vec::<String>::new()));
+    let mut sessions = Vec::new();
+    let mut selectors = Vec::new();
+    for client in 0..3 {
+        let session = backend.connect(&hosts, LONG).await?;
+        sessions.push(session.clone());
+        let (history, progress, failures) = (history.clone(), progress.clone(), failures.clone());
+        let selector = LeaderSelector::new(&session, &path, move |term| {
+            let (history, progress, failures) =
+                (history.clone(), progress.clone(), failures.clone());
+            async move {
+                let epoch = term.epoch().0;
+                history.record(client, Event::Enter(epoch));
+                let _ends = TermEnds {
+                    history: history.clone(),
+                    client,
+                    epoch,
+                };
+                match retrying(|| term.guarded(&[])).await {
+                    Ok(Some(_)) => progress.send_modify(|n| *n += 1),
+                    Ok(None) => history.record(client, Event::Fail("lead", "lost".into())),
+                    Err(e) => failures
+                        .lock()
+                        .unwrap()
+                        .push(format!("client {client}, epoch {epoch}: {e:#}")),
+                }
+            }
+        })?
+        .with_id(format!("client-{client}"))
+        .with_auto_requeue();
+        selector.start()?;
+        selectors.push(selector);
+    }
+    let before = kill_the_leader_midway(&mut cluster, &mut terms, 20, rounds).await?;
+    for s in &selectors {
+        s.close().await?;
+    }
+    let failures = failures.lock().unwrap().clone();
+    ensure!(
+        failures.is_empty(),
+        "a leader's write failed: {failures:#?}"
+    );
+    let checked = history.check_leaders().map_err(anyhow::Error::msg)?;
+    ensure!(checked >= before + 20, "{checked} terms");
+    finish(&root, &admin, &sessions.iter().collect::<Vec<_>>()).await
 }
 
 /// A connection cut shorter than the session: the holder is suspended,
-/// reconnects to the same session, and still holds the lock.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_short_cut_keeps_the_lock() -> Result<()> {
-    let proxy = TcpProxy::start(&shared_zk().connect_string())?;
-    let holder = connect(&proxy.address(), Duration::from_secs(6)).await?;
-    let observer = connect(&shared_zk().connect_string(), Duration::from_secs(6)).await?;
+/// reconnects to the same session (lease), and still holds the lock.
+async fn a_short_cut_keeps_the_lock(backend: Backend) -> Result<()> {
+    let proxy = TcpProxy::start(&backend.shared())?;
+    let holder = backend.connect(&proxy.address(), LONG).await?;
+    let observer = backend.connect(&backend.shared(), LONG).await?;
     let root = root();
-    let guard = Mutex::new(&holder, &format!("{root}/lock"))?
-        .acquire()
-        .await?;
+    let lock = format!("{root}/lock");
+    let guard = Mutex::new(&holder, &lock)?.acquire().await?;
     let session = holder.session_id();
     let mut status = holder.watch_status();
     proxy.cut();
     tokio::time::timeout(
-        Duration::from_secs(10),
+        WITHIN,
         status.wait_for(|s| s.state == SessionState::Suspended),
     )
-    .await??;
+    .await
+    .context("not suspended after the cut")??;
     ensure!(guard.is_suspended() && !guard.is_lost());
     proxy.restore();
     tokio::time::timeout(
-        Duration::from_secs(10),
-        status.wait_for(|s| s.state == SessionState::Reconnected),
+        WITHIN,
+        status.wait_for(|s| s.state != SessionState::Suspended),
     )
-    .await??;
+    .await
+    .context("still suspended after the connection was restored")??;
+    let now = holder.status();
     ensure!(
-        holder.session_id() == session && !guard.is_lost(),
-        "same session, still held"
+        now.state == SessionState::Reconnected && now.session_id == session,
+        "reconnected to the same session {session:#x}: {now:?}"
     );
+    ensure!(!guard.is_lost(), "still held");
     ensure!(
         observer.exists(guard.node()).await?.is_some(),
         "the lock node survived"
     );
-    ensure!(Mutex::new(&observer, &format!("{root}/lock"))?
-        .try_acquire()
-        .await?
-        .is_none());
+    ensure!(
+        Mutex::new(&observer, &lock)?.try_acquire().await?.is_none(),
+        "nobody else can take the lock"
+    );
     guard.release().await?;
-    for s in [&holder, &observer] {
-        let _ = s.delete(&format!("{root}/lock"), None).await;
-        let _ = s.delete(&root, None).await;
-        s.close().await;
-    }
-    Ok(())
+    finish(&root, &observer, &[&holder]).await
 }
 
 /// A connection cut longer than the session: the server expires it, the
 /// next client takes the lock, and the old holder learns it lost: its
 /// guarded writes are rejected, so there is never a second accepted holder.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_long_cut_loses_the_lock_without_a_double_holder() -> Result<()> {
-    let proxy = TcpProxy::start(&shared_zk().connect_string())?;
-    let timeout = Duration::from_secs(2);
-    let holder = connect(&proxy.address(), timeout).await?;
-    let other = connect(&shared_zk().connect_string(), timeout).await?;
+async fn a_long_cut_loses_the_lock_without_a_double_holder(backend: Backend) -> Result<()> {
+    let proxy = TcpProxy::start(&backend.shared())?;
+    let holder = backend.connect(&proxy.address(), SHORT).await?;
+    let other = backend.connect(&backend.shared(), SHORT).await?;
     let root = root();
     let (lock, resource) = (format!("{root}/lock"), format!("{root}/resource"));
-    other
-        .create(
-            &resource,
-            b"",
-            CreateOptions::new(CreateMode::Persistent).with_parents(),
-        )
-        .await?;
+    other.create(&resource, b"", persistent()).await?;
     let g1 = Mutex::new(&holder, &lock)?.acquire().await?;
     ensure!(fenced_append(&holder, &g1, &resource, true).await?);
     let m2 = Mutex::new(&other, &lock)?;
     let waiting = tokio::spawn(async move { m2.acquire().await });
     proxy.cut();
-    let g2 = tokio::time::timeout(timeout + Duration::from_secs(2), waiting).await???;
+    let g2 = tokio::time::timeout(SHORT * 3, waiting)
+        .await
+        .context("the lock was not handed over after the holder's session ran out")???;
     ensure!(fenced_append(&other, &g2, &resource, true).await?);
     proxy.restore();
-    tokio::time::timeout(Duration::from_secs(10), g1.lost()).await?;
+    tokio::time::timeout(WITHIN, g1.lost())
+        .await
+        .context("the old holder never learned it lost the lock")?;
     ensure!(
         !fenced_append(&holder, &g1, &resource, false).await?,
         "the old holder's write was rejected"
@@ -232,45 +625,34 @@ async fn a_long_cut_loses_the_lock_without_a_double_holder() -> Result<()> {
     ensure!(fenced_append(&other, &g2, &resource, false).await?);
     let log = parse_log(&other.get_data(&resource).await?.0);
     ensure!(check_fenced_log(&log).map_err(anyhow::Error::msg)? == 2);
-    ensure!(matches!(
-        g1.release().await.unwrap_err(),
-        Error::Lost { .. }
-    ));
+    let released = g1.release().await;
+    ensure!(matches!(released, Err(Error::Lost { .. })), "{released:?}");
     g2.release().await?;
     other.delete(&resource, None).await?;
-    holder.close().await;
-    other.close().await;
-    Ok(())
+    finish(&root, &other, &[&holder]).await
 }
 
 /// Kleppmann's scenario: a holder stalls (its traffic frozen) past its
 /// session between reading and writing; another client takes the lock and
 /// writes. The stalled holder's write is rejected with fencing, and shown to
 /// corrupt the value without it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_holder_is_fenced_and_unfenced_writes_are_unsafe() -> Result<()> {
+async fn a_paused_holder_is_fenced_and_unfenced_writes_are_unsafe(backend: Backend) -> Result<()> {
     for fenced in [true, false] {
-        let proxy = TcpProxy::start(&shared_zk().connect_string())?;
-        let timeout = Duration::from_secs(2);
-        let stalled = connect(&proxy.address(), timeout).await?;
-        let other = connect(&shared_zk().connect_string(), timeout).await?;
+        let proxy = TcpProxy::start(&backend.shared())?;
+        let stalled = backend.connect(&proxy.address(), SHORT).await?;
+        let other = backend.connect(&backend.shared(), SHORT).await?;
         let root = root();
         let (lock, counter) = (format!("{root}/lock"), format!("{root}/counter"));
-        other
-            .create(
-                &counter,
-                b"0",
-                CreateOptions::new(CreateMode::Persistent).with_parents(),
-            )
-            .await?;
+        other.create(&counter, b"0", persistent()).await?;
         // Each client adds one to the counter under the lock: two increments.
         let g1 = Mutex::new(&stalled, &lock)?.acquire().await?;
-        let seen: i64 = std::str::from_utf8(&stalled.get_data(&counter).await?.0)?.parse()?;
+        let seen = parse_number(&stalled.get_data(&counter).await?.0)?;
         proxy.pause();
         let g2 = Mutex::new(&other, &lock)?
-            .acquire_timeout(timeout * 3)
-            .await?;
-        let now: i64 = std::str::from_utf8(&other.get_data(&counter).await?.0)?.parse()?;
+            .acquire_timeout(SHORT * 3)
+            .await
+            .context("the lock was not handed over while the holder stalled")?;
+        let now = parse_number(&other.get_data(&counter).await?.0)?;
         g2.guarded(&[Op::SetData {
             path: counter.clone(),
             data: (now + 1).to_string().into(),
@@ -291,7 +673,7 @@ async fn a_paused_holder_is_fenced_and_unfenced_writes_are_unsafe() -> Result<()
         } else {
             stalled.set_data(&counter, &late, None).await.map(|_| ())
         };
-        let value: i64 = std::str::from_utf8(&other.get_data(&counter).await?.0)?.parse()?;
+        let value = parse_number(&other.get_data(&counter).await?.0)?;
         if fenced {
             ensure!(matches!(result, Err(Error::Lost { .. })), "{result:?}");
             ensure!(
@@ -300,16 +682,90 @@ async fn a_paused_holder_is_fenced_and_unfenced_writes_are_unsafe() -> Result<()
             );
         } else {
             result?;
+            // Both clients incremented, but the value says 1: a lost update.
             ensure!(
                 value == 1,
                 "unfenced: the stale write landed over the other's ({value})"
             );
-            // Both clients incremented, but the value says 1: a lost update.
         }
-        let _ = g1.release().await;
+        let released = g1.release().await;
+        ensure!(matches!(released, Err(Error::Lost { .. })), "{released:?}");
         other.delete(&counter, None).await?;
-        stalled.close().await;
-        other.close().await;
+        finish(&root, &other, &[&stalled]).await?;
     }
     Ok(())
 }
+
+/// With the leader of a 3-member cluster dead, new clients that know every
+/// member still connect, every time (the client balances over the members
+/// and may still offer the dead one: the lease grant is tried again), and
+/// lock and release.
+async fn new_sessions_connect_while_a_member_is_down(backend: Backend) -> Result<()> {
+    let mut cluster = backend.start_cluster()?;
+    let hosts = cluster.hosts();
+    let root = root();
+    let checker = backend.connect(&hosts, Duration::from_secs(6)).await?;
+    cluster.kill_leader()?;
+    let mut sessions = Vec::new();
+    for i in 0..10 {
+        let session = backend
+            .connect(&hosts, Duration::from_secs(6))
+            .await
+            .with_context(|| format!("session {i} while a member is down"))?;
+        let guard = Mutex::new(&session, &format!("{root}/lock"))?
+            .acquire_timeout(WITHIN)
+            .await
+            .with_context(|| format!("session {i} locks"))?;
+        guard.release().await?;
+        sessions.push(session);
+    }
+    let refs: Vec<&Session> = sessions.iter().collect();
+    finish(&root, &checker, &refs).await
+}
+
+/// One test: `name` runs `scenario(args)`.
+macro_rules! test {
+    ($(#[$attr:meta])* $name:ident => $scenario:ident($($arg:expr),*)) => {
+        $(#[$attr])*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() -> anyhow::Result<()> {
+            super::$scenario($($arg),*).await
+        }
+    };
+}
+
+/// Every scenario on one backend, as `<module>::<test>`. The leader-kill
+/// scenarios also run long (`#[ignore]`d, `scripts/test.sh --long`): the
+/// leader is killed, its member restarted, 5 times over.
+macro_rules! scenarios {
+    ($(#[$attr:meta])* $module:ident => $backend:expr) => {
+        $(#[$attr])*
+        mod $module {
+            test!(the_ensemble_leader_dies_during_contention =>
+                the_ensemble_leader_dies_during_contention($backend, 1));
+            test!(a_semaphore_keeps_its_limit_when_the_leader_dies =>
+                a_semaphore_keeps_its_limit_when_the_leader_dies($backend, 1));
+            test!(one_leader_at_a_time_when_the_leader_dies =>
+                one_leader_at_a_time_when_the_leader_dies($backend, 1));
+            test!(new_sessions_connect_while_a_member_is_down =>
+                new_sessions_connect_while_a_member_is_down($backend));
+            test!(a_short_cut_keeps_the_lock => a_short_cut_keeps_the_lock($backend));
+            test!(a_long_cut_loses_the_lock_without_a_double_holder =>
+                a_long_cut_loses_the_lock_without_a_double_holder($backend));
+            test!(a_paused_holder_is_fenced_and_unfenced_writes_are_unsafe =>
+                a_paused_holder_is_fenced_and_unfenced_writes_are_unsafe($backend));
+            test!(#[ignore = "long: run by scripts/test.sh --long"]
+                leaders_die_again_and_again_during_contention =>
+                the_ensemble_leader_dies_during_contention($backend, 5));
+            test!(#[ignore = "long: run by scripts/test.sh --long"]
+                a_semaphore_keeps_its_limit_through_many_leader_deaths =>
+                a_semaphore_keeps_its_limit_when_the_leader_dies($backend, 5));
+            test!(#[ignore = "long: run by scripts/test.sh --long"]
+                one_leader_at_a_time_through_many_leader_deaths =>
+                one_leader_at_a_time_when_the_leader_dies($backend, 5));
+        }
+    };
+}
+
+scenarios!(#[cfg(feature = "zookeeper")] zookeeper => super::Backend::ZooKeeper);
+scenarios!(#[cfg(feature = "etcd")] etcd => super::Backend::Etcd);

@@ -72,6 +72,7 @@ mod zk;
 pub use curator::{classpath as curator_classpath, CuratorProbe};
 pub use etcd::{shared_etcd, try_shared_etcd, EtcdCluster, EtcdOptions, EtcdServer, EtcdTls};
 pub use port::free_port;
+pub use process::all_threads_stopped;
 pub use proxy::TcpProxy;
 pub use tls::TestCerts;
 pub use util::{http_get, zk_four_letter};

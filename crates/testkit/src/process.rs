@@ -167,8 +167,19 @@ impl Drop for Supervised {
     }
 }
 
-/// True if every thread of `pid` is in state `T` (stopped) or gone.
-fn all_threads_stopped(pid: u32) -> bool {
+/// True if every thread of `pid` is in state `T` (stopped) or gone: after
+/// `kill(pid, SIGSTOP)` returns, threads may still run for a moment, so a
+/// test that needs the process frozen waits for this.
+///
+/// ```no_run
+/// let child = std::process::Command::new("sleep").arg("60").spawn()?;
+/// unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
+/// while !dlock_testkit::all_threads_stopped(child.id()) {
+///     std::thread::yield_now();
+/// }
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn all_threads_stopped(pid: u32) -> bool {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return true;
     };

@@ -189,23 +189,49 @@ pub(super) async fn connect_client(config: &Config) -> Result<Client> {
 }
 
 /// Grants a lease of the configured TTL; returns its id and granted TTL.
+/// A request that fails on the connection is tried again until `limit`: the
+/// client's channel balances over the members and may still offer one that
+/// is down (tonic keeps a dead endpoint "ready" for a while), so another
+/// try can reach a live one.
 async fn grant(config: &Config, client: &Client, limit: Duration) -> Result<(i64, Duration)> {
-    let mut leases = client.lease_client();
-    match tokio::time::timeout(limit, leases.grant(config.ttl_secs, None)).await {
-        Ok(Ok(granted)) if granted.id() != 0 && granted.ttl() > 0 => {
-            Ok((granted.id(), Duration::from_secs(granted.ttl() as u64)))
+    const ATTEMPT: Duration = Duration::from_millis(1500);
+    let deadline = Instant::now() + limit;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        let mut leases = client.lease_client();
+        // One attempt may hang on a member that lost its leader (until its
+        // own request timeout): give each a slice, and try again. A grant
+        // given up on leaves at most a lease with no keys, which expires.
+        let left = deadline.saturating_duration_since(Instant::now());
+        let attempt = left.min(ATTEMPT);
+        let failure = match tokio::time::timeout(attempt, leases.grant(config.ttl_secs, None)).await
+        {
+            Ok(Ok(granted)) if granted.id() != 0 && granted.ttl() > 0 => {
+                return Ok((granted.id(), Duration::from_secs(granted.ttl() as u64)))
+            }
+            Ok(Ok(granted)) => {
+                return Err(Error::Backend(format!(
+                    "etcd at {} granted no lease: {}",
+                    config.endpoint,
+                    granted.error()
+                )))
+            }
+            Ok(Err(e)) => map_error(e, &config.endpoint),
+            Err(_) if Instant::now() < deadline => {
+                Failure::Connection(format!("no answer within {attempt:?}"))
+            }
+            Err(_) => return Err(config.unreachable(format!("no lease granted within {limit:?}"))),
+        };
+        match failure {
+            Failure::Connection(why) if Instant::now() + pause < deadline => {
+                tracing::debug!(endpoint = %config.endpoint, %why, "lease grant failed; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            Failure::Auth(why) => return Err(Error::AuthFailed(why)),
+            Failure::NoAuth(why) => return Err(Error::NoAuth { path: why }),
+            other => return Err(config.unreachable(other.into_error(""))),
         }
-        Ok(Ok(granted)) => Err(Error::Backend(format!(
-            "etcd at {} granted no lease: {}",
-            config.endpoint,
-            granted.error()
-        ))),
-        Ok(Err(e)) => Err(match map_error(e, &config.endpoint) {
-            Failure::Auth(why) => Error::AuthFailed(why),
-            Failure::NoAuth(why) => Error::NoAuth { path: why },
-            other => config.unreachable(other.into_error("")),
-        }),
-        Err(_) => Err(config.unreachable(format!("no lease granted within {limit:?}"))),
     }
 }
 
