@@ -25,6 +25,8 @@
 pub mod embedded;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+// Used by the etcd backend (namespaces); ZooKeeper chroots are native.
+#[cfg(any(feature = "etcd", test))]
 mod namespace;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
