@@ -653,6 +653,27 @@ fn holder_pid(admin: &Session, lock: &str) -> Option<u32> {
     })
 }
 
+/// The pids of the processes with a node in the lock's queue: connected
+/// and buying (a process frozen while it still connects would only time
+/// out its connect, exit 67, and test nothing).
+fn queued_pids(admin: &Session, lock: &str) -> std::collections::HashSet<u32> {
+    let s = admin.session();
+    admin.block_on(async {
+        let mut pids = std::collections::HashSet::new();
+        for child in s.children(lock).await.unwrap_or_default() {
+            if let Ok((data, _)) = s.get_data(&format!("{lock}/{}", child.name)).await {
+                if let Some(pid) = fields(&String::from_utf8_lossy(&data))
+                    .get("pid")
+                    .and_then(|p| p.parse().ok())
+                {
+                    pids.insert(pid);
+                }
+            }
+        }
+        pids
+    })
+}
+
 #[derive(Debug)]
 struct Entry {
     path: String,
@@ -907,11 +928,16 @@ fn chaos_run(endpoint: &str, seed: u64, schedule: &mut Schedule) -> Result<Strin
         }
         if injecting && now >= next_fault {
             next_fault = now + rng.ms(150, 700);
-            // Candidates: running, not frozen; one of them always stays so.
+            // Candidates: running, not frozen, connected (queued at least
+            // once); one of them always stays so.
+            let queued = queued_pids(&admin, &sale.lock);
             let active: Vec<usize> = (0..slots.len())
                 .filter(|&i| {
                     let s = &mut slots[i];
-                    s.thaw_at.is_none() && s.proc.as_mut().is_some_and(|p| !p.finished())
+                    s.thaw_at.is_none()
+                        && s.proc
+                            .as_mut()
+                            .is_some_and(|p| !p.finished() && queued.contains(&(p.pid() as u32)))
                 })
                 .collect();
             if active.len() >= 2 {
