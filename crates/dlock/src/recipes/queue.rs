@@ -423,6 +423,13 @@ impl WaitQueue {
                     }
                 },
             };
+            // Reads renew a lost session transparently: if ours was lost
+            // between the listing and arming the watch, the watch belongs
+            // to the new session and would never fire for the loss, and our
+            // node is gone. Start over instead of waiting on it.
+            if owner != 0 && !self.session_owns(owner) {
+                return Err(Stop::Failed(Error::NoNode { path: node }));
+            }
             let woke = tokio::select! {
                 _ = watch.changed() => true,
                 _ = wait_notify(wake) => true,
