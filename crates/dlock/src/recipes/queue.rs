@@ -354,10 +354,30 @@ impl WaitQueue {
             path: None,
             armed: true,
         };
-        let (created, children) = self
-            .session
-            .create_protected(&self.dir, &prefix, self.lock_name, data, mode, true)
-            .await?;
+        // The create runs as a task of its own, so that cancelling the
+        // acquire never cancels a create in flight: etcd may apply such a
+        // create after a clean-up that looked for it (one client's requests
+        // are not ordered there as on ZooKeeper). The task deletes what it
+        // created if nobody is waiting for it any more.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        {
+            let session = self.session.clone();
+            let (dir, prefix, name, data) = (
+                self.dir.clone(),
+                prefix.clone(),
+                self.lock_name,
+                data.to_vec(),
+            );
+            self.session.spawn_background(async move {
+                let result = session
+                    .create_protected(&dir, &prefix, name, &data, mode, true)
+                    .await;
+                if let Err(Ok((created, _))) = tx.send(result) {
+                    let _ = session.delete_guaranteed(&created.path).await;
+                }
+            });
+        }
+        let (created, children) = rx.await.map_err(|_| Error::Closed)??;
         pending.path = Some(created.path.clone());
         if let Some(listener) = &self.revocation {
             super::revocation::watch(&self.session, created.path.clone(), listener.clone());
