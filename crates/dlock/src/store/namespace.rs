@@ -198,6 +198,7 @@ impl<S: Store> Store for Namespaced<S> {
 mod tests {
     use super::*;
     use crate::store::embedded::EmbeddedServer;
+    use crate::store::CreateMode;
 
     #[tokio::test]
     async fn paths_move_in_and_out() -> Result<()> {
@@ -244,6 +245,3 @@ mod tests {
         Ok(())
     }
 }
-
-#[cfg(test)]
-use super::CreateMode;
