@@ -390,9 +390,9 @@ fn host_name() -> impl Strategy<Value = String> {
     ]
 }
 
-/// `host:port`, any port.
+/// `host:port`, any valid port (1-65535).
 fn host_port() -> impl Strategy<Value = String> {
-    (host_name(), any::<u16>()).prop_map(|(h, p)| format!("{h}:{p}"))
+    (host_name(), 1..=u16::MAX).prop_map(|(h, p)| format!("{h}:{p}"))
 }
 
 /// A chroot without the characters the URL grammar itself uses (`@`, `?`).
@@ -554,7 +554,7 @@ proptest! {
     fn hosts_need_a_name_and_a_port(
         scheme in prop_oneof![Just("zk"), Just("etcd")],
         name in "[a-z][a-z0-9.-]{0,10}",
-        port in any::<u16>(),
+        port in 1..=u16::MAX,
         missing_port in any::<bool>(),
     ) {
         let (host, words) = if missing_port {
