@@ -1387,40 +1387,13 @@ async fn releasing_twice_and_closing_twice(h: &Harness) -> Result<()> {
     Ok(())
 }
 
-per_backend!(embedded => crate::common::embedded();
-    paths_dlock_accepts_every_backend_holds,
-    recipes_refuse_bad_paths,
-    malformed_shared_counts_are_typed_errors,
-    a_semaphore_keeps_the_last_good_count,
-    malformed_kv_records_are_typed_errors,
-    semaphore_quantities,
-    a_huge_quantity_is_given_back_on_timeout,
-    kv_semaphore_quantities,
-    multi_lock_and_zero_timeouts,
-    recipes_on_a_closed_session_fail_closed,
-    holds_of_a_closed_session,
-    releasing_twice_and_closing_twice,
-    a_leading_latch_ends_with_its_session,
-);
-
-per_backend!(zookeeper => crate::common::zookeeper();
-    paths_dlock_accepts_every_backend_holds,
-    recipes_refuse_bad_paths,
-    malformed_shared_counts_are_typed_errors,
-    a_semaphore_keeps_the_last_good_count,
-    malformed_kv_records_are_typed_errors,
-    semaphore_quantities,
-    a_huge_quantity_is_given_back_on_timeout,
-    kv_semaphore_quantities,
-    multi_lock_and_zero_timeouts,
-    recipes_on_a_closed_session_fail_closed,
-    holds_of_a_closed_session,
-    a_leading_latch_ends_with_its_session,
-    releasing_twice_and_closing_twice,
-);
-
-#[cfg(feature = "etcd")]
-per_backend!(etcd => crate::common::etcd();
+// Every case on every backend.
+per_backend!({
+    embedded => crate::common::embedded(),
+    zookeeper => crate::common::zookeeper(),
+    #[cfg(feature = "etcd")]
+    etcd => crate::common::etcd(),
+} {
     paths_dlock_accepts_every_backend_holds,
     recipes_refuse_bad_paths,
     malformed_shared_counts_are_typed_errors,
@@ -1434,4 +1407,4 @@ per_backend!(etcd => crate::common::etcd();
     holds_of_a_closed_session,
     a_leading_latch_ends_with_its_session,
     releasing_twice_and_closing_twice,
-);
+});

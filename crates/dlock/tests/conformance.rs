@@ -438,44 +438,6 @@ async fn a_lost_delete_reply_still_deletes_the_node(h: &Harness) -> Result<()> {
     Ok(())
 }
 
-per_backend!(embedded => crate::common::embedded();
-    sequential_names_count_the_parents_creations,
-    fencing_tokens_only_grow,
-    ephemeral_nodes_die_with_their_session,
-    ephemeral_nodes_cannot_have_children,
-    versions_guard_writes,
-    errors_name_the_node,
-    watches_fire_once_on_node_events,
-    multi_is_all_or_nothing,
-    parents_are_created_as_containers_and_reaped,
-    create_and_list_sees_its_own_node,
-    children_sort_by_sequence_like_curator,
-    suspension_within_the_timeout_keeps_the_session,
-    suspension_past_the_timeout_loses_the_session,
-    expiry_fires_watches_and_renews_the_session,
-    a_lost_create_reply_still_creates_the_node,
-    a_lost_delete_reply_still_deletes_the_node,
-);
-
-per_backend!(zookeeper => crate::common::zookeeper();
-    sequential_names_count_the_parents_creations,
-    fencing_tokens_only_grow,
-    ephemeral_nodes_die_with_their_session,
-    ephemeral_nodes_cannot_have_children,
-    versions_guard_writes,
-    errors_name_the_node,
-    watches_fire_once_on_node_events,
-    multi_is_all_or_nothing,
-    parents_are_created_as_containers_and_reaped,
-    create_and_list_sees_its_own_node,
-    children_sort_by_sequence_like_curator,
-    suspension_within_the_timeout_keeps_the_session,
-    suspension_past_the_timeout_loses_the_session,
-    expiry_fires_watches_and_renews_the_session,
-    a_lost_create_reply_still_creates_the_node,
-    a_lost_delete_reply_still_deletes_the_node,
-);
-
 /// The read-write lock's downgrade (CURATOR-621) at the store level: a
 /// node created without a sequence but named with a sequential sibling's
 /// suffix sorts at that sibling's place, even once the sibling is gone —
@@ -518,26 +480,12 @@ async fn a_node_named_after_a_siblings_sequence_takes_its_place(h: &Harness) -> 
     Ok(())
 }
 
-per_backend!(embedded_place => crate::common::embedded();
-    a_node_named_after_a_siblings_sequence_takes_its_place,
-);
-
-per_backend!(zookeeper_place => crate::common::zookeeper();
-    a_node_named_after_a_siblings_sequence_takes_its_place,
-);
-
-// etcd differences (documented in `dlock::store::etcd`):
-// - `sequential_names_count_the_parents_creations` pins ZooKeeper's
-//   numbering (`%010d` of the parent's creations, cversion): etcd has no
-//   per-directory counter; its queues order by create revision and the
-//   10-digit suffix is only unique, not counted.
-// - `errors_name_the_node` ends by deleting a parent made by
-//   `create_parents` after its last child: on etcd parents are implicit
-//   and vanish with their last child (a container reaped at once), so that
-//   delete is `NoNode`. The same errors are checked in
-//   `etcd_backend.rs` (`errors_name_the_node_with_implicit_parents`).
-#[cfg(feature = "etcd")]
-per_backend!(etcd => crate::common::etcd();
+per_backend!({
+    embedded => crate::common::embedded(),
+    zookeeper => crate::common::zookeeper(),
+    #[cfg(feature = "etcd")]
+    etcd => crate::common::etcd(),
+} {
     fencing_tokens_only_grow,
     ephemeral_nodes_die_with_their_session,
     ephemeral_nodes_cannot_have_children,
@@ -553,4 +501,22 @@ per_backend!(etcd => crate::common::etcd();
     a_lost_create_reply_still_creates_the_node,
     a_lost_delete_reply_still_deletes_the_node,
     a_node_named_after_a_siblings_sequence_takes_its_place,
-);
+});
+
+// ZooKeeper-style stores only; etcd differs (see `dlock::store::etcd`):
+// - `sequential_names_count_the_parents_creations` pins ZooKeeper's
+//   numbering (`%010d` of the parent's creations, cversion): etcd has no
+//   per-directory counter; its queues order by create revision and the
+//   10-digit suffix is only unique, not counted.
+// - `errors_name_the_node` ends by deleting a parent made by
+//   `create_parents` after its last child: on etcd parents are implicit
+//   and vanish with their last child (a container reaped at once), so that
+//   delete is `NoNode`. The same errors are checked in
+//   `etcd_backend.rs` (`errors_name_the_node_with_implicit_parents`).
+per_backend!({
+    embedded_numbering => crate::common::embedded(),
+    zookeeper_numbering => crate::common::zookeeper(),
+} {
+    sequential_names_count_the_parents_creations,
+    errors_name_the_node,
+});

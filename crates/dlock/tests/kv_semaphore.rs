@@ -280,7 +280,13 @@ async fn a_malformed_record_is_a_typed_error(h: &Harness) -> Result<()> {
     Ok(())
 }
 
-per_backend!(embedded => crate::common::embedded();
+// Every case on every backend.
+per_backend!({
+    embedded => crate::common::embedded(),
+    zookeeper => crate::common::zookeeper(),
+    #[cfg(feature = "etcd")]
+    etcd => crate::common::etcd(),
+} {
     the_layout_is_the_consul_design,
     the_limit_holds_under_contention,
     a_release_admits_a_waiter,
@@ -290,30 +296,4 @@ per_backend!(embedded => crate::common::embedded();
     one_slot_per_session,
     cancellation_and_drop_leave_nothing,
     a_malformed_record_is_a_typed_error,
-);
-
-per_backend!(zookeeper => crate::common::zookeeper();
-    the_layout_is_the_consul_design,
-    the_limit_holds_under_contention,
-    a_release_admits_a_waiter,
-    an_expired_holder_is_pruned,
-    stale_holders_are_pruned_on_join,
-    a_limit_mismatch_is_an_error,
-    one_slot_per_session,
-    cancellation_and_drop_leave_nothing,
-    a_malformed_record_is_a_typed_error,
-);
-
-// etcd: the same cases.
-#[cfg(feature = "etcd")]
-per_backend!(etcd => crate::common::etcd();
-    the_layout_is_the_consul_design,
-    the_limit_holds_under_contention,
-    a_release_admits_a_waiter,
-    an_expired_holder_is_pruned,
-    stale_holders_are_pruned_on_join,
-    a_limit_mismatch_is_an_error,
-    one_slot_per_session,
-    cancellation_and_drop_leave_nothing,
-    a_malformed_record_is_a_typed_error,
-);
+});

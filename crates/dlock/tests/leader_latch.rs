@@ -666,47 +666,6 @@ async fn dropping_a_latch_withdraws_it(h: &Harness) -> Result<()> {
     Ok(())
 }
 
-per_backend!(embedded => crate::common::embedded();
-    node_layout_is_curators,
-    the_earliest_candidate_leads,
-    a_follower_leaving_changes_nothing,
-    candidates_take_turns_alone,
-    subscribers_hear_every_change,
-    close_modes_decide_the_last_word,
-    starts_without_a_connection,
-    relative_paths_are_refused,
-    a_lost_session_elects_again,
-    error_policies_decide_when_leadership_ends,
-    a_short_outage_keeps_the_node,
-    an_expired_leader_does_not_lead_again,
-    a_silent_leader_is_replaced_within_the_timeout,
-    close_right_after_start_leaves_nothing,
-    a_vanished_directory_is_recreated,
-    an_uncreated_path_has_no_leader,
-    dropping_a_latch_withdraws_it,
-);
-
-per_backend!(zookeeper => crate::common::zookeeper();
-    node_layout_is_curators,
-    the_earliest_candidate_leads,
-    a_follower_leaving_changes_nothing,
-    candidates_take_turns_alone,
-    subscribers_hear_every_change,
-    close_modes_decide_the_last_word,
-    starts_without_a_connection,
-    relative_paths_are_refused,
-    a_lost_session_elects_again,
-    error_policies_decide_when_leadership_ends,
-    a_short_outage_keeps_the_node,
-    an_expired_leader_does_not_lead_again,
-    a_silent_leader_is_replaced_within_the_timeout,
-    close_right_after_start_leaves_nothing,
-    a_vanished_directory_is_recreated,
-    an_uncreated_path_has_no_leader,
-    dropping_a_latch_withdraws_it,
-    curator_and_dlock_list_each_other,
-);
-
 /// Interop: a Java `LeaderLatch` (Curator 5.4) joins dlock's candidates;
 /// Curator's `getParticipants()` shows dlock's ids in queue order with the
 /// leader marked, dlock lists Curator's id, and leadership passes from dlock
@@ -884,10 +843,12 @@ public class LatchPeer {
     }
 }
 
-// etcd: the same cases but the Curator layout and interoperability checks
-// (ZooKeeper only: etcd orders nodes by revision, not by Curator names).
-#[cfg(feature = "etcd")]
-per_backend!(etcd => crate::common::etcd();
+per_backend!({
+    embedded => crate::common::embedded(),
+    zookeeper => crate::common::zookeeper(),
+    #[cfg(feature = "etcd")]
+    etcd => crate::common::etcd(),
+} {
     the_earliest_candidate_leads,
     a_follower_leaving_changes_nothing,
     candidates_take_turns_alone,
@@ -904,4 +865,18 @@ per_backend!(etcd => crate::common::etcd();
     a_vanished_directory_is_recreated,
     an_uncreated_path_has_no_leader,
     dropping_a_latch_withdraws_it,
+});
+
+// The Curator layout: ZooKeeper's naming only (etcd orders nodes by
+// revision, not by Curator names).
+per_backend!({
+    embedded_layout => crate::common::embedded(),
+    zookeeper_layout => crate::common::zookeeper(),
+} {
+    node_layout_is_curators,
+});
+
+// Interoperability with Java Curator: ZooKeeper only.
+per_backend!(zookeeper_interop => crate::common::zookeeper();
+    curator_and_dlock_list_each_other,
 );

@@ -589,7 +589,13 @@ async fn a_panicking_leader_gives_up(h: &Harness) -> Result<()> {
     Ok(())
 }
 
-per_backend!(embedded => crate::common::embedded();
+// Every case on every backend.
+per_backend!({
+    embedded => crate::common::embedded(),
+    zookeeper => crate::common::zookeeper(),
+    #[cfg(feature = "etcd")]
+    etcd => crate::common::etcd(),
+} {
     layout_is_a_mutex_with_the_id,
     an_interrupted_leader_stops_and_releases,
     auto_requeue_leads_again,
@@ -604,40 +610,4 @@ per_backend!(embedded => crate::common::embedded();
     a_silent_leader_is_replaced_within_the_timeout,
     the_grace_bounds_a_cancelled_leader,
     a_panicking_leader_gives_up,
-);
-
-per_backend!(zookeeper => crate::common::zookeeper();
-    layout_is_a_mutex_with_the_id,
-    an_interrupted_leader_stops_and_releases,
-    auto_requeue_leads_again,
-    interrupts_do_not_break_auto_requeue,
-    requeue_right_after_an_interrupt,
-    a_killed_session_then_close_elects_the_other,
-    closing_a_follower_leaves_the_leader,
-    leadership_rotates_fairly,
-    ids_are_listed_alike_by_all,
-    error_policies_decide_when_the_leader_is_cancelled,
-    an_interrupt_during_an_outage_still_releases,
-    a_silent_leader_is_replaced_within_the_timeout,
-    the_grace_bounds_a_cancelled_leader,
-    a_panicking_leader_gives_up,
-);
-
-// etcd: the same cases.
-#[cfg(feature = "etcd")]
-per_backend!(etcd => crate::common::etcd();
-    layout_is_a_mutex_with_the_id,
-    an_interrupted_leader_stops_and_releases,
-    auto_requeue_leads_again,
-    interrupts_do_not_break_auto_requeue,
-    requeue_right_after_an_interrupt,
-    a_killed_session_then_close_elects_the_other,
-    closing_a_follower_leaves_the_leader,
-    leadership_rotates_fairly,
-    ids_are_listed_alike_by_all,
-    error_policies_decide_when_the_leader_is_cancelled,
-    an_interrupt_during_an_outage_still_releases,
-    a_silent_leader_is_replaced_within_the_timeout,
-    the_grace_bounds_a_cancelled_leader,
-    a_panicking_leader_gives_up,
-);
+});

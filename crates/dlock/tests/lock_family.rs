@@ -454,7 +454,13 @@ async fn a_failing_acquire_rolls_back(h: &Harness) -> Result<()> {
     Ok(())
 }
 
-per_backend!(embedded => crate::common::embedded();
+// Every case on every backend.
+per_backend!({
+    embedded => crate::common::embedded(),
+    zookeeper => crate::common::zookeeper(),
+    #[cfg(feature = "etcd")]
+    etcd => crate::common::etcd(),
+} {
     rw_participants_show_holders_and_waiters,
     upgrading_is_refused,
     downgrading_is_only_for_the_writer,
@@ -471,43 +477,4 @@ per_backend!(embedded => crate::common::embedded();
     multi_lock_directories_are_reaped,
     a_failing_release_does_not_stop_the_others,
     a_failing_acquire_rolls_back,
-);
-
-per_backend!(zookeeper => crate::common::zookeeper();
-    rw_participants_show_holders_and_waiters,
-    upgrading_is_refused,
-    downgrading_is_only_for_the_writer,
-    a_writer_downgrades_to_reader,
-    a_queued_writer_cannot_slip_into_a_downgrade,
-    writers_are_alone_and_readers_share,
-    rw_nodes_carry_the_lock_data,
-    a_dead_writer_lets_readers_in,
-    a_revocable_holder_is_asked_to_release,
-    a_revocable_waiter_is_told_too,
-    mutex_participants_in_queue_order,
-    multi_locks_exclude_each_other,
-    a_killed_multi_lock_holder_hands_over,
-    multi_lock_directories_are_reaped,
-    a_failing_release_does_not_stop_the_others,
-    a_failing_acquire_rolls_back,
-);
-
-#[cfg(feature = "etcd")]
-per_backend!(etcd => crate::common::etcd();
-    rw_participants_show_holders_and_waiters,
-    upgrading_is_refused,
-    downgrading_is_only_for_the_writer,
-    a_writer_downgrades_to_reader,
-    a_queued_writer_cannot_slip_into_a_downgrade,
-    writers_are_alone_and_readers_share,
-    rw_nodes_carry_the_lock_data,
-    a_dead_writer_lets_readers_in,
-    a_revocable_holder_is_asked_to_release,
-    a_revocable_waiter_is_told_too,
-    mutex_participants_in_queue_order,
-    multi_locks_exclude_each_other,
-    a_killed_multi_lock_holder_hands_over,
-    multi_lock_directories_are_reaped,
-    a_failing_release_does_not_stop_the_others,
-    a_failing_acquire_rolls_back,
-);
+});

@@ -424,7 +424,17 @@ fn sort_key_is_the_suffix_after_the_last_lock_name() {
     assert_eq!(sequence_key("foreign", &["lock-"]), "foreign");
 }
 
-per_backend!(embedded => crate::common::embedded();
+// Every case on every backend, and again below an etcd namespace (paths in
+// and out of the wait queue, watches and guarded writes all pass through
+// it).
+per_backend!({
+    embedded => crate::common::embedded(),
+    zookeeper => crate::common::zookeeper(),
+    #[cfg(feature = "etcd")]
+    etcd => crate::common::etcd(),
+    #[cfg(feature = "etcd")]
+    etcd_namespaced => crate::common::etcd_namespaced(),
+} {
     node_layout_is_curators,
     waiters_are_served_in_fifo_order,
     reentrant_holds_until_the_last_release,
@@ -436,67 +446,14 @@ per_backend!(embedded => crate::common::embedded();
     lock_directories_are_reaped,
     timeouts_and_cancellation_leave_nothing,
     a_lost_create_reply_leaves_one_node,
+    guarded_writes_need_the_lock,
+    a_cancelled_release_still_releases,
+    invalid_paths_are_refused,
+});
+
+// Embedded only: the case counts the store's watches. (One watch per waiter
+// and one wake-up per release hold everywhere: each waiter watches only its
+// predecessor.)
+per_backend!(embedded_watches => crate::common::embedded();
     a_release_wakes_exactly_one_waiter,
-    guarded_writes_need_the_lock,
-    a_cancelled_release_still_releases,
-    invalid_paths_are_refused,
-);
-
-per_backend!(zookeeper => crate::common::zookeeper();
-    node_layout_is_curators,
-    waiters_are_served_in_fifo_order,
-    reentrant_holds_until_the_last_release,
-    reentrant_holder_excludes_another_task,
-    tasks_sharing_one_mutex_exclude_each_other,
-    two_clients_take_turns,
-    a_killed_holder_hands_over_and_learns_it,
-    a_silent_holder_loses_the_lock_after_its_timeout,
-    lock_directories_are_reaped,
-    timeouts_and_cancellation_leave_nothing,
-    a_lost_create_reply_leaves_one_node,
-    guarded_writes_need_the_lock,
-    a_cancelled_release_still_releases,
-    invalid_paths_are_refused,
-);
-
-// etcd: every case but `a_release_wakes_exactly_one_waiter`, which counts
-// the embedded store's watches (one watch per waiter and one wake-up per
-// release hold on etcd too: each waiter watches only its predecessor's
-// key).
-#[cfg(feature = "etcd")]
-per_backend!(etcd => crate::common::etcd();
-    node_layout_is_curators,
-    waiters_are_served_in_fifo_order,
-    reentrant_holds_until_the_last_release,
-    reentrant_holder_excludes_another_task,
-    tasks_sharing_one_mutex_exclude_each_other,
-    two_clients_take_turns,
-    a_killed_holder_hands_over_and_learns_it,
-    a_silent_holder_loses_the_lock_after_its_timeout,
-    lock_directories_are_reaped,
-    timeouts_and_cancellation_leave_nothing,
-    a_lost_create_reply_leaves_one_node,
-    guarded_writes_need_the_lock,
-    a_cancelled_release_still_releases,
-    invalid_paths_are_refused,
-);
-
-// The whole suite again below an etcd namespace: paths in and out of the
-// wait queue, watches and guarded writes all pass through it.
-#[cfg(feature = "etcd")]
-per_backend!(etcd_namespaced => crate::common::etcd_namespaced();
-    node_layout_is_curators,
-    waiters_are_served_in_fifo_order,
-    reentrant_holds_until_the_last_release,
-    reentrant_holder_excludes_another_task,
-    tasks_sharing_one_mutex_exclude_each_other,
-    two_clients_take_turns,
-    a_killed_holder_hands_over_and_learns_it,
-    a_silent_holder_loses_the_lock_after_its_timeout,
-    lock_directories_are_reaped,
-    timeouts_and_cancellation_leave_nothing,
-    a_lost_create_reply_leaves_one_node,
-    guarded_writes_need_the_lock,
-    a_cancelled_release_still_releases,
-    invalid_paths_are_refused,
 );

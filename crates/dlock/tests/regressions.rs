@@ -627,7 +627,13 @@ async fn quick_reconnections_never_make_two_leaders(h: &Harness) -> Result<()> {
     Ok(())
 }
 
-per_backend!(embedded => crate::common::embedded();
+// Every case on every backend.
+per_backend!({
+    embedded => crate::common::embedded(),
+    zookeeper => crate::common::zookeeper(),
+    #[cfg(feature = "etcd")]
+    etcd => crate::common::etcd(),
+} {
     a_session_expiring_while_queued_never_acquires,
     a_queued_reader_losing_its_session_starts_over,
     a_lost_delete_reply_does_not_delete_a_newer_holder,
@@ -639,33 +645,4 @@ per_backend!(embedded => crate::common::embedded();
     a_non_blocking_acquire_through_a_connection_blip_leaves_no_node,
     tokens_keep_growing_after_the_lock_directory_is_recreated,
     quick_reconnections_never_make_two_leaders,
-);
-
-per_backend!(zookeeper => crate::common::zookeeper();
-    a_session_expiring_while_queued_never_acquires,
-    a_queued_reader_losing_its_session_starts_over,
-    a_lost_delete_reply_does_not_delete_a_newer_holder,
-    a_new_session_ignores_its_old_sessions_node,
-    a_reconnect_during_a_lease_acquire_leaves_no_orphan,
-    an_orphaned_lease_is_reclaimed,
-    cancelling_an_acquire_leaves_no_node,
-    a_reader_is_not_blocked_by_a_writer_queued_behind_it,
-    a_non_blocking_acquire_through_a_connection_blip_leaves_no_node,
-    tokens_keep_growing_after_the_lock_directory_is_recreated,
-    quick_reconnections_never_make_two_leaders,
-);
-
-#[cfg(feature = "etcd")]
-per_backend!(etcd => crate::common::etcd();
-    a_session_expiring_while_queued_never_acquires,
-    a_queued_reader_losing_its_session_starts_over,
-    a_lost_delete_reply_does_not_delete_a_newer_holder,
-    a_new_session_ignores_its_old_sessions_node,
-    a_reconnect_during_a_lease_acquire_leaves_no_orphan,
-    an_orphaned_lease_is_reclaimed,
-    cancelling_an_acquire_leaves_no_node,
-    a_reader_is_not_blocked_by_a_writer_queued_behind_it,
-    a_non_blocking_acquire_through_a_connection_blip_leaves_no_node,
-    tokens_keep_growing_after_the_lock_directory_is_recreated,
-    quick_reconnections_never_make_two_leaders,
-);
+});

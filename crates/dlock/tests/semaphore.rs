@@ -666,8 +666,12 @@ async fn semaphore_directories_are_reaped(h: &Harness) -> Result<()> {
     Ok(())
 }
 
-per_backend!(embedded => crate::common::embedded();
-    the_layout_is_curators,
+per_backend!({
+    embedded => crate::common::embedded(),
+    zookeeper => crate::common::zookeeper(),
+    #[cfg(feature = "etcd")]
+    etcd => crate::common::etcd(),
+} {
     bad_quantities_fail_fast,
     raising_the_count_wakes_the_waiter,
     lowering_the_count_never_revokes,
@@ -690,58 +694,13 @@ per_backend!(embedded => crate::common::embedded();
     the_semaphore_mutex_alternates_between_clients,
     a_killed_semaphore_mutex_holder_hands_over,
     semaphore_directories_are_reaped,
-);
+});
 
-per_backend!(zookeeper => crate::common::zookeeper();
+// The Curator layout and interoperability checks: ZooKeeper's naming only
+// (etcd orders nodes by revision, not by Curator names).
+per_backend!({
+    embedded_layout => crate::common::embedded(),
+    zookeeper_layout => crate::common::zookeeper(),
+} {
     the_layout_is_curators,
-    bad_quantities_fail_fast,
-    raising_the_count_wakes_the_waiter,
-    lowering_the_count_never_revokes,
-    a_closed_client_frees_its_lease,
-    quantities_never_exceed_the_maximum,
-    releases_admit_one_at_a_time,
-    releases_in_chunks_never_overadmit,
-    tasks_sharing_one_semaphore_take_turns,
-    a_single_lease_is_exclusive,
-    a_returned_lease_admits_the_next,
-    participants_list_the_leases,
-    a_deleted_waiting_lease_is_retried,
-    a_cancelled_acquire_leaves_nothing,
-    a_failed_multi_acquire_returns_its_leases,
-    acquisitions_go_on_after_a_lost_session,
-    a_lost_lease_is_signalled,
-    a_dropped_lease_goes_back,
-    a_lost_create_reply_leaves_one_lease,
-    the_semaphore_mutex_is_not_reentrant,
-    the_semaphore_mutex_alternates_between_clients,
-    a_killed_semaphore_mutex_holder_hands_over,
-    semaphore_directories_are_reaped,
-);
-
-// etcd: the same cases but the Curator layout and interoperability checks
-// (ZooKeeper only: etcd orders nodes by revision, not by Curator names).
-#[cfg(feature = "etcd")]
-per_backend!(etcd => crate::common::etcd();
-    bad_quantities_fail_fast,
-    raising_the_count_wakes_the_waiter,
-    lowering_the_count_never_revokes,
-    a_closed_client_frees_its_lease,
-    quantities_never_exceed_the_maximum,
-    releases_admit_one_at_a_time,
-    releases_in_chunks_never_overadmit,
-    tasks_sharing_one_semaphore_take_turns,
-    a_single_lease_is_exclusive,
-    a_returned_lease_admits_the_next,
-    participants_list_the_leases,
-    a_deleted_waiting_lease_is_retried,
-    a_cancelled_acquire_leaves_nothing,
-    a_failed_multi_acquire_returns_its_leases,
-    acquisitions_go_on_after_a_lost_session,
-    a_lost_lease_is_signalled,
-    a_dropped_lease_goes_back,
-    a_lost_create_reply_leaves_one_lease,
-    the_semaphore_mutex_is_not_reentrant,
-    the_semaphore_mutex_alternates_between_clients,
-    a_killed_semaphore_mutex_holder_hands_over,
-    semaphore_directories_are_reaped,
-);
+});

@@ -303,8 +303,12 @@ async fn a_recreated_node_is_followed(h: &Harness) -> Result<()> {
     remove(&s, &path).await
 }
 
-per_backend!(embedded => crate::common::embedded();
-    the_node_is_curators,
+per_backend!({
+    embedded => crate::common::embedded(),
+    zookeeper => crate::common::zookeeper(),
+    #[cfg(feature = "etcd")]
+    etcd => crate::common::etcd(),
+} {
     every_listener_sees_every_value,
     versioned_sets_follow_the_version,
     a_stale_version_fails_across_clients,
@@ -313,30 +317,13 @@ per_backend!(embedded => crate::common::embedded();
     malformed_data_is_a_typed_error,
     the_lifecycle_is_enforced,
     a_recreated_node_is_followed,
-);
+});
 
-per_backend!(zookeeper => crate::common::zookeeper();
+// The Curator layout and interoperability checks: ZooKeeper's naming only
+// (etcd orders nodes by revision, not by Curator names).
+per_backend!({
+    embedded_layout => crate::common::embedded(),
+    zookeeper_layout => crate::common::zookeeper(),
+} {
     the_node_is_curators,
-    every_listener_sees_every_value,
-    versioned_sets_follow_the_version,
-    a_stale_version_fails_across_clients,
-    the_first_seed_wins,
-    a_reconnected_count_catches_up,
-    malformed_data_is_a_typed_error,
-    the_lifecycle_is_enforced,
-    a_recreated_node_is_followed,
-);
-
-// etcd: the same cases but the Curator layout and interoperability checks
-// (ZooKeeper only: etcd orders nodes by revision, not by Curator names).
-#[cfg(feature = "etcd")]
-per_backend!(etcd => crate::common::etcd();
-    every_listener_sees_every_value,
-    versioned_sets_follow_the_version,
-    a_stale_version_fails_across_clients,
-    the_first_seed_wins,
-    a_reconnected_count_catches_up,
-    malformed_data_is_a_typed_error,
-    the_lifecycle_is_enforced,
-    a_recreated_node_is_followed,
-);
+});

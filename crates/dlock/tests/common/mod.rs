@@ -251,9 +251,18 @@ pub fn is_node_event(e: WatchEvent) -> bool {
     !matches!(e, WatchEvent::Session(_))
 }
 
-/// Instantiates each listed case as a `#[tokio::test]` per backend.
+/// Instantiates each listed case as a `#[tokio::test]` per backend: one
+/// backend and its cases (`per_backend!(zookeeper => harness; a, b)`), or
+/// several backends sharing one list of cases
+/// (`per_backend!({ embedded => h1, #[cfg(..)] etcd => h2 } { a, b })`).
 #[macro_export]
 macro_rules! per_backend {
+    ({ $($(#[$attr:meta])* $backend:ident => $harness:expr),+ $(,)? } $cases:tt) => {
+        $( $(#[$attr])* $crate::per_backend!($backend => $harness; $cases); )+
+    };
+    ($backend:ident => $harness:expr; { $($case:ident),+ $(,)? }) => {
+        $crate::per_backend!($backend => $harness; $($case),+);
+    };
     ($backend:ident => $harness:expr; $($case:ident),+ $(,)?) => {
         mod $backend {
             $(
