@@ -637,36 +637,21 @@ impl Sale {
     }
 }
 
-/// The pid in the data of the first lock node (the holder's, for a
-/// mutex): the demo labels its lock nodes `flash-sale pid=<pid> buyer=<i>`.
-fn holder_pid(admin: &Session, lock: &str) -> Option<u32> {
+/// The pids in the lock's queue, in queue order: the demo labels its lock
+/// nodes `flash-sale pid=<pid> buyer=<i>`. The first is the holder's.
+fn queue_pids(admin: &Session, lock: &str) -> Vec<u32> {
     let s = admin.session();
     admin.block_on(async {
-        let mut children = s.children(lock).await.ok()?;
+        let mut children = s.children(lock).await.unwrap_or_default();
         dlock::store::sort_sequenced(&mut children, &["lock-"]);
-        let first = children.first()?;
-        let (data, _) = s.get_data(&format!("{lock}/{}", first.name)).await.ok()?;
-        fields(&String::from_utf8_lossy(&data))
-            .get("pid")?
-            .parse()
-            .ok()
-    })
-}
-
-/// The pids of the processes with a node in the lock's queue: connected
-/// and buying (a process frozen while it still connects would only time
-/// out its connect, exit 67, and test nothing).
-fn queued_pids(admin: &Session, lock: &str) -> std::collections::HashSet<u32> {
-    let s = admin.session();
-    admin.block_on(async {
-        let mut pids = std::collections::HashSet::new();
-        for child in s.children(lock).await.unwrap_or_default() {
+        let mut pids = Vec::new();
+        for child in children {
             if let Ok((data, _)) = s.get_data(&format!("{lock}/{}", child.name)).await {
                 if let Some(pid) = fields(&String::from_utf8_lossy(&data))
                     .get("pid")
                     .and_then(|p| p.parse().ok())
                 {
-                    pids.insert(pid);
+                    pids.push(pid);
                 }
             }
         }
@@ -928,16 +913,18 @@ fn chaos_run(endpoint: &str, seed: u64, schedule: &mut Schedule) -> Result<Strin
         }
         if injecting && now >= next_fault {
             next_fault = now + rng.ms(150, 700);
-            // Candidates: running, not frozen, connected (queued at least
-            // once); one of them always stays so.
-            let queued = queued_pids(&admin, &sale.lock);
+            // Candidates: running, not frozen, connected (in the queue: a
+            // process frozen while it still connects would only time out
+            // its connect, exit 67, and test nothing); one of them always
+            // stays so.
+            let queue = queue_pids(&admin, &sale.lock);
             let active: Vec<usize> = (0..slots.len())
                 .filter(|&i| {
                     let s = &mut slots[i];
                     s.thaw_at.is_none()
                         && s.proc
                             .as_mut()
-                            .is_some_and(|p| !p.finished() && queued.contains(&(p.pid() as u32)))
+                            .is_some_and(|p| !p.finished() && queue.contains(&(p.pid() as u32)))
                 })
                 .collect();
             if active.len() >= 2 {
@@ -945,7 +932,7 @@ fn chaos_run(endpoint: &str, seed: u64, schedule: &mut Schedule) -> Result<Strin
                 // Two faults in three go to the process holding the lock
                 // (its buyers' lock nodes say their pid), the rest anywhere.
                 let (aim, pick) = (rng.below(3) < 2, rng.below(active.len() as u64));
-                let holder = holder_pid(&admin, &sale.lock).filter(|_| aim);
+                let holder = queue.first().copied().filter(|_| aim);
                 let target = active.iter().copied().find(|&i| {
                     let pid = slots[i].proc.as_ref().map(|p| p.pid() as u32);
                     holder.is_some() && pid == holder
@@ -1053,67 +1040,44 @@ fn ok(result: Result<()>) {
     }
 }
 
-mod zookeeper {
-    use super::*;
+/// Every scenario against one store, as `<module>::<test>`.
+macro_rules! scenarios {
+    ($(#[$attr:meta])* $module:ident => $endpoint:expr) => {
+        $(#[$attr])*
+        mod $module {
+            use super::*;
 
-    #[test]
-    fn a_holder_killed_with_9_hands_over_within_the_session_timeout() {
-        ok(a_killed_holder_hands_over_on(&zk_endpoint()));
-    }
+            #[test]
+            fn a_holder_killed_with_9_hands_over_within_the_session_timeout() {
+                ok(a_killed_holder_hands_over_on(&$endpoint));
+            }
 
-    #[test]
-    fn a_holder_frozen_past_its_session_learns_it_lost() {
-        ok(a_frozen_holder_learns_it_lost_on(&zk_endpoint()));
-    }
+            #[test]
+            fn a_holder_frozen_past_its_session_learns_it_lost() {
+                ok(a_frozen_holder_learns_it_lost_on(&$endpoint));
+            }
 
-    #[test]
-    fn three_processes_share_one_sale() {
-        ok(three_processes_share_one_sale_on(&zk_endpoint()));
-    }
+            /// Three processes share one sale and sell exactly the stock
+            /// (on etcd, issue 7's check).
+            #[test]
+            fn three_processes_share_one_sale() {
+                ok(three_processes_share_one_sale_on(&$endpoint));
+            }
 
-    #[test]
-    fn flash_sale_chaos_sells_exactly_the_stock() {
-        flash_sale_chaos_on(&zk_endpoint(), 2);
-    }
+            #[test]
+            fn flash_sale_chaos_sells_exactly_the_stock() {
+                flash_sale_chaos_on(&$endpoint, 2);
+            }
 
-    /// `scripts/test.sh --long`.
-    #[test]
-    #[ignore = "long: 20 chaos runs"]
-    fn flash_sale_chaos_sells_exactly_the_stock_20_runs() {
-        flash_sale_chaos_on(&zk_endpoint(), 20);
-    }
+            /// `scripts/test.sh --long`.
+            #[test]
+            #[ignore = "long: 20 chaos runs"]
+            fn flash_sale_chaos_sells_exactly_the_stock_20_runs() {
+                flash_sale_chaos_on(&$endpoint, 20);
+            }
+        }
+    };
 }
 
-#[cfg(feature = "etcd")]
-mod etcd {
-    use super::*;
-
-    #[test]
-    fn a_holder_killed_with_9_hands_over_within_the_session_timeout() {
-        ok(a_killed_holder_hands_over_on(&etcd_endpoint()));
-    }
-
-    #[test]
-    fn a_holder_frozen_past_its_session_learns_it_lost() {
-        ok(a_frozen_holder_learns_it_lost_on(&etcd_endpoint()));
-    }
-
-    /// Issue 7: three processes share one etcd sale and sell exactly the
-    /// stock.
-    #[test]
-    fn three_processes_share_one_sale() {
-        ok(three_processes_share_one_sale_on(&etcd_endpoint()));
-    }
-
-    #[test]
-    fn flash_sale_chaos_sells_exactly_the_stock() {
-        flash_sale_chaos_on(&etcd_endpoint(), 2);
-    }
-
-    /// `scripts/test.sh --long`.
-    #[test]
-    #[ignore = "long: 20 chaos runs"]
-    fn flash_sale_chaos_sells_exactly_the_stock_20_runs() {
-        flash_sale_chaos_on(&etcd_endpoint(), 20);
-    }
-}
+scenarios!(zookeeper => zk_endpoint());
+scenarios!(#[cfg(feature = "etcd")] etcd => etcd_endpoint());
