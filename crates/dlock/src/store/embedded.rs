@@ -20,7 +20,6 @@
 //! ```
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -28,8 +27,8 @@ use async_trait::async_trait;
 use tokio::sync::{oneshot, watch};
 
 use super::{
-    BackendKind, Child, CreateMode, CreateOptions, Created, Faults, Op, OpResult, SessionId,
-    SessionState, SessionStatus, Stat, Store, Watch, WatchEvent,
+    ArmedFault, BackendKind, Child, CreateMode, CreateOptions, Created, Faults, LostReplies, Op,
+    OpResult, SessionId, SessionState, SessionStatus, Stat, Store, Watch, WatchEvent,
 };
 use crate::error::{Error, Result};
 use crate::path;
@@ -688,8 +687,7 @@ pub(crate) struct EmbeddedStore {
     status: watch::Sender<SessionStatus>,
     /// Bumped by every suspension, so a stale resume timer does nothing.
     suspensions: Arc<StdMutex<u64>>,
-    lose_create_reply: AtomicBool,
-    lose_delete_reply: AtomicBool,
+    lost_replies: LostReplies,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -713,8 +711,7 @@ impl EmbeddedStore {
             timeout,
             status,
             suspensions: Arc::new(StdMutex::new(0)),
-            lose_create_reply: AtomicBool::new(false),
-            lose_delete_reply: AtomicBool::new(false),
+            lost_replies: LostReplies::default(),
         }
     }
 
@@ -802,8 +799,8 @@ impl EmbeddedStore {
 
     /// A lost reply, if `armed` was: the connection blips (Suspended,
     /// Reconnected).
-    fn take_lost_reply(&self, armed: &AtomicBool) -> bool {
-        if armed.swap(false, Ordering::SeqCst) {
+    fn take_lost_reply(&self, armed: &ArmedFault) -> bool {
+        if armed.take() {
             let id = self.status.borrow().session_id;
             self.set_state(SessionState::Suspended, id);
             self.set_state(SessionState::Reconnected, id);
@@ -863,7 +860,7 @@ impl Store for EmbeddedStore {
         let created = self
             .run(|t, s, f| Self::create_in(t, s, path, data, opts, f))
             .await?;
-        if self.take_lost_reply(&self.lose_create_reply) {
+        if self.take_lost_reply(&self.lost_replies.create) {
             return Err(Error::ConnectionLoss);
         }
         Ok(created)
@@ -882,7 +879,7 @@ impl Store for EmbeddedStore {
                 Ok((created, list(t, list_path)?))
             })
             .await?;
-        if self.take_lost_reply(&self.lose_create_reply) {
+        if self.take_lost_reply(&self.lost_replies.create) {
             return Err(Error::ConnectionLoss);
         }
         Ok(result)
@@ -890,7 +887,7 @@ impl Store for EmbeddedStore {
 
     async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
         self.run(|t, _, f| t.delete(path, version, f, None)).await?;
-        if self.take_lost_reply(&self.lose_delete_reply) {
+        if self.take_lost_reply(&self.lost_replies.delete) {
             return Err(Error::ConnectionLoss);
         }
         Ok(())
@@ -1012,10 +1009,10 @@ impl Faults for EmbeddedStore {
     }
 
     fn lose_next_create_reply(&self) {
-        self.lose_create_reply.store(true, Ordering::SeqCst);
+        self.lost_replies.create.arm();
     }
 
     fn lose_next_delete_reply(&self) {
-        self.lose_delete_reply.store(true, Ordering::SeqCst);
+        self.lost_replies.delete.arm();
     }
 }

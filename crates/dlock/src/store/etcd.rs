@@ -470,7 +470,7 @@ impl EtcdStore {
     /// A lost reply, if one is armed: the connection blips and the caller
     /// gets `ConnectionLoss`.
     fn take_lost_reply(&self) -> Result<()> {
-        if self.lease.lose_create_reply.swap(false, Ordering::SeqCst) {
+        if self.lease.lost_replies.create.take() {
             self.lease.blip();
             return Err(Error::ConnectionLoss);
         }
@@ -705,7 +705,7 @@ impl Store for EtcdStore {
             .or_else([TxnOp::get(path, keys_only()), count_range((start, end))]);
         let resp = self.txn(txn, path, lease).await?;
         if resp.succeeded() {
-            if self.lease.lose_delete_reply.swap(false, Ordering::SeqCst) {
+            if self.lease.lost_replies.delete.take() {
                 // As if the reply never came: the fence stays, so a retry
                 // cannot remove a newer node of this name (etcd#22082).
                 self.lease.blip();
@@ -985,7 +985,7 @@ impl Faults for EtcdStore {
     /// gets `ConnectionLoss`, and the status blips `Suspended` →
     /// `Reconnected` (same lease).
     fn lose_next_create_reply(&self) {
-        self.lease.lose_create_reply.store(true, Ordering::SeqCst);
+        self.lease.lost_replies.create.arm();
     }
 
     /// The next delete is applied, but the caller gets `ConnectionLoss`,
@@ -994,6 +994,6 @@ impl Faults for EtcdStore {
     /// no reply to clear it with), so a retry finds `NoNode` even if a
     /// newer node of the same name exists by then.
     fn lose_next_delete_reply(&self) {
-        self.lease.lose_delete_reply.store(true, Ordering::SeqCst);
+        self.lease.lost_replies.delete.arm();
     }
 }

@@ -484,6 +484,30 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     async fn close(&self);
 }
 
+/// The lost-reply faults a store arms ([`Faults::lose_next_create_reply`],
+/// [`Faults::lose_next_delete_reply`]): each is taken by the next operation
+/// of its kind that succeeds.
+#[derive(Debug, Default)]
+pub(crate) struct LostReplies {
+    pub create: ArmedFault,
+    pub delete: ArmedFault,
+}
+
+/// A one-shot fault: armed once, taken once.
+#[derive(Debug, Default)]
+pub(crate) struct ArmedFault(std::sync::atomic::AtomicBool);
+
+impl ArmedFault {
+    pub fn arm(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether it was armed (and now is not).
+    pub fn take(&self) -> bool {
+        self.0.swap(false, std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 /// Fault injection, for tests of recipes and of users' own code.
 #[async_trait]
 pub trait Faults: Send + Sync {

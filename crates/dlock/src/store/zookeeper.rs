@@ -67,7 +67,6 @@
 mod nodelay;
 mod state;
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -269,7 +268,8 @@ impl Store for ZooKeeperStore {
     async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
         let client = self.inner.client().await?;
         let created = self.create_in(&client, path, data, opts).await?;
-        self.inner.take_lost_reply(&self.inner.lose_create_reply)?;
+        self.inner
+            .take_lost_reply(&self.inner.lost_replies.create)?;
         Ok(created)
     }
 
@@ -292,7 +292,8 @@ impl Store for ZooKeeperStore {
         }
         let created = self.finish_create(&client, path, opts.mode, create)?;
         let listing = listing.map_err(|e| self.inner.error(&client, e, list))?;
-        self.inner.take_lost_reply(&self.inner.lose_create_reply)?;
+        self.inner
+            .take_lost_reply(&self.inner.lost_replies.create)?;
         Ok((created, children(listing)))
     }
 
@@ -302,7 +303,7 @@ impl Store for ZooKeeperStore {
             .delete(path, version)
             .await
             .map_err(|e| self.inner.error(&client, e, path))?;
-        self.inner.take_lost_reply(&self.inner.lose_delete_reply)
+        self.inner.take_lost_reply(&self.inner.lost_replies.delete)
     }
 
     async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
@@ -485,13 +486,13 @@ impl Faults for ZooKeeperStore {
     /// status blips `Suspended` → `Reconnected` (same session), as after a
     /// connection that dropped before the reply arrived.
     fn lose_next_create_reply(&self) {
-        self.inner.lose_create_reply.store(true, Ordering::SeqCst);
+        self.inner.lost_replies.create.arm();
     }
 
     /// The next delete is applied by the server, but its result is
     /// discarded: the caller gets `ConnectionLoss`, and the status blips
     /// `Suspended` → `Reconnected` (same session).
     fn lose_next_delete_reply(&self) {
-        self.inner.lose_delete_reply.store(true, Ordering::SeqCst);
+        self.inner.lost_replies.delete.arm();
     }
 }

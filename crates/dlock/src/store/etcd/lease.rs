@@ -11,7 +11,6 @@
 //! - After `Lost` the next operation grants a new lease: `Reconnected`, with
 //!   the new lease id as the session id.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
 use std::time::Duration;
 
@@ -22,7 +21,7 @@ use tokio::time::Instant;
 use super::error::{map_error, Failure};
 use crate::endpoint::{Endpoint, TlsFiles};
 use crate::error::{Error, Result};
-use crate::store::{SessionId, SessionState, SessionStatus};
+use crate::store::{LostReplies, SessionId, SessionState, SessionStatus};
 
 /// How to reach the cluster and what to ask for, kept for every new lease.
 pub(super) struct Config {
@@ -146,10 +145,8 @@ pub(super) struct Lease {
     renewing: tokio::sync::Mutex<()>,
     /// Wakes the keep-alive loop (the end of a suspension).
     kick: Notify,
-    /// `Faults::lose_next_create_reply` is armed.
-    pub lose_create_reply: AtomicBool,
-    /// `Faults::lose_next_delete_reply` is armed.
-    pub lose_delete_reply: AtomicBool,
+    /// The armed lost-reply faults.
+    pub lost_replies: LostReplies,
 }
 
 impl std::fmt::Debug for Lease {
@@ -263,8 +260,7 @@ impl Lease {
             }),
             renewing: tokio::sync::Mutex::new(()),
             kick: Notify::new(),
-            lose_create_reply: AtomicBool::new(false),
-            lose_delete_reply: AtomicBool::new(false),
+            lost_replies: LostReplies::default(),
         });
         lease.spawn_keep_alive(id, ttl, sent);
         Ok(lease)

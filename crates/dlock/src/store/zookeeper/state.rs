@@ -2,7 +2,6 @@
 //! state machine on top of the client's session states, renewal after a
 //! loss, closing, and ending a session on the server for the fault hooks.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
 use std::time::Duration;
 
@@ -12,7 +11,9 @@ use zookeeper_client as zk;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::path;
-use crate::store::{SessionId, SessionState, SessionStatus, Watch, WatchEvent};
+use crate::store::{
+    ArmedFault, LostReplies, SessionId, SessionState, SessionStatus, Watch, WatchEvent,
+};
 
 /// How to reach the ensemble, kept for every new session.
 pub(super) struct Config {
@@ -188,10 +189,8 @@ pub(super) struct Inner {
     slot: StdMutex<Slot>,
     /// Serialises renewals after a loss.
     renewing: tokio::sync::Mutex<()>,
-    /// `Faults::lose_next_create_reply` is armed.
-    pub lose_create_reply: AtomicBool,
-    /// `Faults::lose_next_delete_reply` is armed.
-    pub lose_delete_reply: AtomicBool,
+    /// The armed lost-reply faults.
+    pub lost_replies: LostReplies,
 }
 
 impl std::fmt::Debug for Inner {
@@ -226,8 +225,7 @@ impl Inner {
                 expiring: None,
             }),
             renewing: tokio::sync::Mutex::new(()),
-            lose_create_reply: AtomicBool::new(false),
-            lose_delete_reply: AtomicBool::new(false),
+            lost_replies: LostReplies::default(),
         });
         inner.spawn_monitor(&client);
         Ok(inner)
@@ -545,8 +543,8 @@ impl Inner {
     /// A lost reply, if `armed` was (one of the `lose_*_reply` flags): the
     /// connection blips (`Suspended`, `Reconnected`) and the caller gets
     /// `ConnectionLoss`.
-    pub fn take_lost_reply(&self, armed: &AtomicBool) -> Result<()> {
-        if !armed.swap(false, Ordering::SeqCst) {
+    pub fn take_lost_reply(&self, armed: &ArmedFault) -> Result<()> {
+        if !armed.take() {
             return Ok(());
         }
         let _slot = self.lock();
