@@ -376,16 +376,9 @@ impl EtcdStore {
         path == self.root && self.root != "/"
     }
 
-    /// The key holding `path`'s own data: for a keyless root, a key that
-    /// never exists (keys below it start with its path and a `/`, and paths
-    /// never end with one), so that reads need no permission outside the
-    /// namespace.
+    /// The key holding `path`'s own data (see [`keys::own_key`]).
     fn own_key(&self, path: &str) -> String {
-        if self.is_keyless(path) {
-            format!("{path}/")
-        } else {
-            path.to_string()
-        }
+        keys::own_key(path, self.is_keyless(path))
     }
 
     /// The ancestors of `path` strictly below the root: those a create must

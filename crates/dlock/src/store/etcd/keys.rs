@@ -83,6 +83,18 @@ pub fn subtree(path: &str) -> (Vec<u8>, Vec<u8>) {
     (path.as_bytes().to_vec(), end)
 }
 
+/// The key holding `path`'s own data. A keyless path (a namespace's root)
+/// gets a key that never exists — keys below it start with its path and a
+/// `/`, and paths never end with one — so that reading it needs no
+/// permission outside the namespace.
+pub fn own_key(path: &str, keyless: bool) -> String {
+    if keyless {
+        format!("{path}/")
+    } else {
+        path.to_string()
+    }
+}
+
 /// The ancestors of `path` strictly below `root` (`/` or a namespace),
 /// outermost first: the nodes a create checks are not ephemeral. Keys at or
 /// above a namespace are not ours, and a role limited to it may not read

@@ -212,13 +212,10 @@ async fn look(
             )
         }
     };
-    let own_key = if armed.keyless {
-        // Never found: keys below the root start with its path and a '/'.
-        format!("{}/", armed.path)
-    } else {
-        armed.path.clone()
-    };
-    let own = TxnOp::get(own_key, Some(GetOptions::new().with_keys_only()));
+    let own = TxnOp::get(
+        keys::own_key(&armed.path, armed.keyless),
+        Some(GetOptions::new().with_keys_only()),
+    );
     let resp = client
         .kv_client()
         .txn(Txn::new().and_then([own, below]))
