@@ -399,19 +399,28 @@ impl WaitQueue {
         deadline: Option<Instant>,
         wake: Option<&Notify>,
     ) -> Result<(), Stop> {
+        // Our node lives only as long as the session it was created in; reads
+        // renew a lost session transparently, so the session is checked,
+        // not inferred from the listing. A lost lease's keys may still be
+        // listed for a moment (etcd's lessor removes them up to half a
+        // second late: not ours to hold, CURATOR-604), and a watch armed
+        // after the loss belongs to the new session and would never fire
+        // for it. Either way: start over with a node of the live session.
         let owner = ours.stat.ephemeral_owner;
-        let node = ours.path.clone();
-        let ours = ours.name().to_string();
+        let session_gone = || {
+            (owner != 0 && !self.session_owns(owner)).then(|| {
+                Stop::Failed(Error::NoNode {
+                    path: ours.path.clone(),
+                })
+            })
+        };
+        let name = ours.name();
         let mut children_watch: Option<Watch> = None;
         loop {
-            let watch = match predicate.check(&children, &ours).map_err(Stop::Failed)? {
-                // A node of a session that is gone may still be listed for
-                // a moment (etcd's lessor removes a lost lease's keys up to
-                // half a second late): it is not ours to hold (CURATOR-604).
-                // Start over with a node of the live session.
-                Verdict::Acquired if owner != 0 && !self.session_owns(owner) => {
-                    return Err(Stop::Failed(Error::NoNode { path: node }));
-                }
+            if let Some(stop) = session_gone() {
+                return Err(stop);
+            }
+            let watch = match predicate.check(&children, name).map_err(Stop::Failed)? {
                 Verdict::Acquired => return Ok(()),
                 Verdict::WatchNode(name) => {
                     let store = self.session.store();
@@ -443,12 +452,8 @@ impl WaitQueue {
                     }
                 },
             };
-            // Reads renew a lost session transparently: if ours was lost
-            // between the listing and arming the watch, the watch belongs
-            // to the new session and would never fire for the loss, and our
-            // node is gone. Start over instead of waiting on it.
-            if owner != 0 && !self.session_owns(owner) {
-                return Err(Stop::Failed(Error::NoNode { path: node }));
+            if let Some(stop) = session_gone() {
+                return Err(stop);
             }
             let woke = tokio::select! {
                 _ = watch.changed() => true,
