@@ -72,6 +72,9 @@ pub(crate) struct WaitQueue {
     pub sort_names: &'static [&'static str],
     /// Called with our node's path when someone asks us to give it up.
     pub revocation: Option<super::revocation::Listener>,
+    /// `dir` as a metrics label value, shared (not copied) by every
+    /// acquisition's metrics.
+    path_label: metrics::SharedString,
 }
 
 /// A node in the queue that is deleted (in the background) unless
@@ -172,6 +175,7 @@ impl WaitQueue {
             lock_name,
             sort_names,
             revocation: None,
+            path_label: metrics::SharedString::from_shared(std::sync::Arc::from(dir)),
         })
     }
 
@@ -242,8 +246,8 @@ impl WaitQueue {
         );
         let started = Instant::now();
         let labels = [
-            ("recipe", self.recipe().to_string()),
-            ("path", self.dir.clone()),
+            ("recipe", metrics::SharedString::const_str(self.recipe())),
+            ("path", self.path_label.clone()),
         ];
         let result = self
             .acquire_inner(data, mode, predicate, deadline, wake, &labels)
@@ -284,7 +288,7 @@ impl WaitQueue {
         predicate: &dyn Predicate,
         deadline: Option<Instant>,
         wake: Option<&Notify>,
-        labels: &[(&'static str, String); 2],
+        labels: &[(&'static str, metrics::SharedString); 2],
     ) -> Result<Option<Created>> {
         let mut retry = 0;
         loop {
@@ -551,8 +555,11 @@ impl HeldNode {
     pub async fn release(&self) -> Result<()> {
         let lost = self.is_lost();
         let labels = [
-            ("recipe", self.what.to_string()),
-            ("path", self.recipe_path.clone()),
+            ("recipe", metrics::SharedString::const_str(self.what)),
+            (
+                "path",
+                metrics::SharedString::from(self.recipe_path.clone()),
+            ),
         ];
         metrics::histogram!("dlock_hold_seconds", &labels)
             .record(self.acquired_at.elapsed().as_secs_f64());
