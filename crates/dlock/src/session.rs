@@ -404,7 +404,39 @@ impl Session {
     /// an older session (CURATOR-498), which is deleted instead. With
     /// `list`, the parent's children come back with the create, in one round
     /// trip where the backend can.
-    pub(crate) async fn create_protected(
+    ///
+    /// Cancellation-safe: dropped unfinished, the create is finished in the
+    /// background and the node it made is deleted. A request already sent
+    /// may be applied after its caller gave up — on etcd even after a later
+    /// request of the same client — so a clean-up that merely looked for
+    /// the node could miss it.
+    pub(crate) fn create_protected(
+        &self,
+        parent: &str,
+        prefix: &str,
+        name: &str,
+        data: &[u8],
+        mode: CreateMode,
+        list: bool,
+    ) -> ProtectedCreate {
+        let session = self.clone();
+        let (parent, prefix, name, data) = (
+            parent.to_string(),
+            prefix.to_string(),
+            name.to_string(),
+            data.to_vec(),
+        );
+        ProtectedCreate {
+            session: self.clone(),
+            create: Some(Box::pin(async move {
+                session
+                    .create_protected_here(&parent, &prefix, &name, &data, mode, list)
+                    .await
+            })),
+        }
+    }
+
+    async fn create_protected_here(
         &self,
         parent: &str,
         prefix: &str,
@@ -607,5 +639,44 @@ fn check_create_path(path: &str, mode: CreateMode) -> Result<()> {
         path::validate(&format!("{path}0000000000"))
     } else {
         path::validate(path)
+    }
+}
+
+/// What a protected create gives: the node, and the parent's children if
+/// asked for.
+pub(crate) type ProtectedCreated = Result<(Created, Option<Vec<Child>>)>;
+
+/// A protected create in flight (see [`Session::create_protected`]): if
+/// dropped before it finishes, it is finished in the background and the
+/// node it made is deleted.
+pub(crate) struct ProtectedCreate {
+    session: Session,
+    create: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ProtectedCreated> + Send>>>,
+}
+
+impl std::future::Future for ProtectedCreate {
+    type Output = ProtectedCreated;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<ProtectedCreated> {
+        let create = self.create.as_mut().expect("polled after it finished");
+        let created = std::task::ready!(create.as_mut().poll(cx));
+        self.create = None;
+        std::task::Poll::Ready(created)
+    }
+}
+
+impl Drop for ProtectedCreate {
+    fn drop(&mut self) {
+        if let Some(create) = self.create.take() {
+            let session = self.session.clone();
+            self.session.spawn_background(async move {
+                if let Ok((created, _)) = create.await {
+                    let _ = session.delete_guaranteed(&created.path).await;
+                }
+            });
+        }
     }
 }

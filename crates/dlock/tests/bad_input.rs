@@ -1164,9 +1164,8 @@ async fn multi_lock_and_zero_timeouts(h: &Harness) -> Result<()> {
         .unwrap_err();
     ensure!(matches!(err, Error::Timeout(d) if d.is_zero()), "{err:?}");
     leader.await_leadership_timeout(Duration::ZERO).await?;
-    // Close only once the follower's node is there: on etcd, a latch closed
-    // while its create is in flight can leave that node behind (reported).
-    await_children(&s, &h.path("/latch"), 2, WITHIN).await?;
+    // The follower may still be creating its node: closed meanwhile, the
+    // create is finished and its node deleted all the same.
     follower.close().await?;
     leader.close().await?;
     await_children(&s, &h.path("/latch"), 0, WITHIN).await

@@ -79,12 +79,11 @@ pub(crate) struct WaitQueue {
 
 /// A node in the queue that is deleted (in the background) unless
 /// [`disarm`](Self::disarm)ed: makes acquisition cancellation-safe — a
-/// dropped, timed-out or failed acquire leaves nothing behind.
+/// dropped, timed-out or failed acquire leaves nothing behind. (A create
+/// still in flight is the protected create's to clean up.)
 pub(crate) struct PendingNode {
     session: Session,
-    dir: String,
-    prefix: String,
-    path: Option<String>,
+    path: String,
     armed: bool,
 }
 
@@ -97,10 +96,7 @@ impl PendingNode {
     pub async fn delete(mut self) -> Result<()> {
         // Disarmed only once done: if this future is dropped midway, the
         // drop deletes the node in the background.
-        let result = match &self.path {
-            Some(path) => self.session.delete_guaranteed(path).await,
-            None => Ok(()),
-        };
+        let result = self.session.delete_guaranteed(&self.path).await;
         self.armed = false;
         result
     }
@@ -108,15 +104,9 @@ impl PendingNode {
 
 impl Drop for PendingNode {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        match self.path.take() {
-            Some(path) => self.session.delete_in_background(path),
-            // The create may have been applied with its reply unseen.
-            None => self
-                .session
-                .find_and_delete_in_background(&self.dir, std::mem::take(&mut self.prefix)),
+        if self.armed {
+            self.session
+                .delete_in_background(std::mem::take(&mut self.path));
         }
     }
 }
@@ -351,38 +341,15 @@ impl WaitQueue {
             data
         };
         let prefix = format!("_c_{}-", uuid::Uuid::new_v4());
-        let mut pending = PendingNode {
+        let (created, children) = self
+            .session
+            .create_protected(&self.dir, &prefix, self.lock_name, data, mode, true)
+            .await?;
+        let pending = PendingNode {
             session: self.session.clone(),
-            dir: self.dir.clone(),
-            prefix: prefix.clone(),
-            path: None,
+            path: created.path.clone(),
             armed: true,
         };
-        // The create runs as a task of its own, so that cancelling the
-        // acquire never cancels a create in flight: etcd may apply such a
-        // create after a clean-up that looked for it (one client's requests
-        // are not ordered there as on ZooKeeper). The task deletes what it
-        // created if nobody is waiting for it any more.
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        {
-            let session = self.session.clone();
-            let (dir, prefix, name, data) = (
-                self.dir.clone(),
-                prefix.clone(),
-                self.lock_name,
-                data.to_vec(),
-            );
-            self.session.spawn_background(async move {
-                let result = session
-                    .create_protected(&dir, &prefix, name, &data, mode, true)
-                    .await;
-                if let Err(Ok((created, _))) = tx.send(result) {
-                    let _ = session.delete_guaranteed(&created.path).await;
-                }
-            });
-        }
-        let (created, children) = rx.await.map_err(|_| Error::Closed)??;
-        pending.path = Some(created.path.clone());
         if let Some(listener) = &self.revocation {
             super::revocation::watch(&self.session, created.path.clone(), listener.clone());
         }
