@@ -102,6 +102,8 @@ struct EtcdNode {
     /// Where `/health` and `/metrics` answer in plain HTTP: the client
     /// port, or a port of their own under TLS.
     probe_port: u16,
+    /// Clients are served over TLS only.
+    tls: bool,
 }
 
 impl EtcdNode {
@@ -195,6 +197,7 @@ impl EtcdNode {
             client_port,
             peer_port,
             probe_port,
+            tls: opts.tls.is_some(),
         })
     }
 
@@ -343,7 +346,7 @@ impl EtcdServer {
     }
 
     fn scheme(&self) -> &'static str {
-        if self.node.probe_port != self.node.client_port {
+        if self.node.tls {
             "https"
         } else {
             "http"
