@@ -72,7 +72,9 @@ pub async fn run(global: &Global, args: ParkingLot) -> Result<()> {
         let counter = SharedCount::new(&session, &args.probe_path, 0)?;
         counter.start().await?;
         let lot = match args.semaphore {
-            SemaphoreKind::V2 => Lot::V2(Semaphore::new(&session, &args.path, args.spaces)?),
+            SemaphoreKind::V2 => {
+                Lot::V2(Box::new(Semaphore::new(&session, &args.path, args.spaces)?))
+            }
             SemaphoreKind::Kv => Lot::Kv(KvSemaphore::new(&session, &args.path, args.spaces)?),
         };
         cars.push(Car {
@@ -125,7 +127,7 @@ struct Stats {
 
 #[derive(Clone)]
 enum Lot {
-    V2(Semaphore),
+    V2(Box<Semaphore>),
     Kv(KvSemaphore),
 }
 
