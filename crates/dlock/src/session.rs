@@ -2,7 +2,7 @@
 //! recipe built on it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -175,7 +175,16 @@ struct Inner {
     runtime: Option<tokio::runtime::Handle>,
     background: watch::Sender<usize>,
     retried: AtomicUsize,
+    /// Protection prefixes whose nodes are known to be gone, for reuse.
+    recycled: StdMutex<Vec<String>>,
 }
+
+/// How many free protection prefixes a session keeps for reuse: enough for
+/// the nodes a client typically holds at once.
+const RECYCLED_PREFIXES: usize = 64;
+
+/// The length of a protection prefix, `_c_<uuid>-`.
+const PREFIX_LEN: usize = 3 + 36 + 1;
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -197,6 +206,7 @@ impl Session {
                 runtime: tokio::runtime::Handle::try_current().ok(),
                 background: watch::channel(0).0,
                 retried: AtomicUsize::new(0),
+                recycled: StdMutex::new(Vec::new()),
             }),
         }
     }
@@ -397,6 +407,50 @@ impl Session {
         }
     }
 
+    /// A protection prefix (`_c_<uuid>-`) for a new protected node: a
+    /// recycled one if there is one, else a new one.
+    ///
+    /// A node is only ever found by its prefix among this session's own
+    /// nodes, so a prefix can be used again once its node is known to be
+    /// gone — and should be on etcd: there a node name that is never used
+    /// again leaves a tombstone that every listing of its directory scans
+    /// until the next compaction, so a busy lock would slow down with
+    /// every acquisition. A recycled prefix gives the next node of that
+    /// directory the same key.
+    pub(crate) fn protection_prefix(&self) -> String {
+        let mut recycled = self
+            .inner
+            .recycled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        recycled
+            .pop()
+            .unwrap_or_else(|| format!("_c_{}-", uuid::Uuid::new_v4()))
+    }
+
+    /// Returns the protection prefix of `node` (a protected node of this
+    /// session that was just deleted) for reuse.
+    fn recycle_prefix(&self, node: &str) {
+        let name = path::node_name(node);
+        let Some(prefix) = name.get(..PREFIX_LEN) else {
+            return;
+        };
+        let is_protected = prefix.starts_with("_c_")
+            && prefix.ends_with('-')
+            && uuid::Uuid::try_parse(&prefix[3..PREFIX_LEN - 1]).is_ok();
+        let mut recycled = self
+            .inner
+            .recycled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if is_protected
+            && recycled.len() < RECYCLED_PREFIXES
+            && !recycled.iter().any(|p| p == prefix)
+        {
+            recycled.push(prefix.to_string());
+        }
+    }
+
     /// Creates `parent/<prefix><name>` (`prefix` = `_c_<uuid>-`; parents as
     /// containers) the way
     /// Curator's protected mode does: if the reply is lost, the retry first
@@ -539,6 +593,15 @@ impl Session {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// [`delete_guaranteed`](Self::delete_guaranteed) for a protected node
+    /// this session created (and deletes only here): once it is gone, its
+    /// protection prefix is reused.
+    pub(crate) async fn delete_protected(&self, path: &str) -> Result<()> {
+        self.delete_guaranteed(path).await?;
+        self.recycle_prefix(path);
+        Ok(())
     }
 
     /// Deletes a node in the background, retrying until it is gone or the

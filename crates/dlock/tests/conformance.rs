@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use common::{await_gone, ephemeral, is_node_event, persistent, Harness};
 use dlock::store::{
     sort_sequenced, Child, CreateMode, CreateOptions, Op, OpResult, SessionState, WatchEvent,
@@ -296,6 +296,36 @@ async fn create_and_list_sees_its_own_node(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// A listing that tells a child's czxid tells its node's; a node created
+/// again under a listed name has another one, so a waiter can tell the node
+/// it queued behind from a newer one that took its name.
+async fn a_listed_czxid_is_the_nodes_and_a_recreated_node_has_another(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let dir = h.path("/czxid");
+    let node = format!("{dir}/n");
+    let listed = |kids: Vec<Child>| kids.into_iter().find(|c| c.name == "n").map(|c| c.czxid);
+    let first = s.create(&node, b"", ephemeral()).await?;
+    let before = listed(s.children(&dir).await?).context("n is listed")?;
+    ensure!(
+        before.is_none_or(|c| c == first.stat.czxid),
+        "{before:?} vs {first:?}"
+    );
+    s.delete(&node, None).await?;
+    let again = s.create(&node, b"", ephemeral()).await?;
+    let after = listed(s.children(&dir).await?).context("n is listed again")?;
+    ensure!(
+        after.is_none_or(|c| c == again.stat.czxid),
+        "{after:?} vs {again:?}"
+    );
+    ensure!(again.stat.czxid != first.stat.czxid);
+    ensure!(
+        before.is_none() || after != before,
+        "the same czxid listed for a new node"
+    );
+    s.delete(&node, None).await?;
+    Ok(())
+}
+
 async fn children_sort_by_sequence_like_curator(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let dir = h.path("/sort");
@@ -321,14 +351,17 @@ async fn children_sort_by_sequence_like_curator(h: &Harness) -> Result<()> {
         Child {
             name: "b".into(),
             created: Some(5),
+            czxid: Some(5),
         },
         Child {
             name: "a".into(),
             created: Some(9),
+            czxid: Some(9),
         },
         Child {
             name: "c".into(),
             created: Some(5),
+            czxid: Some(5),
         },
     ];
     sort_sequenced(&mut native, &["lock-"]);
@@ -495,6 +528,7 @@ per_backend!({
     parents_are_created_as_containers_and_reaped,
     create_and_list_sees_its_own_node,
     children_sort_by_sequence_like_curator,
+    a_listed_czxid_is_the_nodes_and_a_recreated_node_has_another,
     suspension_within_the_timeout_keeps_the_session,
     suspension_past_the_timeout_loses_the_session,
     expiry_fires_watches_and_renews_the_session,

@@ -460,10 +460,88 @@ async fn a_waiter_whose_key_vanished_does_not_claim_the_lock(h: &Harness) -> Res
         !waiting.is_finished(),
         "the waiter with the vanished key took the lock"
     );
+    let first_token = first.token();
     first.release().await?;
     let second = tokio::time::timeout(WITHIN, waiting).await???;
-    ensure!(second.node() != vanished, "it acquired with a new node");
+    ensure!(
+        second.token() > first_token,
+        "it acquired with a new node (perhaps under the old name)"
+    );
     second.release().await?;
+    Ok(())
+}
+
+/// A session acquiring one lock again and again uses one key: etcd keeps
+/// every key name used below a directory (as a tombstone) until the next
+/// compaction, and every listing of the directory scans them, so fresh
+/// names would slow a busy lock down with each acquisition.
+async fn a_sessions_acquisitions_of_one_lock_reuse_one_key(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let mutex = Mutex::new(&s, &h.path("/reuse"))?;
+    let first = mutex.acquire().await?;
+    let (node, token) = (first.node().to_string(), first.token());
+    first.release().await?;
+    for _ in 0..3 {
+        let again = mutex.acquire().await?;
+        ensure!(again.node() == node, "{} after {node}", again.node());
+        ensure!(
+            again.token() > token,
+            "a new incarnation, with a larger token"
+        );
+        again.release().await?;
+    }
+    Ok(())
+}
+
+/// A waiter never waits for a newer node that took the name of the one it
+/// queued behind. The waiter's replies are slowed down so that, between
+/// its listing (holder first) and its look at the holder's node, the holder
+/// releases and queues again under the same name, behind the waiter.
+/// Waiting on that node would deadlock: it waits for the waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_does_not_wait_for_a_newer_node_with_its_predecessors_name() -> Result<()> {
+    let server = shared_etcd();
+    let proxy = TcpProxy::start(&server.endpoint())?;
+    let ttl = Duration::from_secs(30);
+    let options = SessionOptions::default().with_session_timeout(ttl);
+    let holder = dlock::connect_with(&format!("etcd://{}", server.endpoint()), options).await?;
+    let waiter = via(&proxy, ttl).await?;
+    let path = format!("/aba-{}", uuid::Uuid::new_v4());
+    let held = Mutex::new(&holder, &path)?.acquire().await?;
+    let first_node = held.node().to_string();
+    proxy.delay_replies(Duration::from_millis(500));
+    let m = Mutex::new(&waiter, &path)?;
+    let waiting = tokio::spawn(async move { m.acquire().await });
+    // The waiter's node is in; its listing is still on its way to it.
+    await_children(&holder, &path, 2, WITHIN).await?;
+    held.release().await?;
+    let again = Mutex::new(&holder, &path)?;
+    let requeued = tokio::spawn(async move { again.acquire().await });
+    await_children(&holder, &path, 2, WITHIN).await?;
+    let names: Vec<String> = holder
+        .children(&path)
+        .await?
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    ensure!(
+        names.iter().any(|n| first_node.ends_with(n.as_str())),
+        "the holder queued again under its old name: {names:?}"
+    );
+    let got = tokio::time::timeout(WITHIN, waiting)
+        .await
+        .context("the waiter deadlocked behind the newer node")???;
+    proxy.delay_replies(Duration::ZERO);
+    ensure!(
+        !requeued.is_finished(),
+        "the holder's newer node queued behind the waiter"
+    );
+    got.release().await?;
+    let last = tokio::time::timeout(WITHIN, requeued).await???;
+    ensure!(last.node() == first_node);
+    last.release().await?;
+    holder.close().await;
+    waiter.close().await;
     Ok(())
 }
 
@@ -665,5 +743,6 @@ per_backend!(etcd => crate::common::etcd();
     errors_name_the_node_with_implicit_parents,
     a_delete_never_removes_a_newer_node_of_the_same_name,
     a_waiter_whose_key_vanished_does_not_claim_the_lock,
+    a_sessions_acquisitions_of_one_lock_reuse_one_key,
     multis_see_their_own_operations,
 );

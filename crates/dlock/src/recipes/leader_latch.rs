@@ -28,7 +28,9 @@ use super::error_policy::ErrorPolicy;
 use super::queue::{FirstN, HeldNode, Participant, PendingNode, WaitQueue};
 use crate::error::{Error, Result};
 use crate::session::Session;
-use crate::store::{CreateMode, Created, FencingToken, Op, OpResult, SessionId, SessionStatus};
+use crate::store::{
+    Child, CreateMode, Created, FencingToken, Op, OpResult, SessionId, SessionStatus,
+};
 
 /// Curator's node name for latch participants.
 pub(crate) const LATCH_NAME: &str = "latch-";
@@ -742,10 +744,7 @@ impl Task {
                 Ok(())
             }
             Some(0) => self.lead().await,
-            Some(i) => {
-                let predecessor = self.queue.node_path(&children[i - 1].name);
-                self.follow(&predecessor).await
-            }
+            Some(i) => self.follow(&children[i - 1]).await,
         }
     }
 
@@ -790,24 +789,19 @@ impl Task {
     }
 
     /// Someone is ahead of us: not the leader; wait for our predecessor.
-    async fn follow(&mut self, predecessor: &str) -> Result<()> {
+    async fn follow(&mut self, predecessor: &Child) -> Result<()> {
         // CURATOR-653: a former leader that finds itself behind steps down.
         self.shared.lose();
-        let session = &self.queue.session;
-        let store = session.store();
-        match session.retrying(|| store.get_data(predecessor, true)).await {
-            Ok((_, _, watch)) => {
-                watch
-                    .expect("the store armed the requested watch")
-                    .changed()
-                    .await;
-                Ok(())
-            }
-            // Gone already: look again at once (CURATOR-644/645: not a
-            // reset, which could livelock two latches).
-            Err(Error::NoNode { .. }) => Ok(()),
-            Err(e) => Err(e),
+        if let Some(watch) = self
+            .queue
+            .watch_sibling(&predecessor.name, predecessor.czxid)
+            .await?
+        {
+            watch.changed().await;
         }
+        // Gone already: look again at once (CURATOR-644/645: not a reset,
+        // which could livelock two latches).
+        Ok(())
     }
 
     /// Gives up our node (deleted in the background) and leadership.

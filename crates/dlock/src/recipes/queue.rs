@@ -96,7 +96,7 @@ impl PendingNode {
     pub async fn delete(mut self) -> Result<()> {
         // Disarmed only once done: if this future is dropped midway, the
         // drop deletes the node in the background.
-        let result = self.session.delete_guaranteed(&self.path).await;
+        let result = self.session.delete_protected(&self.path).await;
         self.armed = false;
         result
     }
@@ -340,7 +340,7 @@ impl WaitQueue {
         } else {
             data
         };
-        let prefix = format!("_c_{}-", uuid::Uuid::new_v4());
+        let prefix = self.session.protection_prefix();
         let (created, children) = self
             .session
             .create_protected(&self.dir, &prefix, self.lock_name, data, mode, true)
@@ -394,12 +394,14 @@ impl WaitQueue {
             let watch = match predicate.check(&children, name).map_err(Stop::Failed)? {
                 Verdict::Acquired => return Ok(()),
                 Verdict::WatchNode(name) => {
-                    let store = self.session.store();
-                    let node = self.node_path(&name);
-                    match self.session.retrying(|| store.get_data(&node, true)).await {
-                        Ok((_, _, watch)) => watch.expect("watch requested"),
+                    let sibling = children.iter().find(|c| c.name == name);
+                    match self
+                        .watch_sibling(&name, sibling.and_then(|c| c.czxid))
+                        .await
+                    {
+                        Ok(Some(watch)) => watch,
                         // Already gone: look again at once.
-                        Err(Error::NoNode { .. }) => {
+                        Ok(None) => {
                             children = self.sorted_children(false).await.map_err(Stop::Failed)?.0;
                             continue;
                         }
@@ -440,6 +442,21 @@ impl WaitQueue {
 }
 
 impl WaitQueue {
+    /// Watches the sibling `name` that a listing showed (with `czxid`, if
+    /// the listing tells it) for a change. `None` if it is gone already —
+    /// also when its name is back on a newer node (etcd reuses names): that
+    /// one came after the listing, so it is not the node we queued behind.
+    pub async fn watch_sibling(&self, name: &str, czxid: Option<i64>) -> Result<Option<Watch>> {
+        let store = self.session.store();
+        let node = self.node_path(name);
+        match self.session.retrying(|| store.get_data(&node, true)).await {
+            Ok((_, stat, _)) if czxid.is_some_and(|listed| listed != stat.czxid) => Ok(None),
+            Ok((_, _, watch)) => Ok(Some(watch.expect("the store armed the requested watch"))),
+            Err(Error::NoNode { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Whether `owner` is the session's current, live session.
     fn session_owns(&self, owner: crate::store::SessionId) -> bool {
         let status = self.session.status();
@@ -531,7 +548,7 @@ impl HeldNode {
         metrics::histogram!("dlock_hold_seconds", &labels)
             .record(self.acquired_at.elapsed().as_secs_f64());
         tracing::debug!(node = %self.created.path, token = self.created.token().0, lost, "release");
-        self.session.delete_guaranteed(&self.created.path).await?;
+        self.session.delete_protected(&self.created.path).await?;
         if lost {
             metrics::counter!("dlock_losses_total", &labels).increment(1);
             Err(self.lost_error())

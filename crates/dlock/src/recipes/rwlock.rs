@@ -268,7 +268,7 @@ impl WriteGuard {
         }
         let sequence = sequence_key(held.created.name(), SORT_NAMES).to_string();
         let q = &self.lock.readers;
-        let prefix = format!("_c_{}-", uuid::Uuid::new_v4());
+        let prefix = q.session.protection_prefix();
         let name = format!("{READ_LOCK_NAME}{sequence}");
         let (created, _) = q
             .session

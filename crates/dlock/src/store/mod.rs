@@ -197,6 +197,12 @@ pub struct Child {
     /// lock's downgrade needs it): ZooKeeper-style stores get this from the
     /// name, etcd keeps the sibling's revision for it (see `store::etcd`).
     pub created: Option<i64>,
+    /// The child's [`Stat::czxid`] as listed, for backends whose listing
+    /// tells it (etcd). Names can be used again — on etcd the wait queue
+    /// reuses them on purpose — and a node created again under a listed
+    /// name has another czxid: so a waiter can tell that the node it means
+    /// to wait for is gone, even if its name is back.
+    pub czxid: Option<i64>,
 }
 
 impl Child {
@@ -205,6 +211,7 @@ impl Child {
         Child {
             name: name.into(),
             created: None,
+            czxid: None,
         }
     }
 }

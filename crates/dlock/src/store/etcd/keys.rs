@@ -196,15 +196,20 @@ pub fn children(path: &str, kvs: &[KeyValue]) -> Vec<Child> {
             Some(Child {
                 name: String::from_utf8_lossy(name).into_owned(),
                 created: Some(created),
+                czxid: e.key,
             })
         })
         .collect()
 }
 
-/// A digest of a children listing's names: equal digests, same children.
+/// A digest of a children listing: equal digests, same children (a child
+/// deleted and created again under its name counts as a change).
 pub fn digest(children: &[Child]) -> u64 {
     use std::hash::{Hash, Hasher};
-    let mut names: Vec<&str> = children.iter().map(|c| c.name.as_str()).collect();
+    let mut names: Vec<(&str, Option<i64>)> = children
+        .iter()
+        .map(|c| (c.name.as_str(), c.czxid))
+        .collect();
     names.sort_unstable();
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     names.hash(&mut hasher);
