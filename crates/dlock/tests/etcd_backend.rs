@@ -244,16 +244,18 @@ async fn a_broken_watch_stream_resumes_where_it_was() -> Result<()> {
     let proxy = TcpProxy::start(&shared_etcd().endpoint())?;
     let s = via(&proxy, Duration::from_secs(30)).await?;
     let other = h.session().await;
-    let node = other
-        .create(&h.path("/resume/n"), b"", persistent())
-        .await?;
-    let (_, _, watch) = s.get_data_watch(&node.path).await?;
-    proxy.cut();
-    other.delete(&node.path, None).await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    proxy.restore();
-    let event = tokio::time::timeout(WITHIN, watch.changed()).await?;
-    ensure!(event == WatchEvent::NodeDeleted, "{event:?}");
+    // A persistent node gets a watch of its own; an ephemeral one joins
+    // its directory's shared watch.
+    for (name, mode) in [("/resume/n", persistent()), ("/resume/e/n", ephemeral())] {
+        let node = other.create(&h.path(name), b"", mode).await?;
+        let (_, _, watch) = s.get_data_watch(&node.path).await?;
+        proxy.cut();
+        other.delete(&node.path, None).await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        proxy.restore();
+        let event = tokio::time::timeout(WITHIN, watch.changed()).await?;
+        ensure!(event == WatchEvent::NodeDeleted, "{name}: {event:?}");
+    }
     ensure!(
         s.status().changes == 0,
         "the session stayed connected: {:?}",
@@ -261,6 +263,66 @@ async fn a_broken_watch_stream_resumes_where_it_was() -> Result<()> {
     );
     s.close().await;
     h.finish().await;
+    Ok(())
+}
+
+/// How many watchers the server has now.
+fn server_watchers(server: &EtcdServer) -> Result<u64> {
+    let (_, body) = dlock_testkit::http_get(server.port(), "/metrics")?;
+    body.lines()
+        .find_map(|l| l.strip_prefix("etcd_debugging_mvcc_watcher_total "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .context("no etcd_debugging_mvcc_watcher_total in /metrics")
+}
+
+/// Waiters of one client in one queue share one server watch (a watch
+/// created per wait can be filed unsynced by a busy server and then waits
+/// up to 100 ms), and it closes a few seconds after the last waiter left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_in_one_directory_share_one_server_watch() -> Result<()> {
+    let server = EtcdServer::start()?;
+    let url = format!("etcd://{}", server.endpoint());
+    let (holder, waiter) = (dlock::connect(&url).await?, dlock::connect(&url).await?);
+    let path = "/shared/lock";
+    let held = Mutex::new(&holder, path)?.acquire().await?;
+    let mut waiting = Vec::new();
+    for _ in 0..4 {
+        let m = Mutex::new(&waiter, path)?;
+        waiting.push(tokio::spawn(
+            async move { m.acquire().await?.release().await },
+        ));
+    }
+    await_children(&holder, path, 5, WITHIN).await?;
+    // Polled: the server's count is the only witness (a watch the test's
+    // own listing left behind is cancelled within a second).
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        let watchers = server_watchers(&server)?;
+        if watchers == 1 {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "4 waiters of one client: {watchers} watchers"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    held.release().await?;
+    for w in waiting {
+        tokio::time::timeout(WITHIN, w).await???;
+    }
+    ensure!(server_watchers(&server)? <= 1);
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    while server_watchers(&server)? > 0 {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the shared watch stayed open"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    holder.close().await;
+    waiter.close().await;
     Ok(())
 }
 

@@ -487,6 +487,7 @@ impl EtcdStore {
         read_revision: i64,
         mod_revision: i64,
         digest: u64,
+        ephemeral: bool,
     ) -> Watch {
         let rx = self.hub.arm(Request {
             path: path.to_string(),
@@ -495,6 +496,7 @@ impl EtcdStore {
             mod_revision,
             digest,
             keyless: self.is_keyless(path),
+            shared: ephemeral && kind == Kind::Data && path::parent(path) != "/",
         });
         Watch::new(rx, self.lease.status())
     }
@@ -810,11 +812,13 @@ impl Store for EtcdStore {
         let (key, below, rev) = self.read(path, lease).await?;
         match key {
             Some(kv) => {
-                let w = watch.then(|| self.arm(path, Kind::Data, rev, kv.mod_revision(), 0));
+                let w = watch.then(|| {
+                    self.arm(path, Kind::Data, rev, kv.mod_revision(), 0, kv.lease() != 0)
+                });
                 Ok((kv.value().to_vec(), keys::stat(&kv, below), w))
             }
             None if below > 0 || path == self.root => {
-                let w = watch.then(|| self.arm(path, Kind::Implicit, rev, 0, 0));
+                let w = watch.then(|| self.arm(path, Kind::Implicit, rev, 0, 0, false));
                 Ok((Vec::new(), keys::implicit_stat(below), w))
             }
             None => Err(Error::NoNode {
@@ -826,6 +830,7 @@ impl Store for EtcdStore {
     async fn exists(&self, path: &str, watch: bool) -> Result<(Option<Stat>, Option<Watch>)> {
         let lease = self.lease.current().await?;
         let (key, below, rev) = self.read(path, lease).await?;
+        let ephemeral = key.as_ref().is_some_and(|kv| kv.lease() != 0);
         let (stat, kind, mod_revision) = match key {
             Some(kv) => (Some(keys::stat(&kv, below)), Kind::Data, kv.mod_revision()),
             None if below > 0 || path == self.root => {
@@ -835,7 +840,7 @@ impl Store for EtcdStore {
         };
         Ok((
             stat,
-            watch.then(|| self.arm(path, kind, rev, mod_revision, 0)),
+            watch.then(|| self.arm(path, kind, rev, mod_revision, 0, ephemeral)),
         ))
     }
 
@@ -858,7 +863,7 @@ impl Store for EtcdStore {
             });
         }
         let digest = keys::digest(&children);
-        let w = watch.then(|| self.arm(path, Kind::Children, revision(&resp), 0, digest));
+        let w = watch.then(|| self.arm(path, Kind::Children, revision(&resp), 0, digest, false));
         Ok((children, w))
     }
 

@@ -13,8 +13,21 @@
 //! differs from what the arming read saw. No gap, no 100 ms wait; the extra
 //! read only happens when the store moved in between.
 //!
+//!
+//! That holds for every watch created, and under contention a creation can
+//! still land a moment late and be filed unsynced (measured: 8 contending
+//! clients saw an unsynced watcher on the server in one sample out of six,
+//! and waits of 100 ms at the 99th percentile). So the watches a wait
+//! queue arms most — on an ephemeral node, its predecessor — are not
+//! created per wait: each directory gets one *shared* watch on every key
+//! below it, which serves all node watches there and stays open for a few
+//! seconds after the last one fires, for the next. A node watch joining it
+//! needs no request at all: the events it delivered after the arming read
+//! are replayed from a buffer of recent ones (if the buffer no longer
+//! reaches back that far, the node is read again, as above).
+//!
 //! - A watch fires once, on the first event its kind cares about, and is
-//!   then cancelled on the server.
+//!   then cancelled on the server (a shared one stays).
 //! - A broken stream is opened again and every pending watch is created
 //!   again the same way (from now, with a gap check back to the last
 //!   revision it had covered).
@@ -23,7 +36,7 @@
 //!   catching-up watcher) reads again, fires if what it watched changed,
 //!   or is armed again from the read.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use etcd_client::{
@@ -67,6 +80,9 @@ pub(super) struct Request {
     /// The path is a namespace's root: it has no key of its own (a role
     /// limited to the namespace may not even read it), only keys below.
     pub keyless: bool,
+    /// [`Kind::Data`] on an ephemeral node: served by its directory's
+    /// shared watch (see the module docs).
+    pub shared: bool,
 }
 
 enum Cmd {
@@ -147,6 +163,49 @@ impl Pending {
             Kind::Absent => WatchEvent::NodeCreated,
             Kind::Children => WatchEvent::ChildrenChanged,
         }
+    }
+}
+
+/// One etcd watch on every key below a directory, serving the node watches
+/// of the directory's ephemeral nodes (its subscribers), and kept for
+/// [`LINGER`] after the last one fired, for the next.
+struct Shared {
+    dir: String,
+    /// Confirmed by the server: the stream delivers every event after the
+    /// revision it answered with.
+    confirmed: bool,
+    /// Every event after this revision has been delivered and is still in
+    /// `recent`, or is still to come.
+    complete_after: i64,
+    /// The last revision delivered.
+    delivered: i64,
+    /// The latest events delivered: (revision, key, put), oldest first.
+    recent: VecDeque<(i64, Vec<u8>, bool)>,
+    subscribers: HashMap<i64, Pending>,
+    /// When the last subscriber left.
+    idle_since: Option<Instant>,
+}
+
+/// How many delivered events a shared watch keeps for subscribers whose
+/// arming read is older than the delivery.
+const RECENT_EVENTS: usize = 1024;
+
+/// How long a shared watch without subscribers stays open.
+const LINGER: Duration = Duration::from_secs(2);
+
+impl Shared {
+    fn options(&self, id: i64) -> (Vec<u8>, WatchOptions) {
+        let (start, end) = keys::below(&self.dir);
+        (start, WatchOptions::new().with_watch_id(id).with_range(end))
+    }
+
+    /// Whether an event for `key` at `revision` fires subscriber `sub`.
+    fn fires(sub: &Pending, revision: i64, key: &[u8], put: bool) -> Option<WatchEvent> {
+        (revision > sub.covered && key == sub.armed.path.as_bytes()).then_some(if put {
+            WatchEvent::DataChanged
+        } else {
+            WatchEvent::NodeDeleted
+        })
     }
 }
 
@@ -257,6 +316,11 @@ struct Stream {
 struct Dispatcher {
     client: Client,
     pending: HashMap<i64, Pending>,
+    /// Shared directory watches by watch id, their ids by directory, and
+    /// the watch id of each subscriber.
+    shared: HashMap<i64, Shared>,
+    shared_by_dir: HashMap<String, i64>,
+    subscribed_to: HashMap<i64, i64>,
     next_id: i64,
     stream: Option<Stream>,
     /// When to try opening the stream again after a failure.
@@ -275,6 +339,9 @@ impl Dispatcher {
         Dispatcher {
             client,
             pending: HashMap::new(),
+            shared: HashMap::new(),
+            shared_by_dir: HashMap::new(),
+            subscribed_to: HashMap::new(),
             next_id: 1,
             stream: None,
             retry_at: None,
@@ -296,7 +363,7 @@ impl Dispatcher {
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let reopen_at = match (
-                self.stream.is_none() && !self.pending.is_empty(),
+                self.stream.is_none() && !(self.pending.is_empty() && self.shared.is_empty()),
                 self.retry_at,
             ) {
                 (true, Some(at)) => Some(at),
@@ -334,7 +401,11 @@ impl Dispatcher {
                         unconfirmed: true,
                         tx,
                     };
-                    self.insert(watch).await;
+                    if watch.armed.shared {
+                        self.subscribe(watch).await;
+                    } else {
+                        self.insert(watch).await;
+                    }
                 }
                 Wake::Command(Some(Cmd::Shutdown) | None) | Wake::Internal(None) => return,
                 Wake::Internal(Some(Internal::Fire(id, event))) => self.fire(id, event).await,
@@ -356,8 +427,77 @@ impl Dispatcher {
         }
         let id = self.next_id;
         self.next_id += 1;
-        let (key, options) = watch.options(id);
         self.pending.insert(id, watch);
+        self.open(id, true).await;
+    }
+
+    /// Adds a node watch to its directory's shared watch, opening that if
+    /// there is none. Events the shared watch delivered after the arming
+    /// read are replayed from `recent`; if they are no longer all there,
+    /// the node is read again (a gap check).
+    async fn subscribe(&mut self, mut watch: Pending) {
+        if watch.tx.is_closed() {
+            return;
+        }
+        let dir = crate::path::parent(&watch.armed.path).to_string();
+        let sub_id = self.next_id;
+        self.next_id += 1;
+        let id = match self.shared_by_dir.get(&dir) {
+            Some(&id) => id,
+            None => {
+                let id = self.next_id;
+                self.next_id += 1;
+                self.shared.insert(
+                    id,
+                    Shared {
+                        dir: dir.clone(),
+                        confirmed: false,
+                        complete_after: 0,
+                        delivered: 0,
+                        recent: VecDeque::new(),
+                        subscribers: HashMap::new(),
+                        idle_since: None,
+                    },
+                );
+                self.shared_by_dir.insert(dir, id);
+                self.open(id, false).await;
+                id
+            }
+        };
+        let Some(shared) = self.shared.get_mut(&id) else {
+            return;
+        };
+        shared.idle_since = None;
+        if shared.confirmed {
+            watch.unconfirmed = false;
+            if watch.covered < shared.complete_after {
+                let armed = watch.armed.clone();
+                shared.subscribers.insert(sub_id, watch);
+                self.subscribed_to.insert(sub_id, id);
+                self.spawn_gap_check(sub_id, armed);
+                return;
+            }
+            let replayed = shared
+                .recent
+                .iter()
+                .find_map(|(revision, key, put)| Shared::fires(&watch, *revision, key, *put));
+            if let Some(event) = replayed {
+                let _ = watch.tx.send(event);
+                return;
+            }
+            watch.covered = watch.covered.max(shared.delivered);
+        }
+        self.subscribed_to.insert(sub_id, id);
+        shared.subscribers.insert(sub_id, watch);
+    }
+
+    /// Asks the server for watch `id` (pending or shared) on the open
+    /// stream, or opens the stream.
+    async fn open(&mut self, id: i64, pending: bool) {
+        let (key, options) = match pending {
+            true => self.pending[&id].options(id),
+            false => self.shared[&id].options(id),
+        };
         match &mut self.stream {
             Some(stream) => {
                 if let Err(e) = stream.sender.watch(key, Some(options)).await {
@@ -370,13 +510,85 @@ impl Dispatcher {
         }
     }
 
+    /// Handles an answer for shared watch `id`.
+    async fn on_shared_response(&mut self, id: i64, response: WatchResponse) {
+        let Some(shared) = self.shared.get_mut(&id) else {
+            return;
+        };
+        if response.compact_revision() != 0 || response.canceled() {
+            // Every subscriber looks again (and arms anew).
+            tracing::debug!(dir = %shared.dir, "etcd ended a shared watch; its watchers look again");
+            let shared = self.remove_shared(id);
+            for (_, sub) in shared.subscribers {
+                let event = sub.look_again();
+                let _ = sub.tx.send(event);
+            }
+            return;
+        }
+        if response.created() {
+            let start = response.header().map_or(0, |h| h.revision());
+            shared.confirmed = true;
+            shared.complete_after = start;
+            shared.delivered = shared.delivered.max(start);
+            let mut gaps = Vec::new();
+            for (sub_id, sub) in shared.subscribers.iter_mut() {
+                if std::mem::take(&mut sub.unconfirmed) && start > sub.covered {
+                    gaps.push((*sub_id, sub.armed.clone()));
+                }
+            }
+            for (sub_id, armed) in gaps {
+                self.spawn_gap_check(sub_id, armed);
+            }
+        }
+        let Some(shared) = self.shared.get_mut(&id) else {
+            return;
+        };
+        let mut fired = Vec::new();
+        for event in response.events() {
+            let Some(kv) = event.kv() else { continue };
+            let (revision, put) = (kv.mod_revision(), event.event_type() == EventType::Put);
+            if revision <= shared.complete_after {
+                continue;
+            }
+            for (sub_id, sub) in shared.subscribers.iter_mut() {
+                if let Some(event) = Shared::fires(sub, revision, kv.key(), put) {
+                    fired.push((*sub_id, event));
+                }
+            }
+            if shared.recent.len() == RECENT_EVENTS {
+                if let Some((oldest, _, _)) = shared.recent.pop_front() {
+                    shared.complete_after = shared.complete_after.max(oldest);
+                }
+            }
+            shared.recent.push_back((revision, kv.key().to_vec(), put));
+            shared.delivered = shared.delivered.max(revision);
+        }
+        for (sub_id, event) in fired {
+            self.fire(sub_id, event).await;
+        }
+    }
+
+    fn remove_shared(&mut self, id: i64) -> Shared {
+        let shared = self.shared.remove(&id).expect("a shared watch");
+        self.shared_by_dir.remove(&shared.dir);
+        for sub_id in shared.subscribers.keys() {
+            self.subscribed_to.remove(sub_id);
+        }
+        shared
+    }
+
     /// Opens a new stream with every pending watch (each from now, with a
     /// gap check back to what it had covered).
     async fn reopen(&mut self) {
         self.retry_at = None;
         self.stream = None;
         self.pending.retain(|_, w| !w.tx.is_closed());
-        let mut ids: Vec<i64> = self.pending.keys().copied().collect();
+        let mut ids: Vec<i64> = self
+            .pending
+            .keys()
+            .chain(self.shared.keys())
+            .copied()
+            .collect();
         if ids.is_empty() {
             return;
         }
@@ -386,7 +598,21 @@ impl Dispatcher {
                 w.unconfirmed = true;
             }
         }
-        let (first_key, first_options) = self.pending[&ids[0]].options(ids[0]);
+        for shared in self.shared.values_mut() {
+            // What was delivered before the break was seen by every
+            // subscriber; the new stream's start is checked against it.
+            shared.confirmed = false;
+            shared.recent.clear();
+            for sub in shared.subscribers.values_mut() {
+                sub.covered = sub.covered.max(shared.delivered);
+                sub.unconfirmed = true;
+            }
+        }
+        let options = |this: &Self, id: i64| match this.pending.get(&id) {
+            Some(w) => w.options(id),
+            None => this.shared[&id].options(id),
+        };
+        let (first_key, first_options) = options(self, ids[0]);
         let mut watches = self.client.watch_client();
         let opened =
             tokio::time::timeout(OPEN_LIMIT, watches.watch(first_key, Some(first_options))).await;
@@ -397,7 +623,7 @@ impl Dispatcher {
         };
         let (mut sender, responses) = stream.split();
         for id in &ids[1..] {
-            let (key, options) = self.pending[id].options(*id);
+            let (key, options) = options(self, *id);
             if let Err(e) = sender.watch(key, Some(options)).await {
                 return self.broken(&e.to_string());
             }
@@ -432,6 +658,16 @@ impl Dispatcher {
         if let Some(watch) = self.pending.remove(&id) {
             let _ = watch.tx.send(event);
             self.cancel(id).await;
+        } else if let Some(shared_id) = self.subscribed_to.remove(&id) {
+            // The shared watch stays open for the directory's next watch.
+            if let Some(shared) = self.shared.get_mut(&shared_id) {
+                if let Some(sub) = shared.subscribers.remove(&id) {
+                    let _ = sub.tx.send(event);
+                }
+                if shared.subscribers.is_empty() {
+                    shared.idle_since = Some(Instant::now());
+                }
+            }
         }
     }
 
@@ -447,10 +683,33 @@ impl Dispatcher {
             self.pending.remove(&id);
             self.cancel(id).await;
         }
+        let mut idle = Vec::new();
+        for (id, shared) in self.shared.iter_mut() {
+            shared.subscribers.retain(|sub_id, sub| {
+                let open = !sub.tx.is_closed();
+                if !open {
+                    self.subscribed_to.remove(sub_id);
+                }
+                open
+            });
+            if shared.subscribers.is_empty() {
+                let since = *shared.idle_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= LINGER {
+                    idle.push(*id);
+                }
+            }
+        }
+        for id in idle {
+            self.remove_shared(id);
+            self.cancel(id).await;
+        }
     }
 
     async fn on_response(&mut self, response: WatchResponse) {
         let id = response.watch_id();
+        if self.shared.contains_key(&id) {
+            return self.on_shared_response(id, response).await;
+        }
         if response.compact_revision() != 0 {
             if let Some(watch) = self.pending.remove(&id) {
                 tracing::debug!(path = %watch.armed.path, compacted = response.compact_revision(), "etcd watch start compacted; reading again");
