@@ -154,8 +154,12 @@ async fn errors_name_the_node(h: &Harness) -> Result<()> {
     let err = s.create("relative", b"", persistent()).await.unwrap_err();
     ensure!(matches!(err, Error::InvalidPath { .. }), "{err}");
     s.delete(&format!("{p}/child"), None).await?;
-    s.delete(&p, None).await?;
-    Ok(())
+    // `p` is a container: the reaper may take it first (ZooKeeper's runs
+    // every few milliseconds in the tests).
+    match s.delete(&p, None).await {
+        Ok(()) | Err(Error::NoNode { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn watches_fire_once_on_node_events(h: &Harness) -> Result<()> {
