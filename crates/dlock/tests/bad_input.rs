@@ -1371,12 +1371,7 @@ async fn releasing_twice_and_closing_twice(h: &Harness) -> Result<()> {
 }
 
 // Every case on every backend.
-per_backend!({
-    embedded => crate::common::embedded(),
-    zookeeper => crate::common::zookeeper(),
-    #[cfg(feature = "etcd")]
-    etcd => crate::common::etcd(),
-} {
+per_backend!(every_backend {
     paths_dlock_accepts_every_backend_holds,
     recipes_refuse_bad_paths,
     malformed_shared_counts_are_typed_errors,

@@ -281,12 +281,7 @@ async fn a_malformed_record_is_a_typed_error(h: &Harness) -> Result<()> {
 }
 
 // Every case on every backend.
-per_backend!({
-    embedded => crate::common::embedded(),
-    zookeeper => crate::common::zookeeper(),
-    #[cfg(feature = "etcd")]
-    etcd => crate::common::etcd(),
-} {
+per_backend!(every_backend {
     the_layout_is_the_consul_design,
     the_limit_holds_under_contention,
     a_release_admits_a_waiter,

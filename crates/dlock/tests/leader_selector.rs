@@ -590,12 +590,7 @@ async fn a_panicking_leader_gives_up(h: &Harness) -> Result<()> {
 }
 
 // Every case on every backend.
-per_backend!({
-    embedded => crate::common::embedded(),
-    zookeeper => crate::common::zookeeper(),
-    #[cfg(feature = "etcd")]
-    etcd => crate::common::etcd(),
-} {
+per_backend!(every_backend {
     layout_is_a_mutex_with_the_id,
     an_interrupted_leader_stops_and_releases,
     auto_requeue_leads_again,

@@ -455,12 +455,7 @@ async fn a_failing_acquire_rolls_back(h: &Harness) -> Result<()> {
 }
 
 // Every case on every backend.
-per_backend!({
-    embedded => crate::common::embedded(),
-    zookeeper => crate::common::zookeeper(),
-    #[cfg(feature = "etcd")]
-    etcd => crate::common::etcd(),
-} {
+per_backend!(every_backend {
     rw_participants_show_holders_and_waiters,
     upgrading_is_refused,
     downgrading_is_only_for_the_writer,

@@ -628,12 +628,7 @@ async fn quick_reconnections_never_make_two_leaders(h: &Harness) -> Result<()> {
 }
 
 // Every case on every backend.
-per_backend!({
-    embedded => crate::common::embedded(),
-    zookeeper => crate::common::zookeeper(),
-    #[cfg(feature = "etcd")]
-    etcd => crate::common::etcd(),
-} {
+per_backend!(every_backend {
     a_session_expiring_while_queued_never_acquires,
     a_queued_reader_losing_its_session_starts_over,
     a_lost_delete_reply_does_not_delete_a_newer_holder,

@@ -303,12 +303,7 @@ async fn a_recreated_node_is_followed(h: &Harness) -> Result<()> {
     remove(&s, &path).await
 }
 
-per_backend!({
-    embedded => crate::common::embedded(),
-    zookeeper => crate::common::zookeeper(),
-    #[cfg(feature = "etcd")]
-    etcd => crate::common::etcd(),
-} {
+per_backend!(every_backend {
     every_listener_sees_every_value,
     versioned_sets_follow_the_version,
     a_stale_version_fails_across_clients,

@@ -254,9 +254,18 @@ pub fn is_node_event(e: WatchEvent) -> bool {
 /// Instantiates each listed case as a `#[tokio::test]` per backend: one
 /// backend and its cases (`per_backend!(zookeeper => harness; a, b)`), or
 /// several backends sharing one list of cases
-/// (`per_backend!({ embedded => h1, #[cfg(..)] etcd => h2 } { a, b })`).
+/// (`per_backend!({ embedded => h1, #[cfg(..)] etcd => h2 } { a, b })`),
+/// or every backend (`per_backend!(every_backend { a, b })`).
 #[macro_export]
 macro_rules! per_backend {
+    (every_backend $cases:tt) => {
+        $crate::per_backend!({
+            embedded => crate::common::embedded(),
+            zookeeper => crate::common::zookeeper(),
+            #[cfg(feature = "etcd")]
+            etcd => crate::common::etcd(),
+        } $cases);
+    };
     ({ $($(#[$attr:meta])* $backend:ident => $harness:expr),+ $(,)? } $cases:tt) => {
         $( $(#[$attr])* $crate::per_backend!($backend => $harness; $cases); )+
     };
