@@ -260,10 +260,10 @@ pub fn is_node_event(e: WatchEvent) -> bool {
 macro_rules! per_backend {
     (every_backend $cases:tt) => {
         $crate::per_backend!({
-            embedded => crate::common::embedded(),
-            zookeeper => crate::common::zookeeper(),
+            embedded => $crate::common::embedded(),
+            zookeeper => $crate::common::zookeeper(),
             #[cfg(feature = "etcd")]
-            etcd => crate::common::etcd(),
+            etcd => $crate::common::etcd(),
         } $cases);
     };
     ({ $($(#[$attr:meta])* $backend:ident => $harness:expr),+ $(,)? } $cases:tt) => {
