@@ -383,14 +383,7 @@ fn a_killed_holder_hands_over_on(endpoint: &str) -> Result<()> {
         ),
     )?;
     holder.await_line("held", Duration::from_secs(20))?;
-    let mut waiter = Proc::spawn(
-        "waiter",
-        with_args(
-            dlock(endpoint),
-            &["lock", &path, "--"],
-            &["sh", "-c", "echo acquired"],
-        ),
-    )?;
+    let mut waiter = spawn_waiter(endpoint, &path)?;
     await_children(&admin, &path, |n| n == 2, Duration::from_secs(20))?;
     waiter.drain();
     ensure!(
@@ -414,6 +407,18 @@ fn a_killed_holder_hands_over_on(endpoint: &str) -> Result<()> {
     drop(holder); // kills the orphaned `sleep 600` (its process group)
     admin.close();
     Ok(())
+}
+
+/// `dlock lock <path> -- echo acquired`: queues, and says when it got in.
+fn spawn_waiter(endpoint: &str, path: &str) -> Result<Proc> {
+    Proc::spawn(
+        "waiter",
+        with_args(
+            dlock(endpoint),
+            &["lock", path, "--"],
+            &["sh", "-c", "echo acquired"],
+        ),
+    )
 }
 
 fn with_args(mut cmd: Command, args: &[&str], command: &[&str]) -> Command {
@@ -452,14 +457,7 @@ fn a_frozen_holder_learns_it_lost_on(endpoint: &str) -> Result<()> {
         ),
     )?;
     holder.await_line("held", Duration::from_secs(20))?;
-    let mut waiter = Proc::spawn(
-        "waiter",
-        with_args(
-            dlock(endpoint),
-            &["lock", &path, "--"],
-            &["sh", "-c", "echo acquired"],
-        ),
-    )?;
+    let mut waiter = spawn_waiter(endpoint, &path)?;
     await_children(&admin, &path, |n| n == 2, Duration::from_secs(20))?;
     holder.freeze()?;
     let frozen = Instant::now();
