@@ -626,16 +626,13 @@ impl Entry {
     fn into_lease(mut self, token: FencingToken) -> KvLease {
         self.armed = false;
         let created = self.created.take().expect("an entry");
-        let session_id = created.stat.ephemeral_owner;
         KvLease {
-            node: Arc::new(HeldNode {
-                session: self.place.session.clone(),
-                recipe_path: self.place.dir.clone(),
-                what: "semaphore lease",
+            node: HeldNode::new(
+                &self.place.session,
+                &self.place.dir,
+                "semaphore lease",
                 created,
-                session_id,
-                acquired_at: tokio::time::Instant::now(),
-            }),
+            ),
             place: self.place.clone(),
             id: std::mem::take(&mut self.id),
             token,

@@ -488,7 +488,8 @@ pub(crate) fn deadline(timeout: Option<Duration>) -> Option<Instant> {
 #[derive(Debug)]
 pub(crate) struct HeldNode {
     pub session: Session,
-    pub recipe_path: String,
+    /// Shared with the metrics labels of the release.
+    pub recipe_path: Arc<str>,
     pub what: &'static str,
     pub created: Created,
     pub session_id: crate::store::SessionId,
@@ -510,7 +511,7 @@ impl HeldNode {
         };
         Arc::new(HeldNode {
             session: session.clone(),
-            recipe_path: recipe_path.to_string(),
+            recipe_path: Arc::from(recipe_path),
             what,
             session_id,
             created,
@@ -531,7 +532,7 @@ impl HeldNode {
     pub fn lost_error(&self) -> Error {
         Error::Lost {
             what: self.what,
-            path: self.recipe_path.clone(),
+            path: self.recipe_path.to_string(),
         }
     }
 
@@ -542,7 +543,7 @@ impl HeldNode {
             ("recipe", metrics::SharedString::const_str(self.what)),
             (
                 "path",
-                metrics::SharedString::from(self.recipe_path.clone()),
+                metrics::SharedString::from_shared(self.recipe_path.clone()),
             ),
         ];
         metrics::histogram!("dlock_hold_seconds", &labels)

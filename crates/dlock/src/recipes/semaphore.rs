@@ -377,15 +377,7 @@ impl Semaphore {
         match waited {
             Ok(()) => {
                 pending.disarm();
-                let session_id = created.stat.ephemeral_owner;
-                let node = std::sync::Arc::new(HeldNode {
-                    session: session.clone(),
-                    recipe_path: self.path.clone(),
-                    what: "lease",
-                    created,
-                    session_id,
-                    acquired_at: tokio::time::Instant::now(),
-                });
+                let node = HeldNode::new(session, &self.path, "lease", created);
                 Ok(Attempt::Acquired(Lease {
                     node,
                     data: data.to_vec(),
