@@ -201,11 +201,7 @@ impl Shared {
 
     /// Whether an event for `key` at `revision` fires subscriber `sub`.
     fn fires(sub: &Pending, revision: i64, key: &[u8], put: bool) -> Option<WatchEvent> {
-        (revision > sub.covered && key == sub.armed.path.as_bytes()).then_some(if put {
-            WatchEvent::DataChanged
-        } else {
-            WatchEvent::NodeDeleted
-        })
+        (revision > sub.covered && key == sub.armed.path.as_bytes()).then_some(data_event(put))
     }
 }
 
@@ -225,11 +221,7 @@ fn judge(kind: Kind, path: &str, event: &etcd_client::Event) -> Verdict {
     let relation = keys::relation(path, kv.key());
     match (kind, relation) {
         (_, Relation::Outside) => Verdict::Ignore,
-        (Kind::Data, Relation::Itself) => Verdict::Fire(if put {
-            WatchEvent::DataChanged
-        } else {
-            WatchEvent::NodeDeleted
-        }),
+        (Kind::Data, Relation::Itself) => Verdict::Fire(data_event(put)),
         (Kind::Data, _) => Verdict::Ignore,
         (Kind::Absent, Relation::Itself) if put => Verdict::Fire(WatchEvent::NodeCreated),
         (Kind::Absent, _) if put && keys::is_descendant(path, kv.key()) => {
@@ -246,6 +238,15 @@ fn judge(kind: Kind, path: &str, event: &etcd_client::Event) -> Verdict {
             Verdict::Fire(WatchEvent::ChildrenChanged)
         }
         (Kind::Children, _) => Verdict::Ignore,
+    }
+}
+
+/// What a put or a delete of a watched node's own key means.
+fn data_event(put: bool) -> WatchEvent {
+    if put {
+        WatchEvent::DataChanged
+    } else {
+        WatchEvent::NodeDeleted
     }
 }
 
@@ -427,8 +428,9 @@ impl Dispatcher {
         }
         let id = self.next_id;
         self.next_id += 1;
+        let request = watch.options(id);
         self.pending.insert(id, watch);
-        self.open(id, true).await;
+        self.open(request).await;
     }
 
     /// Adds a node watch to its directory's shared watch, opening that if
@@ -460,7 +462,7 @@ impl Dispatcher {
                     },
                 );
                 self.shared_by_dir.insert(dir, id);
-                self.open(id, false).await;
+                self.open(self.shared[&id].options(id)).await;
                 id
             }
         };
@@ -491,13 +493,9 @@ impl Dispatcher {
         shared.subscribers.insert(sub_id, watch);
     }
 
-    /// Asks the server for watch `id` (pending or shared) on the open
-    /// stream, or opens the stream.
-    async fn open(&mut self, id: i64, pending: bool) {
-        let (key, options) = match pending {
-            true => self.pending[&id].options(id),
-            false => self.shared[&id].options(id),
-        };
+    /// Asks the server for a watch (already registered, pending or shared)
+    /// on the open stream, or opens the stream.
+    async fn open(&mut self, (key, options): (Vec<u8>, WatchOptions)) {
         match &mut self.stream {
             Some(stream) => {
                 if let Err(e) = stream.sender.watch(key, Some(options)).await {
