@@ -330,6 +330,68 @@ async fn a_listed_czxid_is_the_nodes_and_a_recreated_node_has_another(h: &Harnes
     Ok(())
 }
 
+/// What a woken waiter relies on: once the watch on a listed child fired
+/// for its deletion, `children_seen` no longer lists it but lists the
+/// waiter's own node, and `watch_child` on it (or on a newer node under its
+/// name, where the listing tells czxids) says it is gone. Two rounds: a
+/// backend that answers from what its watches delivered does so in the
+/// second.
+async fn a_listing_seen_after_a_watch_has_what_the_watch_delivered(h: &Harness) -> Result<()> {
+    let (a, b) = (h.session().await, h.session().await);
+    let dir = h.path("/seen");
+    let queued = format!("{dir}/n-");
+    let seq = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
+    let stays = a.create(&queued, b"", seq).await?;
+    for round in 0..2 {
+        let ahead = a.create(&queued, b"", seq).await?;
+        let (ours, listed) = b.store().create_and_list(&queued, b"", seq, &dir).await?;
+        let child = listed
+            .iter()
+            .find(|c| c.name == ahead.name())
+            .context("the node ahead is listed")?
+            .clone();
+        let watch = b
+            .store()
+            .watch_child(&dir, &child)
+            .await?
+            .context("the node ahead is there")?;
+        a.delete(&ahead.path, None).await?;
+        let event = watch.changed().await;
+        ensure!(event == WatchEvent::NodeDeleted, "round {round}: {event:?}");
+        let seen = b.store().children_seen(&dir, ours.stat.czxid).await?;
+        let names: Vec<_> = seen.iter().map(|c| c.name.as_str()).collect();
+        ensure!(
+            !names.contains(&ahead.name())
+                && names.contains(&stays.name())
+                && names.contains(&ours.name()),
+            "round {round}: {names:?}"
+        );
+        ensure!(
+            b.store().watch_child(&dir, &child).await?.is_none(),
+            "round {round}: a deleted child was watched"
+        );
+        b.delete(&ours.path, None).await?;
+    }
+    let named = format!("{dir}/x");
+    a.create(&named, b"", ephemeral()).await?;
+    let old = b
+        .children(&dir)
+        .await?
+        .into_iter()
+        .find(|c| c.name == "x")
+        .context("x is listed")?;
+    a.delete(&named, None).await?;
+    a.create(&named, b"", ephemeral()).await?;
+    let watched = b.store().watch_child(&dir, &old).await?;
+    ensure!(
+        old.czxid.is_none() || watched.is_none(),
+        "the newer x was taken for the listed one"
+    );
+    a.delete(&named, None).await?;
+    a.delete(&stays.path, None).await?;
+    Ok(())
+}
+
 async fn children_sort_by_sequence_like_curator(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let dir = h.path("/sort");
@@ -528,6 +590,7 @@ per_backend!(every_backend {
     create_and_list_sees_its_own_node,
     children_sort_by_sequence_like_curator,
     a_listed_czxid_is_the_nodes_and_a_recreated_node_has_another,
+    a_listing_seen_after_a_watch_has_what_the_watch_delivered,
     suspension_within_the_timeout_keeps_the_session,
     suspension_past_the_timeout_loses_the_session,
     expiry_fires_watches_and_renews_the_session,

@@ -470,6 +470,53 @@ async fn an_uncontended_acquire_and_release_is_two_round_trips() -> Result<()> {
     Ok(())
 }
 
+/// A waiter of a warm directory asks the server nothing, neither to arm
+/// its watch on the node ahead nor, once woken, to see whether anyone is
+/// still ahead: its client's shared watch on the directory delivered every
+/// change there, and the copy of the directory kept from it answers both.
+/// So a handoff is the holder's delete alone. Counted by the server; the
+/// first round warms the directory up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_of_a_warm_directory_asks_the_server_nothing() -> Result<()> {
+    let server = EtcdServer::start()?;
+    let options = SessionOptions::default().with_session_timeout(Duration::from_secs(30));
+    let url = format!("etcd://{}", server.endpoint());
+    let a = dlock::connect_with(&url, options.clone()).await?;
+    let b = dlock::connect_with(&url, options).await?;
+    let dir = "/warm";
+    let queued = format!("{dir}/n-");
+    let seq = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
+    for round in 0..3 {
+        let ahead = a.create(&queued, b"", seq).await?;
+        let (ours, listed) = b.store().create_and_list(&queued, b"", seq, dir).await?;
+        let child = listed
+            .iter()
+            .find(|c| c.name == ahead.name())
+            .context("the node ahead is listed")?
+            .clone();
+        let before = kv_requests(&server)?;
+        let watch = b
+            .store()
+            .watch_child(dir, &child)
+            .await?
+            .context("the node ahead is there")?;
+        a.delete(&ahead.path, None).await?;
+        ensure!(watch.changed().await == WatchEvent::NodeDeleted);
+        let seen = b.store().children_seen(dir, ours.stat.czxid).await?;
+        let requests = kv_requests(&server)? - before;
+        let names: Vec<_> = seen.iter().map(|c| c.name.as_str()).collect();
+        ensure!(names == [ours.name()], "round {round}: {names:?}");
+        ensure!(
+            round == 0 || requests == 1,
+            "round {round}: {requests} requests for a handoff"
+        );
+        b.delete(&ours.path, None).await?;
+    }
+    a.close().await;
+    b.close().await;
+    Ok(())
+}
+
 /// etcd#22082: a delete of our node (say, retried after its reply was
 /// lost) never deletes a newer key of the same name.
 async fn a_delete_never_removes_a_newer_node_of_the_same_name(h: &Harness) -> Result<()> {

@@ -720,7 +720,7 @@ impl Task {
         let (name, children) = match &self.node {
             Some((_, created)) => (
                 created.name().to_string(),
-                self.queue.sorted_children(false).await?.0,
+                self.queue.sorted_children_seen(created.stat.czxid).await?,
             ),
             None => {
                 // Curator's reset: not a leader without a node.
@@ -792,11 +792,7 @@ impl Task {
     async fn follow(&mut self, predecessor: &Child) -> Result<()> {
         // CURATOR-653: a former leader that finds itself behind steps down.
         self.shared.lose();
-        if let Some(watch) = self
-            .queue
-            .watch_sibling(&predecessor.name, predecessor.czxid)
-            .await?
-        {
+        if let Some(watch) = self.queue.watch_sibling(predecessor).await? {
             watch.changed().await;
         }
         // Gone already: look again at once (CURATOR-644/645: not a reset,

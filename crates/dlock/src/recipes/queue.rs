@@ -190,6 +190,27 @@ impl WaitQueue {
         }
     }
 
+    /// The children in queue order, as of a moment that includes our node
+    /// (created at `since`) and every change the watches have delivered:
+    /// what a waiter needs after a wakeup (see [`Store::children_seen`]).
+    ///
+    /// [`Store::children_seen`]: crate::store::Store::children_seen
+    pub async fn sorted_children_seen(&self, since: i64) -> Result<Vec<Child>> {
+        let store = self.session.store();
+        match self
+            .session
+            .retrying(|| store.children_seen(&self.dir, since))
+            .await
+        {
+            Ok(mut children) => {
+                sort_sequenced(&mut children, self.sort_names);
+                Ok(children)
+            }
+            Err(Error::NoNode { .. }) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Every participant in queue order, marking those `predicate` says
     /// hold. Nodes that vanish while being read are skipped.
     pub async fn participants(&self, predicate: &dyn Predicate) -> Result<Vec<Participant>> {
@@ -386,6 +407,7 @@ impl WaitQueue {
             })
         };
         let name = ours.name();
+        let since = ours.stat.czxid;
         let mut children_watch: Option<Watch> = None;
         loop {
             if let Some(stop) = session_gone() {
@@ -395,14 +417,15 @@ impl WaitQueue {
                 Verdict::Acquired => return Ok(()),
                 Verdict::WatchNode(name) => {
                     let sibling = children.iter().find(|c| c.name == name);
-                    match self
-                        .watch_sibling(&name, sibling.and_then(|c| c.czxid))
-                        .await
-                    {
+                    let sibling = sibling.cloned().unwrap_or_else(|| Child::named(name));
+                    match self.watch_sibling(&sibling).await {
                         Ok(Some(watch)) => watch,
                         // Already gone: look again at once.
                         Ok(None) => {
-                            children = self.sorted_children(false).await.map_err(Stop::Failed)?.0;
+                            children = self
+                                .sorted_children_seen(since)
+                                .await
+                                .map_err(Stop::Failed)?;
                             continue;
                         }
                         Err(e) => return Err(Stop::Failed(e)),
@@ -436,25 +459,24 @@ impl WaitQueue {
             if !woke {
                 return Err(Stop::TimedOut);
             }
-            children = self.sorted_children(false).await.map_err(Stop::Failed)?.0;
+            children = self
+                .sorted_children_seen(since)
+                .await
+                .map_err(Stop::Failed)?;
         }
     }
 }
 
 impl WaitQueue {
-    /// Watches the sibling `name` that a listing showed (with `czxid`, if
-    /// the listing tells it) for a change. `None` if it is gone already —
-    /// also when its name is back on a newer node (etcd reuses names): that
-    /// one came after the listing, so it is not the node we queued behind.
-    pub async fn watch_sibling(&self, name: &str, czxid: Option<i64>) -> Result<Option<Watch>> {
+    /// Watches `sibling`, as a listing showed it, for a change. `None` if
+    /// it is gone already — also when its name is back on a newer node
+    /// (etcd reuses names): that one came after the listing, so it is not
+    /// the node we queued behind.
+    pub async fn watch_sibling(&self, sibling: &Child) -> Result<Option<Watch>> {
         let store = self.session.store();
-        let node = self.node_path(name);
-        match self.session.retrying(|| store.get_data(&node, true)).await {
-            Ok((_, stat, _)) if czxid.is_some_and(|listed| listed != stat.czxid) => Ok(None),
-            Ok((_, _, watch)) => Ok(Some(watch.expect("the store armed the requested watch"))),
-            Err(Error::NoNode { .. }) => Ok(None),
-            Err(e) => Err(e),
-        }
+        self.session
+            .retrying(|| store.watch_child(&self.dir, sibling))
+            .await
     }
 
     /// Whether `owner` is the session's current, live session.

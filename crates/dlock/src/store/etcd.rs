@@ -108,6 +108,14 @@
 //!   cancels for compaction reads again and fires or re-arms. A children
 //!   watch fires on direct child keys only (not on implicit
 //!   sub-directories appearing or vanishing).
+//! - **A queue's directory is watched once per client, and mirrored.**
+//!   Watches on a directory's children (a queue's nodes) share one etcd
+//!   watch on the whole directory, kept a few seconds after its last
+//!   waiter. Its events also keep a copy of the directory, started from
+//!   any listing of it; so [`children_seen`](Store::children_seen) and
+//!   [`watch_child`](Store::watch_child) — what a waiter needs after it
+//!   queued and once woken — usually cost no request, and a handoff is the
+//!   holder's delete alone (why that is safe: `store::etcd::mirror`).
 //! - **Fenced deletes and checks (etcd#22082).** This client remembers the
 //!   create revision of each ephemeral node it created in the current
 //!   session. Deleting one, or an `Op::Check` without version on one,
@@ -160,6 +168,7 @@
 mod error;
 mod keys;
 mod lease;
+mod mirror;
 mod multi;
 mod watch;
 
@@ -479,7 +488,9 @@ impl EtcdStore {
 
     /// Arms a watch on `path` after a read at `read_revision` that saw the
     /// key at `mod_revision` (0: no key) and, for children watches, a
-    /// listing with `digest`.
+    /// listing with `digest`. A data watch on a `queued` node (ephemeral,
+    /// or watched as a queue member) is served by its directory's shared
+    /// watch.
     fn arm(
         &self,
         path: &str,
@@ -487,7 +498,7 @@ impl EtcdStore {
         read_revision: i64,
         mod_revision: i64,
         digest: u64,
-        ephemeral: bool,
+        queued: bool,
     ) -> Watch {
         let rx = self.hub.arm(Request {
             path: path.to_string(),
@@ -496,7 +507,7 @@ impl EtcdStore {
             mod_revision,
             digest,
             keyless: self.is_keyless(path),
-            shared: ephemeral && kind == Kind::Data && path::parent(path) != "/",
+            shared: queued && kind == Kind::Data && path::parent(path) != "/",
         });
         Watch::new(rx, self.lease.status())
     }
@@ -645,8 +656,11 @@ impl EtcdStore {
                 if ephemeral {
                     self.remember(lease, &full, rev, suffix.as_deref());
                 }
-                let children =
-                    list.map(|l| keys::children(l, gets.last().map_or(&[][..], |g| g.kvs())));
+                let children = list.map(|l| {
+                    let listed = gets.last().map_or(&[][..], |g| g.kvs());
+                    self.hub.mirrors.seed(l, rev, listed);
+                    keys::children(l, listed)
+                });
                 let stat = Stat {
                     czxid: rev,
                     mzxid: rev,
@@ -856,7 +870,9 @@ impl Store for EtcdStore {
         let resp = self.txn(txn, path, lease).await?;
         let gets = gets(&resp);
         let is_key = gets.first().is_some_and(|g| g.count() > 0);
-        let children = keys::children(path, gets.get(1).map_or(&[][..], |g| g.kvs()));
+        let listed = gets.get(1).map_or(&[][..], |g| g.kvs());
+        self.hub.mirrors.seed(path, revision(&resp), listed);
+        let children = keys::children(path, listed);
         if !is_key && children.is_empty() && path != self.root {
             return Err(Error::NoNode {
                 path: path.to_string(),
@@ -865,6 +881,40 @@ impl Store for EtcdStore {
         let digest = keys::digest(&children);
         let w = watch.then(|| self.arm(path, Kind::Children, revision(&resp), 0, digest, false));
         Ok((children, w))
+    }
+
+    async fn children_seen(&self, path: &str, since: i64) -> Result<Vec<Child>> {
+        // An empty copy cannot tell whether the directory itself is there.
+        match self.hub.mirrors.children(path, since) {
+            Some(children) if !children.is_empty() => Ok(children),
+            _ => Ok(self.children(path, false).await?.0),
+        }
+    }
+
+    async fn watch_child(&self, dir: &str, child: &Child) -> Result<Option<Watch>> {
+        let node = path::join(dir, &child.name);
+        let Some(czxid) = child.czxid else {
+            return crate::store::read_and_watch_child(self, dir, child).await;
+        };
+        match self.hub.mirrors.node(&node, czxid) {
+            Some((_, None)) => Ok(None),
+            Some((_, Some((created, _)))) if created != czxid => Ok(None),
+            Some((as_of, Some((_, modified)))) => {
+                self.lease.current().await?;
+                Ok(Some(self.arm(&node, Kind::Data, as_of, modified, 0, true)))
+            }
+            // Through the shared watch as well (whatever the node's
+            // lease), so that its event reaches the copy first.
+            None => {
+                let lease = self.lease.current().await?;
+                Ok(match self.read(&node, lease).await? {
+                    (Some(kv), _, read_at) if kv.create_revision() == czxid => {
+                        Some(self.arm(&node, Kind::Data, read_at, kv.mod_revision(), 0, true))
+                    }
+                    _ => None,
+                })
+            }
+        }
     }
 
     async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {

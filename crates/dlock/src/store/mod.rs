@@ -477,6 +477,32 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// watch for a child creation or deletion, or the node's deletion.
     async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)>;
 
+    /// Lists a node's children, unwatched, as they were at some moment no
+    /// earlier than the transaction `since` (a zxid, an etcd revision: a
+    /// node's [`Stat::czxid`]) — not necessarily now, and normally no
+    /// earlier than the last event a [`watch_child`](Self::watch_child)
+    /// watch on one of them delivered. A backend that keeps what its
+    /// watches deliver may answer without a round trip; the others list.
+    ///
+    /// Enough for a wait queue: a node created up to `since` that is
+    /// missing is gone for good; nodes created later queue behind the
+    /// waiter anyway; and a node still listed after its deletion is
+    /// watched again, which fires once the deletion reaches the watch.
+    async fn children_seen(&self, path: &str, since: i64) -> Result<Vec<Child>> {
+        let _ = since;
+        Ok(self.children(path, false).await?.0)
+    }
+
+    /// Watches `child` of `dir`, as a listing showed it, for a data change
+    /// or its deletion. `None` if it is gone already — or back under its
+    /// name as a newer node (etcd reuses names; [`Child::czxid`] tells
+    /// them apart): that one came after the listing. May answer, like
+    /// [`children_seen`](Self::children_seen), from what the watches have
+    /// delivered.
+    async fn watch_child(&self, dir: &str, child: &Child) -> Result<Option<Watch>> {
+        read_and_watch_child(self, dir, child).await
+    }
+
     /// Applies all operations atomically, or none; the error names the first
     /// failing operation ([`Error::MultiFailed`](crate::Error::MultiFailed)).
     async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>>;
@@ -489,6 +515,21 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Ends the session: its ephemeral nodes are deleted and later
     /// operations fail with [`Error::Closed`](crate::Error::Closed).
     async fn close(&self);
+}
+
+/// [`Store::watch_child`] by a read that arms a data watch.
+pub(crate) async fn read_and_watch_child<S: Store + ?Sized>(
+    store: &S,
+    dir: &str,
+    child: &Child,
+) -> Result<Option<Watch>> {
+    let node = crate::path::join(dir, &child.name);
+    match store.get_data(&node, true).await {
+        Ok((_, stat, _)) if child.czxid.is_some_and(|listed| listed != stat.czxid) => Ok(None),
+        Ok((_, _, watch)) => Ok(Some(watch.expect("the store armed the requested watch"))),
+        Err(crate::Error::NoNode { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// The lost-reply faults a store arms ([`Faults::lose_next_create_reply`],

@@ -171,6 +171,16 @@ impl<S: Store> Store for Namespaced<S> {
         result.map_err(|e| self.error(e))
     }
 
+    async fn children_seen(&self, path: &str, since: i64) -> Result<Vec<Child>> {
+        let result = self.inner.children_seen(&self.inside(path), since).await;
+        result.map_err(|e| self.error(e))
+    }
+
+    async fn watch_child(&self, dir: &str, child: &Child) -> Result<Option<Watch>> {
+        let result = self.inner.watch_child(&self.inside(dir), child).await;
+        result.map_err(|e| self.error(e))
+    }
+
     async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
         let ops: Vec<Op> = ops.iter().map(|op| self.op(op)).collect();
         match self.inner.multi(&ops).await {

@@ -154,6 +154,11 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 /// position marker's revision if it has one), or for an implicit
 /// directory the smallest create revision below it.
 pub fn children(path: &str, kvs: &[KeyValue]) -> Vec<Child> {
+    children_of(path, kvs.iter().map(|kv| (kv.key(), kv.create_revision())))
+}
+
+/// [`children`] from (key, create revision) pairs.
+pub fn children_of<'k>(path: &str, keys: impl IntoIterator<Item = (&'k [u8], i64)>) -> Vec<Child> {
     #[derive(Default)]
     struct Entry {
         key: Option<i64>,
@@ -162,15 +167,15 @@ pub fn children(path: &str, kvs: &[KeyValue]) -> Vec<Child> {
     }
     let prefix = child_prefix(path);
     let mut entries: BTreeMap<&[u8], Entry> = BTreeMap::new();
-    for kv in kvs {
-        let Some(rest) = kv.key().strip_prefix(prefix.as_slice()) else {
+    for (key, create_revision) in keys {
+        let Some(rest) = key.strip_prefix(prefix.as_slice()) else {
             continue;
         };
         if rest.is_empty() || rest[0] == 0 {
             continue;
         }
         match rest.iter().position(|&b| b == b'/') {
-            None => entries.entry(rest).or_default().key = Some(kv.create_revision()),
+            None => entries.entry(rest).or_default().key = Some(create_revision),
             Some(i) => {
                 let (name, deeper) = rest.split_at(i);
                 let entry = entries.entry(name).or_default();
@@ -179,7 +184,7 @@ pub fn children(path: &str, kvs: &[KeyValue]) -> Vec<Child> {
                         entry.marker = std::str::from_utf8(rev).ok().and_then(|r| r.parse().ok())
                     }
                     None => {
-                        let rev = kv.create_revision();
+                        let rev = create_revision;
                         entry.deepest = Some(entry.deepest.map_or(rev, |d: i64| d.min(rev)));
                     }
                 }

@@ -24,7 +24,9 @@
 //! seconds after the last one fires, for the next. A node watch joining it
 //! needs no request at all: the events it delivered after the arming read
 //! are replayed from a buffer of recent ones (if the buffer no longer
-//! reaches back that far, the node is read again, as above).
+//! reaches back that far, the node is read again, as above). The shared
+//! watch also keeps a copy of the directory up to date ([`super::mirror`]),
+//! so a woken waiter needs no read at all.
 //!
 //! - A watch fires once, on the first event its kind cares about, and is
 //!   then cancelled on the server (a shared one stays).
@@ -47,6 +49,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::keys::{self, Relation};
+use super::mirror::Mirrors;
 use crate::store::WatchEvent;
 
 /// What a watch waits for.
@@ -102,14 +105,17 @@ enum Internal {
 #[derive(Debug)]
 pub(super) struct Hub {
     tx: mpsc::UnboundedSender<Cmd>,
+    /// What the shared watches have seen.
+    pub mirrors: Mirrors,
 }
 
 impl Hub {
     /// Starts the dispatcher for `client` on `runtime`.
     pub fn start(client: Client, runtime: &tokio::runtime::Handle) -> Hub {
         let (tx, rx) = mpsc::unbounded_channel();
-        runtime.spawn(Dispatcher::new(client).run(rx));
-        Hub { tx }
+        let mirrors = Mirrors::default();
+        runtime.spawn(Dispatcher::new(client, mirrors.clone()).run(rx));
+        Hub { tx, mirrors }
     }
 
     /// Arms a watch; the receiver gets its one event. If the store is
@@ -329,13 +335,15 @@ struct Dispatcher {
     backoff: Duration,
     internal_tx: mpsc::UnboundedSender<Internal>,
     internal_rx: mpsc::UnboundedReceiver<Internal>,
+    /// Kept up to date with every shared watch's events.
+    mirrors: Mirrors,
 }
 
 const OPEN_LIMIT: Duration = Duration::from_secs(5);
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 impl Dispatcher {
-    fn new(client: Client) -> Self {
+    fn new(client: Client, mirrors: Mirrors) -> Self {
         let (internal_tx, internal_rx) = mpsc::unbounded_channel();
         Dispatcher {
             client,
@@ -349,6 +357,7 @@ impl Dispatcher {
             backoff: Duration::from_millis(50),
             internal_tx,
             internal_rx,
+            mirrors,
         }
     }
 
@@ -461,6 +470,7 @@ impl Dispatcher {
                         idle_since: None,
                     },
                 );
+                self.mirrors.reset(&dir);
                 self.shared_by_dir.insert(dir, id);
                 self.open(self.shared[&id].options(id)).await;
                 id
@@ -527,6 +537,7 @@ impl Dispatcher {
             let start = response.header().map_or(0, |h| h.revision());
             shared.confirmed = true;
             shared.complete_after = start;
+            self.mirrors.started(&shared.dir, start);
             shared.delivered = shared.delivered.max(start);
             let mut gaps = Vec::new();
             for (sub_id, sub) in shared.subscribers.iter_mut() {
@@ -542,12 +553,15 @@ impl Dispatcher {
             return;
         };
         let mut fired = Vec::new();
+        let mut changes = Vec::with_capacity(response.events().len());
         for event in response.events() {
             let Some(kv) = event.kv() else { continue };
             let (revision, put) = (kv.mod_revision(), event.event_type() == EventType::Put);
             if revision <= shared.complete_after {
                 continue;
             }
+            let revisions = put.then(|| (kv.create_revision(), kv.mod_revision()));
+            changes.push((revision, kv.key().to_vec(), revisions));
             for (sub_id, sub) in shared.subscribers.iter_mut() {
                 if let Some(event) = Shared::fires(sub, revision, kv.key(), put) {
                     fired.push((*sub_id, event));
@@ -561,6 +575,8 @@ impl Dispatcher {
             shared.recent.push_back((revision, kv.key().to_vec(), put));
             shared.delivered = shared.delivered.max(revision);
         }
+        // Before the wakeups: a woken waiter reads the copy.
+        self.mirrors.apply(&shared.dir, changes);
         for (sub_id, event) in fired {
             self.fire(sub_id, event).await;
         }
@@ -569,6 +585,7 @@ impl Dispatcher {
     fn remove_shared(&mut self, id: i64) -> Shared {
         let shared = self.shared.remove(&id).expect("a shared watch");
         self.shared_by_dir.remove(&shared.dir);
+        self.mirrors.remove(&shared.dir);
         for sub_id in shared.subscribers.keys() {
             self.subscribed_to.remove(sub_id);
         }
@@ -601,6 +618,7 @@ impl Dispatcher {
             // subscriber; the new stream's start is checked against it.
             shared.confirmed = false;
             shared.recent.clear();
+            self.mirrors.reset(&shared.dir);
             for sub in shared.subscribers.values_mut() {
                 sub.covered = sub.covered.max(shared.delivered);
                 sub.unconfirmed = true;
