@@ -190,9 +190,10 @@ impl WaitQueue {
         }
     }
 
-    /// The children in queue order, as of a moment that includes our node
-    /// (created at `since`) and every change the watches have delivered:
-    /// what a waiter needs after a wakeup (see [`Store::children_seen`]).
+    /// The children in queue order, as of a moment no earlier than our
+    /// node's creation (`since`), perhaps behind the latest changes: what a
+    /// waiter needs after a wakeup, often without a round trip (see
+    /// [`Store::children_seen`]).
     ///
     /// [`Store::children_seen`]: crate::store::Store::children_seen
     pub async fn sorted_children_seen(&self, since: i64) -> Result<Vec<Child>> {
