@@ -21,8 +21,8 @@ use crate::store::{sort_sequenced, Child, CreateMode, Created, SessionState, Wat
 pub(crate) enum Verdict {
     /// The participant holds.
     Acquired,
-    /// Wait until this sibling (by name) changes or goes.
-    WatchNode(String),
+    /// Wait until this sibling, as listed, changes or goes.
+    WatchNode(Child),
     /// Wait until the set of siblings changes.
     WatchChildren,
 }
@@ -45,7 +45,7 @@ impl Predicate for FirstN {
         Ok(if index < self.0 {
             Verdict::Acquired
         } else {
-            Verdict::WatchNode(sorted[index - self.0].name.clone())
+            Verdict::WatchNode(sorted[index - self.0].clone())
         })
     }
 }
@@ -176,18 +176,11 @@ impl WaitQueue {
     /// The children in queue order (empty if the directory is gone).
     pub async fn sorted_children(&self, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
         let store = self.session.store();
-        match self
+        let listed = self
             .session
             .retrying(|| store.children(&self.dir, watch))
-            .await
-        {
-            Ok((mut children, w)) => {
-                sort_sequenced(&mut children, self.sort_names);
-                Ok((children, w))
-            }
-            Err(Error::NoNode { .. }) => Ok((Vec::new(), None)),
-            Err(e) => Err(e),
-        }
+            .await;
+        self.in_queue_order(listed)
     }
 
     /// The children in queue order, as of a moment no earlier than our
@@ -198,16 +191,24 @@ impl WaitQueue {
     /// [`Store::children_seen`]: crate::store::Store::children_seen
     pub async fn sorted_children_seen(&self, since: i64) -> Result<Vec<Child>> {
         let store = self.session.store();
-        match self
+        let listed = self
             .session
             .retrying(|| store.children_seen(&self.dir, since))
-            .await
-        {
-            Ok(mut children) => {
+            .await;
+        Ok(self.in_queue_order(listed.map(|c| (c, None)))?.0)
+    }
+
+    /// A listing sorted; a gone directory lists nothing.
+    fn in_queue_order(
+        &self,
+        listed: Result<(Vec<Child>, Option<Watch>)>,
+    ) -> Result<(Vec<Child>, Option<Watch>)> {
+        match listed {
+            Ok((mut children, w)) => {
                 sort_sequenced(&mut children, self.sort_names);
-                Ok(children)
+                Ok((children, w))
             }
-            Err(Error::NoNode { .. }) => Ok(Vec::new()),
+            Err(Error::NoNode { .. }) => Ok((Vec::new(), None)),
             Err(e) => Err(e),
         }
     }
@@ -416,9 +417,7 @@ impl WaitQueue {
             }
             let watch = match predicate.check(&children, name).map_err(Stop::Failed)? {
                 Verdict::Acquired => return Ok(()),
-                Verdict::WatchNode(name) => {
-                    let sibling = children.iter().find(|c| c.name == name);
-                    let sibling = sibling.cloned().unwrap_or_else(|| Child::named(name));
+                Verdict::WatchNode(sibling) => {
                     match self.watch_sibling(&sibling).await {
                         Ok(Some(watch)) => watch,
                         // Already gone: look again at once.

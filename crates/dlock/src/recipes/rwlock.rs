@@ -41,7 +41,7 @@ impl Predicate for NoWriterAhead {
                 .find(|c| c.name.contains(WRITE_LOCK_NAME))
             {
                 None => Verdict::Acquired,
-                Some(writer) => Verdict::WatchNode(writer.name.clone()),
+                Some(writer) => Verdict::WatchNode(writer.clone()),
             },
         )
     }
