@@ -1,13 +1,14 @@
-//! What a directory's shared watch has seen, kept as a copy of the keys
-//! below the directory, so that a woken waiter needs no round trip.
+//! What a directory's shared watch delivered: its latest changes, for
+//! node watches that join it late, and a copy of the keys below the
+//! directory, so that a woken waiter needs no round trip.
 //!
 //! A handoff costs the new holder a listing (is anyone still ahead of me?)
 //! and, before that, a read to arm its watch on the node ahead. Both answers
 //! are already on the client: the directory's shared watch delivers every
 //! change below it, in order, with no gap. Started from one listing (at
-//! revision `L`, no older than the watch's start), and with every event
+//! revision `L`, no older than the watch's start), and with every change
 //! after `L` applied, the copy is the directory exactly as of the last
-//! revision applied (`as_of`). The dispatcher applies a response's events
+//! revision applied (`as_of`). The dispatcher records a response's changes
 //! before it fires the watches they wake, so a woken waiter's view already
 //! holds the change that woke it.
 //!
@@ -33,93 +34,133 @@ type Revisions = (i64, i64);
 /// One delivered change: (revision, key, the key's revisions if it was put).
 pub(super) type Change = (i64, Vec<u8>, Option<Revisions>);
 
-/// How many changes an unseeded copy keeps for the listing that will seed
-/// it; past that, a listing must be newer than the oldest one dropped.
-const BACKLOG: usize = 1024;
+/// How many delivered changes a shared watch keeps.
+const RECENT: usize = 1024;
 
-/// The copies of every directory that has a shared watch, by directory:
+/// What every directory with a shared watch has seen, by directory:
 /// written by the watch dispatcher, read by the store.
 #[derive(Debug, Clone, Default)]
-pub(super) struct Mirrors(Arc<Mutex<HashMap<String, Mirror>>>);
+pub(super) struct Mirrors(Arc<Mutex<HashMap<String, Seen>>>);
 
 #[derive(Debug, Default)]
-struct Mirror {
-    /// Every key below the directory, once seeded.
-    keys: Option<BTreeMap<Vec<u8>, Revisions>>,
-    /// The revision of the listing that seeded the copy: changes up to it
-    /// are in it already.
-    seeded_at: i64,
-    /// The revision the copy is exact at.
-    as_of: i64,
-    /// Changes at or before this revision may be missing from `backlog`
-    /// (the watch's start, then the newest change dropped): a listing
-    /// older than it cannot seed the copy. `None` until the watch started.
-    floor: Option<i64>,
-    /// Changes delivered while unseeded, oldest first.
-    backlog: VecDeque<Change>,
+struct Seen {
+    /// The latest changes delivered, oldest first.
+    recent: VecDeque<Change>,
+    /// Every change after this revision has been delivered and is still in
+    /// `recent`, or is still to come. `None` until the watch started.
+    complete_after: Option<i64>,
+    /// The copy of the keys below the directory, once a listing started it.
+    copy: Option<Copy>,
 }
 
-impl Mirror {
-    fn apply(&mut self, (revision, key, put): Change) {
-        let Some(keys) = &mut self.keys else {
-            if self.backlog.len() == BACKLOG {
-                if let Some((dropped, _, _)) = self.backlog.pop_front() {
-                    self.floor = self.floor.map(|f| f.max(dropped));
-                }
-            }
-            self.backlog.push_back((revision, key, put));
-            return;
-        };
-        // Already in the listing that seeded the copy. (One revision can
-        // change several keys, so only the listing's revision is a bound.)
-        if revision <= self.seeded_at {
+#[derive(Debug)]
+struct Copy {
+    keys: BTreeMap<Vec<u8>, Revisions>,
+    /// The revision of the listing it started from: changes up to it are
+    /// in it already. (One revision can change several keys, so this, not
+    /// `as_of`, is the bound.)
+    listed_at: i64,
+    /// The revision the copy is exact at.
+    as_of: i64,
+}
+
+impl Copy {
+    fn apply(&mut self, (revision, key, put): &Change) {
+        if *revision <= self.listed_at {
             return;
         }
         match put {
-            Some(revisions) => keys.insert(key, revisions),
-            None => keys.remove(&key),
+            Some(revisions) => self.keys.insert(key.clone(), *revisions),
+            None => self.keys.remove(key),
         };
-        self.as_of = self.as_of.max(revision);
+        self.as_of = self.as_of.max(*revision);
     }
 }
 
+impl Seen {
+    /// The copy, if it is no older than `since`.
+    fn copy_since(&self, since: i64) -> Option<&Copy> {
+        self.copy.as_ref().filter(|c| c.as_of >= since)
+    }
+}
+
+/// What a node watch joining a shared watch missed since its arming read.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Missed {
+    /// The shared watch has not started: its start is checked then.
+    Unknown,
+    /// Changes after the read are no longer all kept: read again.
+    Gap,
+    /// The node's first change after the read (`true`: a put).
+    Change(bool),
+    /// Nothing.
+    Nothing,
+}
+
 impl Mirrors {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Mirror>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Seen>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts an empty, unseeded copy of `dir` (its shared watch opened),
-    /// or empties it (the watch is opened again, with a gap behind it).
+    /// Starts afresh for `dir`: its shared watch opened, or opened again
+    /// with a gap behind it.
     pub fn reset(&self, dir: &str) {
-        self.lock().insert(dir.to_string(), Mirror::default());
+        self.lock().insert(dir.to_string(), Seen::default());
     }
 
-    /// Drops the copy of `dir` (its shared watch closed).
+    /// Forgets `dir` (its shared watch closed).
     pub fn remove(&self, dir: &str) {
         self.lock().remove(dir);
     }
 
     /// The shared watch on `dir` delivers every change after `revision`.
     pub fn started(&self, dir: &str, revision: i64) {
-        if let Some(m) = self.lock().get_mut(dir) {
-            m.floor = Some(revision);
+        if let Some(seen) = self.lock().get_mut(dir) {
+            seen.complete_after = Some(revision);
         }
     }
 
-    /// Applies changes the shared watch on `dir` delivered, in order.
-    pub fn apply(&self, dir: &str, changes: impl IntoIterator<Item = Change>) {
-        if let Some(m) = self.lock().get_mut(dir) {
-            for change in changes {
-                m.apply(change);
+    /// Records changes the shared watch on `dir` delivered, in order.
+    pub fn deliver(&self, dir: &str, changes: impl IntoIterator<Item = Change>) {
+        let mut mirrors = self.lock();
+        let Some(seen) = mirrors.get_mut(dir) else {
+            return;
+        };
+        for change in changes {
+            if let Some(copy) = &mut seen.copy {
+                copy.apply(&change);
             }
+            if seen.recent.len() == RECENT {
+                if let Some((dropped, _, _)) = seen.recent.pop_front() {
+                    seen.complete_after = seen.complete_after.map(|c| c.max(dropped));
+                }
+            }
+            seen.recent.push_back(change);
+        }
+    }
+
+    /// What a watch on `path`, armed by a read at `covered`, missed.
+    pub fn missed(&self, path: &str, covered: i64) -> Missed {
+        let mirrors = self.lock();
+        let Some(seen) = mirrors.get(crate::path::parent(path)) else {
+            return Missed::Unknown;
+        };
+        match seen.complete_after {
+            None => Missed::Unknown,
+            Some(complete) if covered < complete => Missed::Gap,
+            Some(_) => seen
+                .recent
+                .iter()
+                .find(|(revision, key, _)| *revision > covered && key == path.as_bytes())
+                .map_or(Missed::Nothing, |(_, _, put)| Missed::Change(put.is_some())),
         }
     }
 
     /// Offers a listing of every key below `dir` read at `revision`: it
-    /// becomes the copy if it is newer and the watch delivers (or
-    /// delivered and kept) every change after it. So the copy is never
-    /// older than this client's last listing, and a waiter arming its
-    /// watch right after queueing finds its predecessor in it.
+    /// becomes the copy if it is newer and every change after it was or
+    /// will be delivered. So the copy is never older than this client's
+    /// last listing, and a waiter arming its watch right after queueing
+    /// finds its predecessor in it.
     pub fn seed(&self, dir: &str, revision: i64, kvs: &[KeyValue]) {
         let listed = kvs
             .iter()
@@ -134,30 +175,33 @@ impl Mirrors {
         listed: impl IntoIterator<Item = (Vec<u8>, Revisions)>,
     ) {
         let mut mirrors = self.lock();
-        let Some(m) = mirrors.get_mut(dir) else {
+        let Some(seen) = mirrors.get_mut(dir) else {
             return;
         };
-        let older = m.keys.is_some() && revision <= m.as_of;
-        if older || m.floor.is_none_or(|floor| revision < floor) {
+        let older = seen.copy.as_ref().is_some_and(|c| revision <= c.as_of);
+        if older || seen.complete_after.is_none_or(|c| revision < c) {
             return;
         }
-        m.keys = Some(listed.into_iter().collect());
-        m.seeded_at = revision;
-        m.as_of = revision;
-        for change in std::mem::take(&mut m.backlog) {
-            m.apply(change);
+        let mut copy = Copy {
+            keys: listed.into_iter().collect(),
+            listed_at: revision,
+            as_of: revision,
+        };
+        for change in &seen.recent {
+            copy.apply(change);
         }
+        seen.copy = Some(copy);
     }
 
     /// `dir`'s children as of a revision no older than `since`, if the copy
     /// has them.
     pub fn children(&self, dir: &str, since: i64) -> Option<Vec<Child>> {
         let mirrors = self.lock();
-        let m = mirrors.get(dir)?;
-        let keys = m.keys.as_ref().filter(|_| m.as_of >= since)?;
+        let copy = mirrors.get(dir)?.copy_since(since)?;
         Some(keys::children_of(
             dir,
-            keys.iter()
+            copy.keys
+                .iter()
                 .map(|(key, &(created, _))| (key.as_slice(), created)),
         ))
     }
@@ -167,9 +211,8 @@ impl Mirrors {
     /// revisions (`None`: not there).
     pub fn node(&self, path: &str, since: i64) -> Option<(i64, Option<Revisions>)> {
         let mirrors = self.lock();
-        let m = mirrors.get(crate::path::parent(path))?;
-        let keys = m.keys.as_ref().filter(|_| m.as_of >= since)?;
-        Some((m.as_of, keys.get(path.as_bytes()).copied()))
+        let copy = mirrors.get(crate::path::parent(path))?.copy_since(since)?;
+        Some((copy.as_of, copy.keys.get(path.as_bytes()).copied()))
     }
 }
 
@@ -199,6 +242,14 @@ mod tests {
             .collect()
     }
 
+    /// Mirrors of `/d`, whose shared watch started after `revision`.
+    fn started_after(revision: i64) -> Mirrors {
+        let mirrors = Mirrors::default();
+        mirrors.reset("/d");
+        mirrors.started("/d", revision);
+        mirrors
+    }
+
     #[test]
     fn a_copy_answers_only_once_seeded_by_a_listing_no_older_than_its_watch() {
         let mirrors = Mirrors::default();
@@ -213,7 +264,7 @@ mod tests {
             None,
             "older than the watch"
         );
-        mirrors.apply("/d", [put(13, "/d/b"), delete(14, "/d/a")]);
+        mirrors.deliver("/d", [put(13, "/d/b"), delete(14, "/d/a")]);
         // A listing at 13 already has b: only the delete after it applies.
         mirrors.seed_with("/d", 13, listed(&[("/d/a", 5), ("/d/b", 13)]));
         assert_eq!(names(mirrors.children("/d", 14)), Some(vec!["b".into()]));
@@ -223,20 +274,16 @@ mod tests {
 
     #[test]
     fn every_change_of_one_revision_applies() {
-        let mirrors = Mirrors::default();
-        mirrors.reset("/d");
-        mirrors.started("/d", 1);
+        let mirrors = started_after(1);
         mirrors.seed_with("/d", 3, listed(&[("/d/a", 2), ("/d/b", 3)]));
         // One lease revocation deletes both keys at revision 4.
-        mirrors.apply("/d", [delete(4, "/d/a"), delete(4, "/d/b")]);
+        mirrors.deliver("/d", [delete(4, "/d/a"), delete(4, "/d/b")]);
         assert_eq!(names(mirrors.children("/d", 4)), Some(vec![]));
     }
 
     #[test]
     fn a_copy_older_than_asked_answers_nothing() {
-        let mirrors = Mirrors::default();
-        mirrors.reset("/d");
-        mirrors.started("/d", 1);
+        let mirrors = started_after(1);
         mirrors.seed_with("/d", 3, listed(&[("/d/a", 2)]));
         assert!(mirrors.children("/d", 3).is_some());
         assert!(mirrors.children("/d", 4).is_none());
@@ -245,12 +292,10 @@ mod tests {
     }
 
     #[test]
-    fn a_backlog_that_overflowed_refuses_listings_from_before_what_it_dropped() {
-        let mirrors = Mirrors::default();
-        mirrors.reset("/d");
-        mirrors.started("/d", 1);
-        let count = BACKLOG as i64 + 10;
-        mirrors.apply("/d", (2..2 + count).map(|r| put(r, &format!("/d/n{r}"))));
+    fn a_watch_that_dropped_changes_refuses_listings_from_before_them() {
+        let mirrors = started_after(1);
+        let count = RECENT as i64 + 10;
+        mirrors.deliver("/d", (2..2 + count).map(|r| put(r, &format!("/d/n{r}"))));
         mirrors.seed_with("/d", 5, listed(&[]));
         assert!(
             mirrors.children("/d", 0).is_none(),
@@ -266,16 +311,14 @@ mod tests {
 
     #[test]
     fn a_newer_listing_replaces_the_copy_and_later_changes_apply_on_top() {
-        let mirrors = Mirrors::default();
-        mirrors.reset("/d");
-        mirrors.started("/d", 1);
+        let mirrors = started_after(1);
         mirrors.seed_with("/d", 2, listed(&[("/d/a", 2)]));
         // The watch has not delivered b and c yet; a listing at 4 has them.
         mirrors.seed_with("/d", 4, listed(&[("/d/a", 2), ("/d/b", 3), ("/d/c", 4)]));
         assert_eq!(mirrors.node("/d/c", 4), Some((4, Some((4, 4)))));
         // An older listing changes nothing; late changes up to 4 are in it.
         mirrors.seed_with("/d", 3, listed(&[("/d/a", 2)]));
-        mirrors.apply("/d", [put(3, "/d/b"), put(4, "/d/c"), delete(5, "/d/a")]);
+        mirrors.deliver("/d", [put(3, "/d/b"), put(4, "/d/c"), delete(5, "/d/a")]);
         assert_eq!(
             names(mirrors.children("/d", 5)),
             Some(vec!["b".into(), "c".into()])
@@ -283,15 +326,27 @@ mod tests {
     }
 
     #[test]
-    fn a_reset_forgets_everything() {
+    fn a_joining_watch_learns_what_it_missed_or_that_it_cannot_know() {
         let mirrors = Mirrors::default();
         mirrors.reset("/d");
-        mirrors.started("/d", 1);
+        assert_eq!(mirrors.missed("/d/a", 5), Missed::Unknown);
+        mirrors.started("/d", 6);
+        assert_eq!(mirrors.missed("/d/a", 5), Missed::Gap);
+        mirrors.deliver("/d", [put(7, "/d/b"), put(8, "/d/a"), delete(9, "/d/a")]);
+        assert_eq!(mirrors.missed("/d/a", 6), Missed::Change(true));
+        assert_eq!(mirrors.missed("/d/a", 8), Missed::Change(false));
+        assert_eq!(mirrors.missed("/d/a", 9), Missed::Nothing);
+        assert_eq!(mirrors.missed("/e/a", 9), Missed::Unknown);
+    }
+
+    #[test]
+    fn a_reset_forgets_everything() {
+        let mirrors = started_after(1);
         mirrors.seed_with("/d", 2, listed(&[("/d/a", 2)]));
         mirrors.reset("/d");
         assert!(mirrors.children("/d", 0).is_none());
         mirrors.remove("/d");
-        mirrors.apply("/d", [put(3, "/d/b")]);
+        mirrors.deliver("/d", [put(3, "/d/b")]);
         assert!(mirrors.children("/d", 0).is_none());
     }
 }

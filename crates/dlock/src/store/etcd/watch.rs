@@ -23,10 +23,10 @@
 //! below it, which serves all node watches there and stays open for a few
 //! seconds after the last one fires, for the next. A node watch joining it
 //! needs no request at all: the events it delivered after the arming read
-//! are replayed from a buffer of recent ones (if the buffer no longer
-//! reaches back that far, the node is read again, as above). The shared
-//! watch also keeps a copy of the directory up to date ([`super::mirror`]),
-//! so a woken waiter needs no read at all.
+//! are replayed from the recent ones it keeps (if those no longer reach
+//! back that far, the node is read again, as above). What it delivered
+//! also keeps a copy of the directory up to date ([`super::mirror`], which
+//! records both), so a woken waiter needs no read at all.
 //!
 //! - A watch fires once, on the first event its kind cares about, and is
 //!   then cancelled on the server (a shared one stays).
@@ -38,7 +38,7 @@
 //!   catching-up watcher) reads again, fires if what it watched changed,
 //!   or is armed again from the read.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use etcd_client::{
@@ -49,7 +49,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::keys::{self, Relation};
-use super::mirror::Mirrors;
+use super::mirror::{Mirrors, Missed};
 use crate::store::WatchEvent;
 
 /// What a watch waits for.
@@ -173,28 +173,17 @@ impl Pending {
 }
 
 /// One etcd watch on every key below a directory, serving the node watches
-/// of the directory's ephemeral nodes (its subscribers), and kept for
-/// [`LINGER`] after the last one fired, for the next.
+/// of the directory's queued nodes (its subscribers), and kept for
+/// [`LINGER`] after the last one fired, for the next. What it delivered is
+/// recorded in the [`Mirrors`].
 struct Shared {
     dir: String,
-    /// Confirmed by the server: the stream delivers every event after the
-    /// revision it answered with.
-    confirmed: bool,
-    /// Every event after this revision has been delivered and is still in
-    /// `recent`, or is still to come.
-    complete_after: i64,
-    /// The last revision delivered.
+    /// The last revision delivered (on this stream or an earlier one).
     delivered: i64,
-    /// The latest events delivered: (revision, key, put), oldest first.
-    recent: VecDeque<(i64, Vec<u8>, bool)>,
     subscribers: HashMap<i64, Pending>,
     /// When the last subscriber left.
     idle_since: Option<Instant>,
 }
-
-/// How many delivered events a shared watch keeps for subscribers whose
-/// arming read is older than the delivery.
-const RECENT_EVENTS: usize = 1024;
 
 /// How long a shared watch without subscribers stays open.
 const LINGER: Duration = Duration::from_secs(2);
@@ -444,8 +433,8 @@ impl Dispatcher {
 
     /// Adds a node watch to its directory's shared watch, opening that if
     /// there is none. Events the shared watch delivered after the arming
-    /// read are replayed from `recent`; if they are no longer all there,
-    /// the node is read again (a gap check).
+    /// read are replayed from the recent ones; if they are no longer all
+    /// there, the node is read again (a gap check).
     async fn subscribe(&mut self, mut watch: Pending) {
         if watch.tx.is_closed() {
             return;
@@ -462,10 +451,7 @@ impl Dispatcher {
                     id,
                     Shared {
                         dir: dir.clone(),
-                        confirmed: false,
-                        complete_after: 0,
                         delivered: 0,
-                        recent: VecDeque::new(),
                         subscribers: HashMap::new(),
                         idle_since: None,
                     },
@@ -480,27 +466,22 @@ impl Dispatcher {
             return;
         };
         shared.idle_since = None;
-        if shared.confirmed {
-            watch.unconfirmed = false;
-            if watch.covered < shared.complete_after {
-                let armed = watch.armed.clone();
-                shared.subscribers.insert(sub_id, watch);
-                self.subscribed_to.insert(sub_id, id);
-                self.spawn_gap_check(sub_id, armed);
-                return;
-            }
-            let replayed = shared
-                .recent
-                .iter()
-                .find_map(|(revision, key, put)| Shared::fires(&watch, *revision, key, *put));
-            if let Some(event) = replayed {
-                let _ = watch.tx.send(event);
-                return;
-            }
+        let missed = self.mirrors.missed(&watch.armed.path, watch.covered);
+        if let Missed::Change(put) = missed {
+            let _ = watch.tx.send(data_event(put));
+            return;
+        }
+        // Unknown: the shared watch's `created` answer checks the gap.
+        watch.unconfirmed = missed == Missed::Unknown;
+        if missed == Missed::Nothing {
             watch.covered = watch.covered.max(shared.delivered);
         }
-        self.subscribed_to.insert(sub_id, id);
+        let gap_check = (missed == Missed::Gap).then(|| watch.armed.clone());
         shared.subscribers.insert(sub_id, watch);
+        self.subscribed_to.insert(sub_id, id);
+        if let Some(armed) = gap_check {
+            self.spawn_gap_check(sub_id, armed);
+        }
     }
 
     /// Asks the server for a watch (already registered, pending or shared)
@@ -535,8 +516,6 @@ impl Dispatcher {
         }
         if response.created() {
             let start = response.header().map_or(0, |h| h.revision());
-            shared.confirmed = true;
-            shared.complete_after = start;
             self.mirrors.started(&shared.dir, start);
             shared.delivered = shared.delivered.max(start);
             let mut gaps = Vec::new();
@@ -557,9 +536,6 @@ impl Dispatcher {
         for event in response.events() {
             let Some(kv) = event.kv() else { continue };
             let (revision, put) = (kv.mod_revision(), event.event_type() == EventType::Put);
-            if revision <= shared.complete_after {
-                continue;
-            }
             let revisions = put.then(|| (kv.create_revision(), kv.mod_revision()));
             changes.push((revision, kv.key().to_vec(), revisions));
             for (sub_id, sub) in shared.subscribers.iter_mut() {
@@ -567,16 +543,10 @@ impl Dispatcher {
                     fired.push((*sub_id, event));
                 }
             }
-            if shared.recent.len() == RECENT_EVENTS {
-                if let Some((oldest, _, _)) = shared.recent.pop_front() {
-                    shared.complete_after = shared.complete_after.max(oldest);
-                }
-            }
-            shared.recent.push_back((revision, kv.key().to_vec(), put));
             shared.delivered = shared.delivered.max(revision);
         }
         // Before the wakeups: a woken waiter reads the copy.
-        self.mirrors.apply(&shared.dir, changes);
+        self.mirrors.deliver(&shared.dir, changes);
         for (sub_id, event) in fired {
             self.fire(sub_id, event).await;
         }
@@ -616,8 +586,6 @@ impl Dispatcher {
         for shared in self.shared.values_mut() {
             // What was delivered before the break was seen by every
             // subscriber; the new stream's start is checked against it.
-            shared.confirmed = false;
-            shared.recent.clear();
             self.mirrors.reset(&shared.dir);
             for sub in shared.subscribers.values_mut() {
                 sub.covered = sub.covered.max(shared.delivered);
