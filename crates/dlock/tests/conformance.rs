@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{await_gone, ephemeral, is_node_event, persistent, Harness};
+use common::{await_gone, ephemeral, hand_over, is_node_event, persistent, Harness};
 use dlock::store::{
     sort_sequenced, Child, CreateMode, CreateOptions, Op, OpResult, SessionState, WatchEvent,
 };
@@ -339,38 +339,27 @@ async fn a_listed_czxid_is_the_nodes_and_a_recreated_node_has_another(h: &Harnes
 async fn a_listing_seen_after_a_watch_has_what_the_watch_delivered(h: &Harness) -> Result<()> {
     let (a, b) = (h.session().await, h.session().await);
     let dir = h.path("/seen");
-    let queued = format!("{dir}/n-");
-    let seq = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
-    let stays = a.create(&queued, b"", seq).await?;
+    let stays = a
+        .create(
+            &format!("{dir}/n-"),
+            b"",
+            CreateOptions::new(CreateMode::EphemeralSequential).with_parents(),
+        )
+        .await?;
     for round in 0..2 {
-        let ahead = a.create(&queued, b"", seq).await?;
-        let (ours, listed) = b.store().create_and_list(&queued, b"", seq, &dir).await?;
-        let child = listed
-            .iter()
-            .find(|c| c.name == ahead.name())
-            .context("the node ahead is listed")?
-            .clone();
-        let watch = b
-            .store()
-            .watch_child(&dir, &child)
-            .await?
-            .context("the node ahead is there")?;
-        a.delete(&ahead.path, None).await?;
-        let event = watch.changed().await;
-        ensure!(event == WatchEvent::NodeDeleted, "round {round}: {event:?}");
-        let seen = b.store().children_seen(&dir, ours.stat.czxid).await?;
-        let names: Vec<_> = seen.iter().map(|c| c.name.as_str()).collect();
+        let handoff = hand_over(&a, &b, &dir).await?;
+        let names: Vec<_> = handoff.seen.iter().map(|c| c.name.as_str()).collect();
         ensure!(
-            !names.contains(&ahead.name())
+            !names.contains(&handoff.ahead.name.as_str())
                 && names.contains(&stays.name())
-                && names.contains(&ours.name()),
+                && names.contains(&handoff.ours.name()),
             "round {round}: {names:?}"
         );
         ensure!(
-            b.store().watch_child(&dir, &child).await?.is_none(),
+            b.store().watch_child(&dir, &handoff.ahead).await?.is_none(),
             "round {round}: a deleted child was watched"
         );
-        b.delete(&ours.path, None).await?;
+        b.delete(&handoff.ours.path, None).await?;
     }
     let named = format!("{dir}/x");
     a.create(&named, b"", ephemeral()).await?;

@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use dlock::store::embedded::{EmbeddedOptions, EmbeddedServer};
-use dlock::store::{CreateMode, CreateOptions, WatchEvent};
+use dlock::store::{Child, CreateMode, CreateOptions, Created, WatchEvent};
 use dlock::{Session, SessionOptions};
 
 /// Which store a test runs against.
@@ -249,6 +249,44 @@ pub fn ephemeral() -> CreateOptions {
 /// True for node events (not session events).
 pub fn is_node_event(e: WatchEvent) -> bool {
     !matches!(e, WatchEvent::Session(_))
+}
+
+/// A handoff seen through the store, as the wait queue sees one.
+pub struct Handoff {
+    /// The waiter's node.
+    pub ours: Created,
+    /// The node that was ahead of it, as listed.
+    pub ahead: Child,
+    /// The waiter's listing once woken (`children_seen`).
+    pub seen: Vec<Child>,
+}
+
+/// `a` queues a node in `dir`, `b` queues behind it (create and list),
+/// watches it (`watch_child`), `a` deletes it, and once the watch fired
+/// for that, `b` lists again (`children_seen`).
+pub async fn hand_over(a: &Session, b: &Session, dir: &str) -> Result<Handoff> {
+    // Names of their own: two etcd clients can draw the same digits for
+    // one name, and the retry would count as a request.
+    let seq = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
+    let theirs = a.create(&format!("{dir}/a-"), b"", seq).await?;
+    let (ours, listed) = b
+        .store()
+        .create_and_list(&format!("{dir}/b-"), b"", seq, dir)
+        .await?;
+    let ahead = listed
+        .into_iter()
+        .find(|c| c.name == theirs.name())
+        .context("the node ahead is listed")?;
+    let watch = b
+        .store()
+        .watch_child(dir, &ahead)
+        .await?
+        .context("the node ahead is there")?;
+    a.delete(&theirs.path, None).await?;
+    let event = watch.changed().await;
+    ensure!(event == WatchEvent::NodeDeleted, "{event:?}");
+    let seen = b.store().children_seen(dir, ours.stat.czxid).await?;
+    Ok(Handoff { ours, ahead, seen })
 }
 
 /// Instantiates each listed case as a `#[tokio::test]` per backend: one
