@@ -78,6 +78,12 @@ impl Copy {
 }
 
 impl Seen {
+    /// The recent changes after `revision` (they are in revision order).
+    fn after(&self, revision: i64) -> impl Iterator<Item = &Change> {
+        let first = self.recent.partition_point(|(r, _, _)| *r <= revision);
+        self.recent.range(first..)
+    }
+
     /// The copy, if it is no older than `since`.
     fn copy_since(&self, since: i64) -> Option<&Copy> {
         self.copy.as_ref().filter(|c| c.as_of >= since)
@@ -149,9 +155,8 @@ impl Mirrors {
             None => Missed::Unknown,
             Some(complete) if covered < complete => Missed::Gap,
             Some(_) => seen
-                .recent
-                .iter()
-                .find(|(revision, key, _)| *revision > covered && key == path.as_bytes())
+                .after(covered)
+                .find(|(_, key, _)| key == path.as_bytes())
                 .map_or(Missed::Nothing, |(_, _, put)| Missed::Change(put.is_some())),
         }
     }
@@ -187,7 +192,7 @@ impl Mirrors {
             listed_at: revision,
             as_of: revision,
         };
-        for change in &seen.recent {
+        for change in seen.after(revision) {
             copy.apply(change);
         }
         seen.copy = Some(copy);
