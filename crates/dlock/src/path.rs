@@ -98,6 +98,25 @@ pub fn parent(path: &str) -> &str {
     }
 }
 
+/// The protection prefix (`_c_<uuid>-`, Curator's protected mode) a node
+/// name starts with, if it has one. Its creator drew the UUID at random,
+/// so no other client makes a node of that name.
+///
+/// ```
+/// let name = "_c_2f1e6b6a-8a8e-4c39-9d5f-1a4b0e7c3d21-lock-0000000007";
+/// assert_eq!(
+///     dlock::path::protection_prefix(name),
+///     Some("_c_2f1e6b6a-8a8e-4c39-9d5f-1a4b0e7c3d21-")
+/// );
+/// assert_eq!(dlock::path::protection_prefix("lock-0000000007"), None);
+/// ```
+pub fn protection_prefix(name: &str) -> Option<&str> {
+    const LEN: usize = 3 + 36 + 1;
+    let prefix = name.get(..LEN)?;
+    let uuid = prefix.strip_prefix("_c_")?.strip_suffix('-')?;
+    uuid::Uuid::try_parse(uuid).is_ok().then_some(prefix)
+}
+
 /// The ancestors of a path, outermost first, without the root and the path.
 pub(crate) fn ancestors(path: &str) -> impl Iterator<Item = &str> {
     path.char_indices()

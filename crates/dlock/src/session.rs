@@ -183,9 +183,6 @@ struct Inner {
 /// the nodes a client typically holds at once.
 const RECYCLED_PREFIXES: usize = 64;
 
-/// The length of a protection prefix, `_c_<uuid>-`.
-const PREFIX_LEN: usize = 3 + 36 + 1;
-
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
@@ -431,22 +428,15 @@ impl Session {
     /// Returns the protection prefix of `node` (a protected node of this
     /// session that was just deleted) for reuse.
     fn recycle_prefix(&self, node: &str) {
-        let name = path::node_name(node);
-        let Some(prefix) = name.get(..PREFIX_LEN) else {
+        let Some(prefix) = path::protection_prefix(path::node_name(node)) else {
             return;
         };
-        let is_protected = prefix.starts_with("_c_")
-            && prefix.ends_with('-')
-            && uuid::Uuid::try_parse(&prefix[3..PREFIX_LEN - 1]).is_ok();
         let mut recycled = self
             .inner
             .recycled
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if is_protected
-            && recycled.len() < RECYCLED_PREFIXES
-            && !recycled.iter().any(|p| p == prefix)
-        {
+        if recycled.len() < RECYCLED_PREFIXES && !recycled.iter().any(|p| p == prefix) {
             recycled.push(prefix.to_string());
         }
     }

@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
@@ -439,15 +440,153 @@ async fn a_holder_whose_lease_expires_hands_over_within_ttl_plus_a_second() -> R
 /// KV requests etcd has served so far (its `/metrics`): `Range`, `Put`,
 /// `DeleteRange`, `Txn`, `Compact`.
 fn kv_requests(server: &EtcdServer) -> Result<u64> {
+    Ok(kv_requests_by_method(server)?.values().sum())
+}
+
+/// [`kv_requests`] by method.
+fn kv_requests_by_method(server: &EtcdServer) -> Result<BTreeMap<String, u64>> {
     let (_, body) = dlock_testkit::http_get(server.port(), "/metrics")?;
-    Ok(body
-        .lines()
-        .filter(|l| {
-            l.starts_with("grpc_server_started_total{")
-                && l.contains("grpc_service=\"etcdserverpb.KV\"")
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64)
+    let mut served = BTreeMap::new();
+    for line in body.lines().filter(|l| {
+        l.starts_with("grpc_server_started_total{")
+            && l.contains("grpc_service=\"etcdserverpb.KV\"")
+    }) {
+        let method = line
+            .split("grpc_method=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .context(format!("no method in {line}"))?;
+        let count = line
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse::<f64>().ok())
+            .context(format!("no count in {line}"))?;
+        *served.entry(method.to_string()).or_default() += count as u64;
+    }
+    Ok(served)
+}
+
+/// The KV requests `during` made, by method (those it made none of left out).
+async fn kv_requests_during<T>(
+    server: &EtcdServer,
+    during: impl std::future::Future<Output = Result<T>>,
+) -> Result<(T, BTreeMap<String, u64>)> {
+    let before = kv_requests_by_method(server)?;
+    let value = during.await?;
+    let mut made = kv_requests_by_method(server)?;
+    for (method, count) in made.iter_mut() {
+        *count -= before.get(method).copied().unwrap_or(0);
+    }
+    made.retain(|_, count| *count > 0);
+    Ok((value, made))
+}
+
+fn requests(made: &[(&str, u64)]) -> BTreeMap<String, u64> {
+    made.iter().map(|(m, n)| (m.to_string(), *n)).collect()
+}
+
+/// A release deletes our queue node with a plain delete: a transaction
+/// comparing its create revision costs etcd 3.4 markedly more, and the
+/// name is ours alone (protected). A delete whose reply never came may
+/// still land much later, so that name is never created again, not even
+/// in a later lease — the next acquisition takes another suffix — and the
+/// retry compares the create revision (etcd#22082). Nodes that are not protected queue nodes keep
+/// the fenced transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_is_a_plain_delete_and_one_unanswered_retires_the_name() -> Result<()> {
+    let server = EtcdServer::start()?;
+    let options = SessionOptions::default().with_session_timeout(Duration::from_secs(30));
+    let s = dlock::connect_with(&format!("etcd://{}", server.endpoint()), options).await?;
+    let mutex = Mutex::new(&s, "/plain/lock")?;
+    let first = mutex.acquire().await?;
+    let node = first.node().to_string();
+    let ((), made) = kv_requests_during(&server, async { Ok(first.release().await?) }).await?;
+    ensure!(
+        made == requests(&[("DeleteRange", 1)]),
+        "a release: {made:?}"
+    );
+
+    let again = mutex.acquire().await?;
+    ensure!(again.node() == node, "the name is reused: {}", again.node());
+    s.faults().context("faults")?.lose_next_delete_reply();
+    let ((), made) = kv_requests_during(&server, async { Ok(again.release().await?) }).await?;
+    ensure!(
+        made == requests(&[("DeleteRange", 1), ("Txn", 1)]),
+        "an unanswered delete, then a retry that compares: {made:?}"
+    );
+
+    // The unanswered delete may land at any time, even in a later lease.
+    let lease = s.session_id();
+    s.faults().context("faults")?.expire().await?;
+    let third = mutex.acquire().await?;
+    ensure!(s.session_id() != lease, "a new lease");
+    let prefix =
+        |n: &str| dlock::path::protection_prefix(dlock::path::node_name(n)).map(String::from);
+    ensure!(
+        third.node() != node && prefix(third.node()) == prefix(&node),
+        "the same protection prefix, but the name is retired: {} after {node}",
+        third.node()
+    );
+    let ((), made) = kv_requests_during(&server, async { Ok(third.release().await?) }).await?;
+    ensure!(
+        made == requests(&[("DeleteRange", 1)]),
+        "a release: {made:?}"
+    );
+
+    let unprotected = s
+        .create(
+            "/plain/node-",
+            b"",
+            CreateOptions::new(CreateMode::EphemeralSequential).with_parents(),
+        )
+        .await?;
+    let ((), made) = kv_requests_during(&server, async {
+        Ok(s.delete(&unprotected.path, None).await?)
+    })
+    .await?;
+    ensure!(
+        made == requests(&[("Txn", 1)]),
+        "an unprotected node: {made:?}"
+    );
+
+    s.close().await;
+    let left = raw(&format!("http://{}", server.endpoint()))
+        .await?
+        .get(
+            "/plain",
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        )
+        .await?
+        .count();
+    ensure!(left == 0, "{left} keys left under /plain");
+    Ok(())
+}
+
+/// A plain delete given up before its reply came (dropped by a timeout, say)
+/// may still land later too: its name is never created again either, even
+/// in a later lease. The node is protected and sequential, as a queue's;
+/// replies are slowed down so that the delete is given up in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_delete_given_up_in_flight_retires_the_name() -> Result<()> {
+    let proxy = TcpProxy::start(&shared_etcd().endpoint())?;
+    let s = via(&proxy, Duration::from_secs(30)).await?;
+    let dir = format!("/given-up-{}", uuid::Uuid::new_v4().simple());
+    let prefix = format!("{dir}/_c_{}-lock-", uuid::Uuid::new_v4());
+    let sequential = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
+    let node = s.create(&prefix, b"", sequential).await?.path;
+    proxy.delay_replies(Duration::from_millis(500));
+    let gave_up = tokio::time::timeout(Duration::from_millis(100), s.delete(&node, None)).await;
+    ensure!(gave_up.is_err(), "the delete was answered: {gave_up:?}");
+    proxy.delay_replies(Duration::ZERO);
+    let lease = s.session_id();
+    s.faults().context("faults")?.expire().await?;
+    let again = s.create(&prefix, b"", sequential).await?.path;
+    ensure!(s.session_id() != lease, "a new lease");
+    ensure!(again != node, "the name came back: {again}");
+    s.delete(&again, None).await?;
+    await_children(&s, &dir, 0, WITHIN).await?;
+    s.close().await;
+    Ok(())
 }
 
 /// An uncontended acquire is one request (create and list in one

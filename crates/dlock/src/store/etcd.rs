@@ -122,10 +122,13 @@
 //!   compares that revision: a delete retried after a lost reply can never
 //!   delete a newer key of the same name (it reports `NoNode`, which the
 //!   guaranteed delete takes as done), and a guarded write fails if our
-//!   node was replaced. Recipe nodes are unique anyway (`_c_<uuid>-`
-//!   prefix), so a same-named newer key needs a second create with the
-//!   same UUID — which only the protected-create retry makes, and it adopts
-//!   the node instead.
+//!   node was replaced. One exception, for speed: a queue node (protected
+//!   and sequential) is deleted with a plain delete, because a transaction
+//!   costs etcd 3.4 markedly more and releases are on every lock's hot
+//!   path. Its name carries our random protection UUID, so only we make it
+//!   again — and we do only once our delete of it was answered; a plain
+//!   delete that goes unanswered (it may still land, much later) retires
+//!   the name for the life of this client, and its retries compare.
 //! - **Waiting is safe after a lease loss (the etcd 3.4.3 Jepsen bug).**
 //!   After every wake-up the wait queue lists the directory again
 //!   (linearizable read) and fails with `NoNode` if our key is gone, before
@@ -217,6 +220,7 @@ pub async fn connect(endpoint: &Endpoint, options: SessionOptions) -> Result<Ses
         lease,
         hub,
         owned: StdMutex::new(Owned::default()),
+        doubtful: StdMutex::new(HashSet::new()),
         sequence: AtomicU64::new(random_start()),
         root: root.clone(),
     };
@@ -249,12 +253,33 @@ struct Owned {
     sequenced: HashMap<(String, String), String>,
 }
 
+/// A plain delete on its way: unless its answer came, its name becomes
+/// doubtful when this is dropped — the delete may still be applied, even
+/// if the caller gave up on it.
+struct InFlight<'s> {
+    store: &'s EtcdStore,
+    path: &'s str,
+    answered: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.store.doubt(self.path);
+        }
+    }
+}
+
 /// One client of an etcd cluster: one lease at a time, renewed after it is
 /// lost. Dropping it revokes the lease (in the background).
 struct EtcdStore {
     lease: Arc<Lease>,
     hub: Hub,
     owned: StdMutex<Owned>,
+    /// Nodes whose plain delete went out but was not answered: it may
+    /// still be applied, at any later time, so these names are never
+    /// created again by this client (see [`EtcdStore::deletes_plainly`]).
+    doubtful: StdMutex<HashSet<String>>,
     sequence: AtomicU64,
     /// The path that acts as the root: `/`, or the namespace (whose keys
     /// the [`Namespaced`] wrapper maps every path below).
@@ -375,6 +400,77 @@ impl EtcdStore {
         self.owned(lease).nodes.get(path).copied()
     }
 
+    fn is_doubtful(&self, path: &str) -> bool {
+        let doubtful = self.doubtful.lock().unwrap_or_else(|e| e.into_inner());
+        doubtful.contains(path)
+    }
+
+    fn doubt(&self, path: &str) {
+        let mut doubtful = self.doubtful.lock().unwrap_or_else(|e| e.into_inner());
+        doubtful.insert(path.to_string());
+    }
+
+    /// Whether `path` can be deleted with a plain delete instead of a
+    /// transaction that compares its create revision — which etcd 3.4
+    /// serves noticeably slower (it copies its read buffer for the
+    /// compare), on every release.
+    ///
+    /// The compare guards against a delete landing on a newer node of the
+    /// same name (etcd#22082). For a protected sequential node of ours that
+    /// cannot happen: nobody else makes a name with our protection UUID; we
+    /// make it again only after our delete of it was answered, when nothing
+    /// of that delete is left in flight; and once a plain delete goes
+    /// unanswered (it may still land, much later) the name is never made
+    /// again ([`reusable_suffix`](Self::reusable_suffix) draws another
+    /// suffix) and its retries compare. Sequential nodes never carry
+    /// position markers, and ephemeral ones have no children.
+    fn deletes_plainly(&self, lease: SessionId, path: &str) -> bool {
+        let name = path::node_name(path);
+        let Some(suffix) = keys::sequence_suffix(name) else {
+            return false;
+        };
+        if path::protection_prefix(name).is_none() || self.is_doubtful(path) {
+            return false;
+        }
+        let owned = self.owned(lease);
+        owned.nodes.contains_key(path)
+            && owned
+                .sequenced
+                .get(&(path::parent(path).to_string(), suffix.to_string()))
+                .is_some_and(|p| p == path)
+    }
+
+    /// Deletes our node `path` without a transaction (see
+    /// [`deletes_plainly`](Self::deletes_plainly)).
+    async fn delete_plainly(&self, path: &str, lease: SessionId) -> Result<()> {
+        let mut in_flight = InFlight {
+            store: self,
+            path,
+            answered: false,
+        };
+        let mut kv = self.lease.client.kv_client();
+        let reply = tokio::time::timeout(self.lease.op_timeout(), kv.delete(path, None)).await;
+        let deleted = match reply {
+            Ok(Ok(_)) if self.lease.lost_replies.delete.take() => {
+                self.lease.blip();
+                return Err(Error::ConnectionLoss);
+            }
+            Ok(Ok(resp)) => resp.deleted(),
+            Ok(Err(e)) => return Err(self.fail(map_error(e, self.endpoint()), path, lease)),
+            Err(_) => return Err(Error::ConnectionLoss),
+        };
+        in_flight.answered = true;
+        if deleted == 0 {
+            // Gone already (an operator, or the lease): the fence stays, as
+            // after a fenced delete that found nothing.
+            return Err(Error::NoNode {
+                path: path.to_string(),
+            });
+        }
+        self.forget(lease, path);
+        Ok(())
+    }
+
     /// The node whose place a non-sequential create of `full` takes (see
     /// the module docs): a sequential sibling we created with the same
     /// suffix, and its create revision.
@@ -428,7 +524,7 @@ impl EtcdStore {
             .owned(lease)
             .sequenced
             .contains_key(&(path::parent(path).to_string(), suffix.clone()));
-        if taken {
+        if taken || self.is_doubtful(&format!("{path}{suffix}")) {
             self.next_suffix()
         } else {
             suffix
@@ -732,6 +828,9 @@ impl Store for EtcdStore {
             return Err(Error::InvalidArgument("the root cannot be deleted".into()));
         }
         let lease = self.lease.current().await?;
+        if version.is_none() && self.deletes_plainly(lease, path) {
+            return self.delete_plainly(path, lease).await;
+        }
         let fence = self.fence(lease, path);
         let mut compares = vec![Compare::version(path, CompareOp::Greater, 0)];
         if let Some(v) = version {
