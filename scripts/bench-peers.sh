@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side benchmarks: dlock against Curator 5.4, kazoo and etcd's Go
 # recipes, on one private ZooKeeper and one private etcd (loopback, fsync on),
-# each workload run alternately (dlock, peer, dlock, peer, ...), then a table
-# of medians and dlock/peer ratios.
+# each workload run alternately (dlock first in odd rounds, last in even
+# ones), then a table of medians and dlock/peer ratios.
 #
 #   scripts/bench-peers.sh [--seconds S] [--rounds R] [--only zk|etcd|embedded] [--markdown FILE]
 #
@@ -55,56 +55,90 @@ results="$work/results"
 # run <workload-label> <impl> <command...>: runs once, records ops_per_s.
 run() {
   local label="$1" impl="$2"; shift 2
-  local line
+  local line before=""
+  [[ "$label" != etcd* ]] || before=$(etcd_fsyncs)
   line=$("$@" 2>/dev/null | grep -E '^peer=' | tail -n 1) || true
-  local rate violations
+  local rate violations ops disk=""
   rate=$(sed -n 's/.*ops_per_s=\([0-9.]*\).*/\1/p' <<<"$line")
   violations=$(sed -n 's/.*violations=\([0-9]*\).*/\1/p' <<<"$line")
+  ops=$(sed -n 's/.* ops=\([0-9]*\).*/\1/p' <<<"$line")
   [ -n "$rate" ] || { echo "  $label $impl: no result (${line:-nothing printed})" >&2; rate=0; }
-  echo "  $label $impl: $line" >&2
-  echo "$label|$impl|$rate|${violations:-?}" >> "$results"
+  if [ -n "$before" ] && [ -n "$ops" ]; then
+    # etcd's WAL fsyncs during the run: how many per op, and how long each.
+    disk=$(awk -v ops="$ops" '{ n = $3 - $1; t = $4 - $2 }
+      END { if (n > 0 && ops > 0) printf "%.2f fsync/op, %.2f ms each", n / ops, 1000 * t / n }' \
+      <<<"$before $(etcd_fsyncs)")
+  fi
+  echo "  $label $impl: $line${disk:+ ($disk)}" >&2
+  # $r: the round of the caller's loop (bash scopes dynamically).
+  echo "$label|$impl|$rate|${violations:-?}|${r:-0}|$disk" >> "$results"
+}
+
+# etcd_fsyncs: "<count> <seconds>" of etcd's WAL fsyncs so far.
+etcd_fsyncs() {
+  curl -s "http://$etcd/metrics" | awk '
+    /^etcd_disk_wal_fsync_duration_seconds_count/ { n = $2 }
+    /^etcd_disk_wal_fsync_duration_seconds_sum/ { t = $2 }
+    END { print n + 0, t + 0 }'
 }
 
 curator() { PEER_BUILD_DIR="$work/curator-build" bash "$peers/curator/run.sh" "$@"; }
 kazoo() { /usr/bin/python3 "$peers/kazoo/peerbench.py" "$@"; }
 etcdgo() { PEER_BUILD_DIR="$work/etcd-go-build" bash "$peers/etcd-go/run.sh" "$@"; }
 
+# in_turn <round> <command>...: runs the commands (each a quoted `run ...`
+# line) in order in odd rounds and in reverse order in even ones, so that a
+# server that speeds up or slows down over the run (its disk, the host)
+# favours no implementation.
+in_turn() {
+  local round="$1"; shift
+  local commands=("$@") i
+  if [ $((round % 2)) -eq 1 ]; then
+    for i in "${!commands[@]}"; do eval "${commands[$i]}"; done
+  else
+    for ((i = ${#commands[@]} - 1; i >= 0; i--)); do eval "${commands[$i]}"; done
+  fi
+}
+
 # Each round runs every implementation once per workload, so dlock and its
-# peers alternate (dlock, peer, dlock, peer, ...) over the rounds.
+# peers alternate over the rounds (dlock first in odd rounds, last in even).
 zk_workloads() {
+  local r
   for r in $(seq "$rounds"); do
     echo "round $r (ZooKeeper)" >&2
-    run "zk mutex 1" dlock "$dlock" --endpoint "zk://$zk" bench mutex --clients 1 --seconds "$seconds" --path /b/m1
-    run "zk mutex 1" curator curator mutex --connect "$zk" --clients 1 --seconds "$seconds" --path /b/c1
-    run "zk mutex 1" kazoo kazoo mutex --connect "$zk" --clients 1 --seconds "$seconds" --path /b/k1
-    run "zk mutex 8" dlock "$dlock" --endpoint "zk://$zk" bench mutex --clients 8 --seconds "$seconds" --path /b/m8
-    run "zk mutex 8" curator curator mutex --connect "$zk" --clients 8 --seconds "$seconds" --path /b/c8
-    run "zk mutex 8" kazoo kazoo mutex --connect "$zk" --clients 8 --seconds "$seconds" --path /b/k8
-    if "$dlock" bench --help | grep -q semaphore; then
-      run "zk semaphore 8/3" dlock "$dlock" --endpoint "zk://$zk" bench semaphore --clients 8 --leases 3 --seconds "$seconds" --path /b/s
-      run "zk semaphore 8/3" curator curator semaphore --connect "$zk" --clients 8 --leases 3 --seconds "$seconds" --path /b/cs
-      run "zk semaphore 8/3" kazoo kazoo semaphore --connect "$zk" --clients 8 --leases 3 --seconds "$seconds" --path /b/ks
-    fi
-    run "zk rwlock 8 (1 write in 10)" dlock "$dlock" --endpoint "zk://$zk" bench rwlock --clients 8 --write-every 10 --seconds "$seconds" --path /b/rw
-    run "zk rwlock 8 (1 write in 10)" curator curator rwlock --connect "$zk" --clients 8 --write-every 10 --seconds "$seconds" --path /b/crw
-    if "$dlock" bench --help | grep -q election; then
-      run "zk election 8" dlock "$dlock" --endpoint "zk://$zk" bench election --clients 8 --seconds "$seconds" --path /b/e
-    fi
+    in_turn "$r" \
+      'run "zk mutex 1" dlock "$dlock" --endpoint "zk://$zk" bench mutex --clients 1 --seconds "$seconds" --path /b/m1' \
+      'run "zk mutex 1" curator curator mutex --connect "$zk" --clients 1 --seconds "$seconds" --path /b/c1' \
+      'run "zk mutex 1" kazoo kazoo mutex --connect "$zk" --clients 1 --seconds "$seconds" --path /b/k1'
+    in_turn "$r" \
+      'run "zk mutex 8" dlock "$dlock" --endpoint "zk://$zk" bench mutex --clients 8 --seconds "$seconds" --path /b/m8' \
+      'run "zk mutex 8" curator curator mutex --connect "$zk" --clients 8 --seconds "$seconds" --path /b/c8' \
+      'run "zk mutex 8" kazoo kazoo mutex --connect "$zk" --clients 8 --seconds "$seconds" --path /b/k8'
+    in_turn "$r" \
+      'run "zk semaphore 8/3" dlock "$dlock" --endpoint "zk://$zk" bench semaphore --clients 8 --leases 3 --seconds "$seconds" --path /b/s' \
+      'run "zk semaphore 8/3" curator curator semaphore --connect "$zk" --clients 8 --leases 3 --seconds "$seconds" --path /b/cs' \
+      'run "zk semaphore 8/3" kazoo kazoo semaphore --connect "$zk" --clients 8 --leases 3 --seconds "$seconds" --path /b/ks'
+    in_turn "$r" \
+      'run "zk rwlock 8 (1 write in 10)" dlock "$dlock" --endpoint "zk://$zk" bench rwlock --clients 8 --write-every 10 --seconds "$seconds" --path /b/rw' \
+      'run "zk rwlock 8 (1 write in 10)" curator curator rwlock --connect "$zk" --clients 8 --write-every 10 --seconds "$seconds" --path /b/crw'
+    run "zk election 8" dlock "$dlock" --endpoint "zk://$zk" bench election --clients 8 --seconds "$seconds" --path /b/e
     run "zk raw create+delete (ceiling)" dlock "$dlock" --endpoint "zk://$zk" bench raw --clients 1 --seconds "$seconds" --path /b/raw
   done
 }
 
 etcd_workloads() {
+  local r
   for r in $(seq "$rounds"); do
     echo "round $r (etcd)" >&2
-    run "etcd mutex 1" dlock "$dlock" --endpoint "etcd://$etcd" bench mutex --clients 1 --seconds "$seconds" --path /b/em1
-    run "etcd mutex 1" etcd-go etcdgo mutex --endpoints "$etcd" --clients 1 --seconds "$seconds" --path /b/gm1
-    run "etcd mutex 8" dlock "$dlock" --endpoint "etcd://$etcd" bench mutex --clients 8 --seconds "$seconds" --path /b/em8
-    run "etcd mutex 8" etcd-go etcdgo mutex --endpoints "$etcd" --clients 8 --seconds "$seconds" --path /b/gm8
-    if "$dlock" bench --help | grep -q election; then
-      run "etcd election 8" dlock "$dlock" --endpoint "etcd://$etcd" bench election --clients 8 --seconds "$seconds" --path /b/ee
-      run "etcd election 8" etcd-go etcdgo election --endpoints "$etcd" --clients 8 --seconds "$seconds" --path /b/ge
-    fi
+    in_turn "$r" \
+      'run "etcd mutex 1" dlock "$dlock" --endpoint "etcd://$etcd" bench mutex --clients 1 --seconds "$seconds" --path /b/em1' \
+      'run "etcd mutex 1" etcd-go etcdgo mutex --endpoints "$etcd" --clients 1 --seconds "$seconds" --path /b/gm1'
+    in_turn "$r" \
+      'run "etcd mutex 8" dlock "$dlock" --endpoint "etcd://$etcd" bench mutex --clients 8 --seconds "$seconds" --path /b/em8' \
+      'run "etcd mutex 8" etcd-go etcdgo mutex --endpoints "$etcd" --clients 8 --seconds "$seconds" --path /b/gm8'
+    in_turn "$r" \
+      'run "etcd election 8" dlock "$dlock" --endpoint "etcd://$etcd" bench election --clients 8 --seconds "$seconds" --path /b/ee' \
+      'run "etcd election 8" etcd-go etcdgo election --endpoints "$etcd" --clients 8 --seconds "$seconds" --path /b/ge'
     run "etcd raw put+delete (ceiling)" dlock "$dlock" --endpoint "etcd://$etcd" bench raw --clients 1 --seconds "$seconds" --path /b/eraw
   done
 }
@@ -131,16 +165,30 @@ python3 - "$results" "$markdown" <<'PY'
 import sys, statistics, collections
 rows = collections.OrderedDict()
 for line in open(sys.argv[1]):
-    label, impl, rate, viol = line.strip().split("|")
-    rows.setdefault(label, collections.OrderedDict()).setdefault(impl, []).append((float(rate), viol))
-out = ["| workload | implementation | median ops/s | runs | violations | dlock / this |", "|---|---|---:|---:|---:|---:|"]
+    label, impl, rate, viol, rnd, disk = line.rstrip("\n").split("|")
+    rows.setdefault(label, collections.OrderedDict()).setdefault(impl, []).append((float(rate), viol, rnd, disk))
+out = ["| workload | implementation | median ops/s | runs | violations | dlock / this | per round | etcd fsyncs per op, ms each |",
+       "|---|---|---:|---:|---:|---:|---|---|"]
 for label, impls in rows.items():
-    dl = statistics.median(r for r, _ in impls.get("dlock", [(0, "")])) if "dlock" in impls else None
+    dlock_runs = impls.get("dlock", [])
+    dl = statistics.median(r for r, *_ in dlock_runs) if dlock_runs else None
     for impl, runs in impls.items():
-        med = statistics.median(r for r, _ in runs)
-        ratio = "" if impl == "dlock" or not dl or not med else f"{dl / med:.2f}x"
-        viols = ",".join(sorted(set(v for _, v in runs)))
-        out.append(f"| {label} | {impl} | {med:.1f} | {len(runs)} | {viols} | {ratio} |")
+        med = statistics.median(r for r, *_ in runs)
+        ratio, rounds = "", ""
+        if impl != "dlock" and dl and med:
+            ratio = f"{dl / med:.2f}x"
+            # dlock's rate over this one's in the same round: drift between
+            # rounds cancels out of each.
+            theirs = {rnd: r for r, _, rnd, _ in runs}
+            rounds = ", ".join(f"{d / theirs[rnd]:.2f}" for d, _, rnd, _ in dlock_runs if theirs.get(rnd))
+        viols = ",".join(sorted(set(v for _, v, _, _ in runs)))
+        disks = [d.replace(" fsync/op,", "").replace(" ms each", "").split() for *_, d in runs if d]
+        disk = ""
+        if disks:
+            per_op = statistics.median(float(d[0]) for d in disks)
+            each = statistics.median(float(d[1]) for d in disks)
+            disk = f"{per_op:.2f}, {each:.2f} ms"
+        out.append(f"| {label} | {impl} | {med:.1f} | {len(runs)} | {viols} | {ratio} | {rounds} | {disk} |")
 table = "\n".join(out)
 print(table)
 if sys.argv[2]:

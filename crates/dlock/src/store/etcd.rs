@@ -130,9 +130,10 @@
 //!   delete that goes unanswered (it may still land, much later) retires
 //!   the name for the life of this client, and its retries compare.
 //! - **Waiting is safe after a lease loss (the etcd 3.4.3 Jepsen bug).**
-//!   After every wake-up the wait queue lists the directory again
-//!   (linearizable read) and fails with `NoNode` if our key is gone, before
-//!   it claims anything.
+//!   After every wake-up the wait queue looks at the directory again (the
+//!   copy kept from the shared watch, current up to the event that woke
+//!   it, or else a linearizable read) and fails with `NoNode` if our key is
+//!   gone, before it claims anything.
 //! - **Multi** is one transaction (see the module `multi`): preconditions
 //!   become compares, and a failure is diagnosed from reads in the
 //!   transaction's else branch, still one round trip. Operations on the
