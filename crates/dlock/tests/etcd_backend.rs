@@ -609,6 +609,35 @@ async fn an_uncontended_acquire_and_release_is_two_round_trips() -> Result<()> {
     Ok(())
 }
 
+/// Leading and leaving is two requests too, once the directory is warm:
+/// join (create and list), then leave (delete). The leader's watch on its
+/// own node — to stop leading at once if the node is deleted — comes from
+/// the directory's shared watch, without a read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leadership_is_two_round_trips() -> Result<()> {
+    let server = EtcdServer::start()?;
+    let options = SessionOptions::default().with_session_timeout(Duration::from_secs(30));
+    let s = dlock::connect_with(&format!("etcd://{}", server.endpoint()), options).await?;
+    let lead_once = || async {
+        let latch = dlock::LeaderLatch::new(&s, "/rt/leader")?;
+        latch.start()?;
+        latch.await_leadership().await?;
+        ensure!(latch.has_leadership());
+        latch.close().await?;
+        Ok(())
+    };
+    lead_once().await?;
+    for _ in 0..5 {
+        let ((), made) = kv_requests_during(&server, lead_once()).await?;
+        ensure!(
+            made == requests(&[("DeleteRange", 1), ("Txn", 1)]),
+            "requests per leadership: {made:?}"
+        );
+    }
+    s.close().await;
+    Ok(())
+}
+
 /// A waiter of a warm directory asks the server nothing, neither to arm
 /// its watch on the node ahead nor, once woken, to see whether anyone is
 /// still ahead: its client's shared watch on the directory delivered every

@@ -743,45 +743,36 @@ impl Task {
                 self.drop_node();
                 Ok(())
             }
-            Some(0) => self.lead().await,
+            Some(0) => self.lead(&children[0]).await,
             Some(i) => self.follow(&children[i - 1]).await,
         }
     }
 
     /// We are first: lead, if the node is really ours, until something
     /// changes.
-    async fn lead(&mut self) -> Result<()> {
+    async fn lead(&mut self, ours: &Child) -> Result<()> {
         let session = self.queue.session.clone();
         let Some((_, created)) = &self.node else {
             return Ok(());
         };
-        let path = created.path.clone();
-        let store = session.store();
+        let created = created.clone();
         // Watching our own node as well: if anyone deletes it, we stop
-        // leading at once instead of at the next reconnection.
-        let (stat, watch) = match session.retrying(|| store.get_data(&path, true)).await {
-            Ok((_, stat, watch)) => (stat, watch.expect("the store armed the requested watch")),
-            Err(Error::NoNode { .. }) => {
-                self.drop_node();
-                return Ok(());
-            }
-            Err(e) => return Err(e),
+        // leading at once instead of at the next reconnection. (Where the
+        // store keeps what its watches deliver, this costs no request.)
+        let Some(watch) = self.queue.watch_sibling(ours).await? else {
+            self.drop_node();
+            return Ok(());
         };
         let status = session.status();
-        if stat.ephemeral_owner != status.session_id {
+        if created.stat.ephemeral_owner != status.session_id {
             // CURATOR-696: a node left by an older session, not yet reaped —
             // whoever comes after it may lead already.
-            tracing::debug!(path = %path, "our latch node belongs to an older session: starting over");
+            tracing::debug!(path = %created.path, "our latch node belongs to an older session: starting over");
             self.drop_node();
             return Ok(());
         }
         if status.state.is_connected() {
-            let node = HeldNode::new(
-                &session,
-                &self.queue.dir,
-                "leadership",
-                Created { path, stat },
-            );
+            let node = HeldNode::new(&session, &self.queue.dir, "leadership", created);
             self.shared.gain(node, status);
         }
         watch.changed().await;
