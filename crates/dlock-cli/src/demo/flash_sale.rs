@@ -361,15 +361,21 @@ impl Buyer {
             path: self.stock_path.clone(),
             version: Some(version + 1),
         };
-        loop {
+        // The check only reads, so it can be repeated — with the session's
+        // pauses, not in a tight loop while the connection is down.
+        let retry = &self.session.options().retry;
+        for attempt in 0.. {
             match hold.guarded(std::slice::from_ref(&landed)).await {
                 Ok(_) => return Written::Sold,
                 // The lock check passed, the version check did not.
                 Err(Error::MultiFailed { .. }) => return Written::Abandoned,
-                Err(Error::ConnectionLoss) => continue,
+                Err(Error::ConnectionLoss) if attempt < retry.max_retries => {
+                    tokio::time::sleep(retry.sleep_for(attempt)).await;
+                }
                 Err(_) => return Written::Unconfirmed,
             }
         }
+        Written::Unconfirmed
     }
 
     /// Gives the lock back; a lock or session lost meanwhile is no error.
