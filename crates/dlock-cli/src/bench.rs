@@ -42,7 +42,7 @@ pub struct Bench {
     /// How long to run.
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
-    /// The recipe's path (default /bench/<workload>).
+    /// The recipe's path (default /bench/WORKLOAD, e.g. /bench/mutex).
     #[arg(long)]
     path: Option<String>,
     /// rwlock: one write in this many acquisitions.
