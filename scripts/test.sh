@@ -43,6 +43,9 @@ export DLOCK_LONG="$long"
 # above as protobuf-compiler; the default build leaves etcd out).
 cargo test --workspace --all-features --all-targets "${extra[@]}"
 cargo test --workspace --all-features --doc
+# The docs build without a warning (a broken link is a doc bug), private
+# items included.
+RUSTDOCFLAGS="-D warnings" cargo doc -q --workspace --all-features --no-deps --document-private-items
 
 # Every example runs to completion on the embedded store (and, in the long
 # mode, on a private ZooKeeper too), checking its own outcome.
