@@ -437,6 +437,15 @@ async fn a_holder_whose_lease_expires_hands_over_within_ttl_plus_a_second() -> R
     Ok(())
 }
 
+/// A private etcd, whose request counts are the test's alone, and a
+/// session on it whose lease outlives any test here.
+async fn counted_server() -> Result<(EtcdServer, Session)> {
+    let server = EtcdServer::start()?;
+    let options = SessionOptions::default().with_session_timeout(Duration::from_secs(30));
+    let session = dlock::connect_with(&format!("etcd://{}", server.endpoint()), options).await?;
+    Ok((server, session))
+}
+
 /// KV requests etcd has served so far (its `/metrics`): `Range`, `Put`,
 /// `DeleteRange`, `Txn`, `Compact`.
 fn kv_requests(server: &EtcdServer) -> Result<u64> {
@@ -494,9 +503,7 @@ fn requests(made: &[(&str, u64)]) -> BTreeMap<String, u64> {
 /// the fenced transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_is_a_plain_delete_and_one_unanswered_retires_the_name() -> Result<()> {
-    let server = EtcdServer::start()?;
-    let options = SessionOptions::default().with_session_timeout(Duration::from_secs(30));
-    let s = dlock::connect_with(&format!("etcd://{}", server.endpoint()), options).await?;
+    let (server, s) = counted_server().await?;
     let mutex = Mutex::new(&s, "/plain/lock")?;
     let first = mutex.acquire().await?;
     let node = first.node().to_string();
@@ -594,9 +601,7 @@ async fn a_plain_delete_given_up_in_flight_retires_the_name() -> Result<()> {
 /// by the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncontended_acquire_and_release_is_two_round_trips() -> Result<()> {
-    let server = EtcdServer::start()?;
-    let options = SessionOptions::default().with_session_timeout(Duration::from_secs(30));
-    let s = dlock::connect_with(&format!("etcd://{}", server.endpoint()), options).await?;
+    let (server, s) = counted_server().await?;
     let mutex = Mutex::new(&s, "/rt/lock")?;
     mutex.acquire().await?.release().await?;
     for _ in 0..5 {
@@ -615,9 +620,7 @@ async fn an_uncontended_acquire_and_release_is_two_round_trips() -> Result<()> {
 /// the directory's shared watch, without a read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leadership_is_two_round_trips() -> Result<()> {
-    let server = EtcdServer::start()?;
-    let options = SessionOptions::default().with_session_timeout(Duration::from_secs(30));
-    let s = dlock::connect_with(&format!("etcd://{}", server.endpoint()), options).await?;
+    let (server, s) = counted_server().await?;
     let lead_once = || async {
         let latch = dlock::LeaderLatch::new(&s, "/rt/leader")?;
         latch.start()?;
