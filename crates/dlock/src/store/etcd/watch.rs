@@ -13,7 +13,6 @@
 //! differs from what the arming read saw. No gap, no 100 ms wait; the extra
 //! read only happens when the store moved in between.
 //!
-//!
 //! That holds for every watch created, and under contention a creation can
 //! still land a moment late and be filed unsynced (measured: 8 contending
 //! clients saw an unsynced watcher on the server in one sample out of six,
@@ -83,8 +82,9 @@ pub(super) struct Request {
     /// The path is a namespace's root: it has no key of its own (a role
     /// limited to the namespace may not even read it), only keys below.
     pub keyless: bool,
-    /// [`Kind::Data`] on an ephemeral node: served by its directory's
-    /// shared watch (see the module docs).
+    /// [`Kind::Data`] on a queued node (ephemeral, or watched as a queue
+    /// member): served by its directory's shared watch (see the module
+    /// docs).
     pub shared: bool,
 }
 
