@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{await_gone, ephemeral, hand_over, is_node_event, persistent, Harness};
+use common::{await_gone, ephemeral, hand_over, is_node_event, persistent, sequential, Harness};
 use dlock::store::{
     sort_sequenced, Child, CreateMode, CreateOptions, Op, OpResult, SessionState, WatchEvent,
 };
@@ -339,13 +339,7 @@ async fn a_listed_czxid_is_the_nodes_and_a_recreated_node_has_another(h: &Harnes
 async fn a_listing_seen_after_a_watch_has_what_the_watch_delivered(h: &Harness) -> Result<()> {
     let (a, b) = (h.session().await, h.session().await);
     let dir = h.path("/seen");
-    let stays = a
-        .create(
-            &format!("{dir}/n-"),
-            b"",
-            CreateOptions::new(CreateMode::EphemeralSequential).with_parents(),
-        )
-        .await?;
+    let stays = a.create(&format!("{dir}/n-"), b"", sequential()).await?;
     for round in 0..2 {
         let handoff = hand_over(&a, &b, &dir).await?;
         let names: Vec<_> = handoff.seen.iter().map(|c| c.name.as_str()).collect();
@@ -384,7 +378,7 @@ async fn a_listing_seen_after_a_watch_has_what_the_watch_delivered(h: &Harness) 
 async fn children_sort_by_sequence_like_curator(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let dir = h.path("/sort");
-    let seq = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
+    let seq = sequential();
     let mut made = Vec::new();
     for prefix in ["_c_zzz-lock-", "_c_aaa-lock-", "_c_mmm-lock-"] {
         made.push(
@@ -536,7 +530,7 @@ async fn a_node_named_after_a_siblings_sequence_takes_its_place(h: &Harness) -> 
     let (s, other) = (h.session().await, h.session().await);
     let dir = h.path("/place");
     let names = ["__READ__", "__WRIT__"];
-    let seq = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
+    let seq = sequential();
     let write = s.create(&format!("{dir}/_c_a-__WRIT__"), b"", seq).await?;
     let queued = other
         .create(&format!("{dir}/_c_b-__WRIT__"), b"", seq)

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{await_children, ephemeral, persistent, Harness};
+use common::{await_children, ephemeral, persistent, sequential, Harness};
 use dlock::store::{CreateMode, CreateOptions, SessionState, WatchEvent};
 use dlock::{Error, Mutex, Session, SessionOptions};
 use dlock_testkit::{shared_etcd, EtcdCluster, EtcdServer, TcpProxy};
@@ -540,13 +540,7 @@ async fn a_release_is_a_plain_delete_and_one_unanswered_retires_the_name() -> Re
         "a release: {made:?}"
     );
 
-    let unprotected = s
-        .create(
-            "/plain/node-",
-            b"",
-            CreateOptions::new(CreateMode::EphemeralSequential).with_parents(),
-        )
-        .await?;
+    let unprotected = s.create("/plain/node-", b"", sequential()).await?;
     let ((), made) = kv_requests_during(&server, async {
         Ok(s.delete(&unprotected.path, None).await?)
     })
@@ -579,15 +573,14 @@ async fn a_plain_delete_given_up_in_flight_retires_the_name() -> Result<()> {
     let s = via(&proxy, Duration::from_secs(30)).await?;
     let dir = format!("/given-up-{}", uuid::Uuid::new_v4().simple());
     let prefix = format!("{dir}/_c_{}-lock-", uuid::Uuid::new_v4());
-    let sequential = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
-    let node = s.create(&prefix, b"", sequential).await?.path;
+    let node = s.create(&prefix, b"", sequential()).await?.path;
     proxy.delay_replies(Duration::from_millis(500));
     let gave_up = tokio::time::timeout(Duration::from_millis(100), s.delete(&node, None)).await;
     ensure!(gave_up.is_err(), "the delete was answered: {gave_up:?}");
     proxy.delay_replies(Duration::ZERO);
     let lease = s.session_id();
     s.faults().context("faults")?.expire().await?;
-    let again = s.create(&prefix, b"", sequential).await?.path;
+    let again = s.create(&prefix, b"", sequential()).await?.path;
     ensure!(s.session_id() != lease, "a new lease");
     ensure!(again != node, "the name came back: {again}");
     s.delete(&again, None).await?;

@@ -246,6 +246,11 @@ pub fn ephemeral() -> CreateOptions {
     CreateOptions::new(CreateMode::Ephemeral).with_parents()
 }
 
+/// Ephemeral sequential node options with parents: a queue's nodes.
+pub fn sequential() -> CreateOptions {
+    CreateOptions::new(CreateMode::EphemeralSequential).with_parents()
+}
+
 /// True for node events (not session events).
 pub fn is_node_event(e: WatchEvent) -> bool {
     !matches!(e, WatchEvent::Session(_))
@@ -267,7 +272,7 @@ pub struct Handoff {
 pub async fn hand_over(a: &Session, b: &Session, dir: &str) -> Result<Handoff> {
     // Names of their own: two etcd clients can draw the same digits for
     // one name, and the retry would count as a request.
-    let seq = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
+    let seq = sequential();
     let theirs = a.create(&format!("{dir}/a-"), b"", seq).await?;
     let (ours, listed) = b
         .store()
