@@ -215,37 +215,46 @@ async fn await_term_after(selector: &LeaderSelector, term: &Leadership) -> Resul
 }
 
 /// CURATOR-671: `requeue()` succeeds right after leadership was interrupted
-/// (while the term is still ending), and a new turn follows.
+/// (while the term is still ending), and a new turn follows. The cancelled
+/// term waits for `ending` before it returns, so "still ending" is a fact
+/// of the test rather than a race with a store that answers at once.
 async fn requeue_right_after_an_interrupt(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let selector = LeaderSelector::new(&s, &h.path("/leader"), lead_until_cancelled(0, tx))?;
+    let ending = Arc::new(tokio::sync::Semaphore::new(0));
+    let take = {
+        let ending = ending.clone();
+        move |term: Leadership| {
+            let (tx, ending) = (tx.clone(), ending.clone());
+            async move {
+                let _ = tx.send((Seen::Took(0), term.clone()));
+                term.cancelled().await;
+                let _ = ending.acquire().await.map(|permit| permit.forget());
+                let _ = tx.send((Seen::Cancelled(0), term));
+            }
+        }
+    };
+    let selector = LeaderSelector::new(&s, &h.path("/leader"), take)?.with_cancel_grace(WITHIN);
     selector.start()?;
     let (_, first) = next(&mut rx).await?;
     ensure!(selector.interrupt_leadership());
     ensure!(selector.requeue()?, "requeue right after the interrupt");
     ensure!(!selector.requeue()?, "a turn is pending already");
-    let (seen, second) = loop {
-        match next(&mut rx).await? {
-            (Seen::Cancelled(_), _) => {}
-            other => break other,
-        }
-    };
+    ensure!(selector.has_leadership(), "the interrupted term is ending");
+    ending.add_permits(1);
+    ensure!(next(&mut rx).await?.0 == Seen::Cancelled(0));
+    let (seen, second) = next(&mut rx).await?;
     ensure!(seen == Seen::Took(0) && second.epoch() > first.epoch());
     // Without auto-requeue and without a requeue, a term ends for good.
+    ending.add_permits(1);
     ensure!(selector.interrupt_leadership());
+    ensure!(next(&mut rx).await?.0 == Seen::Cancelled(0));
     await_leading(&selector, false).await?;
-    let more = timeout(QUIET, async {
-        loop {
-            if let Some((Seen::Took(_), _)) = rx.recv().await {
-                return;
-            }
-        }
-    })
-    .await;
+    let more = timeout(QUIET, rx.recv()).await;
     ensure!(more.is_err(), "no turn without a requeue");
     ensure!(selector.requeue()?, "idle: requeue queues");
     ensure!(matches!(next(&mut rx).await?.0, Seen::Took(0)));
+    ending.add_permits(1);
     selector.close().await?;
     Ok(())
 }
