@@ -594,7 +594,7 @@ impl Lease {
                 }
                 continue;
             }
-            let wake = next.min(confirmed + ttl);
+            let wake = keep_alive_wake(next, confirmed + ttl, self.fault_suspended());
             tokio::select! {
                 () = tokio::time::sleep_until(wake) => {}
                 () = self.kick.notified() => next = Instant::now(),
@@ -633,5 +633,39 @@ impl Lease {
                 }
             }
         }
+    }
+}
+
+/// When the keep-alive loop wakes next: for the next keep-alive, or when the
+/// lease must have run out on the server (`expiry`), whichever is first.
+/// During a suspension no keep-alive may be sent — its end kicks the loop —
+/// so a keep-alive already due must not wake it: it would wake at once,
+/// again and again, spinning on a core until the suspension ends.
+fn keep_alive_wake(next: Instant, expiry: Instant, suspended: bool) -> Instant {
+    match suspended {
+        true => expiry,
+        false => next.min(expiry),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_suspended_loop_sleeps_until_the_expiry_even_with_a_keep_alive_due() {
+        let now = Instant::now();
+        let (due, expiry) = (
+            now - Duration::from_millis(50),
+            now + Duration::from_secs(2),
+        );
+        assert_eq!(keep_alive_wake(due, expiry, true), expiry);
+        assert_eq!(keep_alive_wake(due, expiry, false), due);
+        let later = now + Duration::from_secs(1);
+        assert_eq!(keep_alive_wake(later, expiry, false), later);
+        assert_eq!(
+            keep_alive_wake(expiry + Duration::from_secs(1), expiry, false),
+            expiry
+        );
     }
 }
