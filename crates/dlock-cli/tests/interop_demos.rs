@@ -137,6 +137,10 @@ fn curator_and_dlock_share_one_parking_lot() {
             "8",
             "--rounds",
             "5",
+            // Long enough that an admission on a loaded machine is quicker
+            // than a stay: the lot fills up.
+            "--hold-ms",
+            "100",
             "--path",
             &lot,
             "--probe-path",
@@ -170,6 +174,8 @@ fn the_parking_lot_fills_and_never_overfills_on_zookeeper() {
                 "3",
                 "--rounds",
                 "3",
+                "--hold-ms",
+                "100",
             ])
             .args(["--path", &lot, "--probe-path", &probe])
             .spawn()
