@@ -44,7 +44,9 @@ export DLOCK_LONG="$long"
 cargo test --workspace --all-features --all-targets "${extra[@]}"
 cargo test --workspace --all-features --doc
 # The docs build without a warning (a broken link is a doc bug), private
-# items included.
+# items included. The `dlock` binary first and on its own: it shares the
+# library's name, hence its doc directory (see crates/dlock-cli/Cargo.toml).
+RUSTDOCFLAGS="-D warnings" cargo doc -q -p dlock-cli --bin dlock --all-features --no-deps --document-private-items
 RUSTDOCFLAGS="-D warnings" cargo doc -q --workspace --all-features --no-deps --document-private-items
 
 # Every example runs to completion on the embedded store (and, in the long
