@@ -452,6 +452,9 @@ impl Lease {
             change
         });
         let lease = std::mem::take(&mut slot.lease);
+        // The keep-alive loop may sleep until the lease's expiry: let it see
+        // the close now, and let go of the client.
+        self.kick.notify_one();
         (was_open && lease != 0).then_some(lease)
     }
 
