@@ -63,6 +63,8 @@ struct Proc {
     /// Every stdout line read so far.
     lines: Vec<String>,
     stderr: Arc<Mutex<String>>,
+    /// Says when the stderr reader has read everything (end of file).
+    stderr_read: mpsc::Receiver<()>,
     eof: bool,
     status: Option<ExitStatus>,
 }
@@ -97,6 +99,7 @@ impl Proc {
         });
         let stderr = Arc::new(Mutex::new(String::new()));
         let sink = stderr.clone();
+        let (read, stderr_read) = mpsc::channel();
         std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
             while let Ok(n) = err.read(&mut buf) {
@@ -107,6 +110,7 @@ impl Proc {
                     .unwrap()
                     .push_str(&String::from_utf8_lossy(&buf[..n]));
             }
+            let _ = read.send(());
         });
         Ok(Proc {
             name,
@@ -114,6 +118,7 @@ impl Proc {
             events,
             lines: Vec::new(),
             stderr,
+            stderr_read,
             eof: false,
             status: None,
         })
@@ -249,6 +254,9 @@ impl Proc {
             }
         }
         let status = self.child.wait()?;
+        // Its last words on stderr may still be in the pipe. (A command it
+        // left running can hold the pipe open: then not for long.)
+        let _ = self.stderr_read.recv_timeout(Duration::from_secs(2));
         self.status = Some(status);
         Ok(status)
     }
