@@ -58,20 +58,21 @@ run() {
   local line before=""
   [[ "$label" != etcd* ]] || before=$(etcd_fsyncs)
   line=$("$@" 2>/dev/null | grep -E '^peer=' | tail -n 1) || true
-  local rate violations ops disk=""
+  local rate violations ops disk="" per_op="" fsync_ms=""
   rate=$(sed -n 's/.*ops_per_s=\([0-9.]*\).*/\1/p' <<<"$line")
   violations=$(sed -n 's/.*violations=\([0-9]*\).*/\1/p' <<<"$line")
   ops=$(sed -n 's/.* ops=\([0-9]*\).*/\1/p' <<<"$line")
   [ -n "$rate" ] || { echo "  $label $impl: no result (${line:-nothing printed})" >&2; rate=0; }
   if [ -n "$before" ] && [ -n "$ops" ]; then
     # etcd's WAL fsyncs during the run: how many per op, and how long each.
-    disk=$(awk -v ops="$ops" '{ n = $3 - $1; t = $4 - $2 }
-      END { if (n > 0 && ops > 0) printf "%.2f fsync/op, %.2f ms each", n / ops, 1000 * t / n }' \
+    read -r per_op fsync_ms < <(awk -v ops="$ops" '{ n = $3 - $1; t = $4 - $2 }
+      END { if (n > 0 && ops > 0) printf "%.2f %.2f\n", n / ops, 1000 * t / n }' \
       <<<"$before $(etcd_fsyncs)")
+    [ -z "$per_op" ] || disk=" ($per_op fsync/op, $fsync_ms ms each)"
   fi
-  echo "  $label $impl: $line${disk:+ ($disk)}" >&2
+  echo "  $label $impl: $line$disk" >&2
   # $r: the round of the caller's loop (bash scopes dynamically).
-  echo "$label|$impl|$rate|${violations:-?}|${r:-0}|$disk" >> "$results"
+  echo "$label|$impl|$rate|${violations:-?}|${r:-0}|$per_op|$fsync_ms" >> "$results"
 }
 
 # etcd_fsyncs: "<count> <seconds>" of etcd's WAL fsyncs so far.
@@ -165,7 +166,8 @@ python3 - "$results" "$markdown" <<'PY'
 import sys, statistics, collections
 rows = collections.OrderedDict()
 for line in open(sys.argv[1]):
-    label, impl, rate, viol, rnd, disk = line.rstrip("\n").split("|")
+    label, impl, rate, viol, rnd, per_op, fsync_ms = line.rstrip("\n").split("|")
+    disk = (float(per_op), float(fsync_ms)) if per_op else None
     rows.setdefault(label, collections.OrderedDict()).setdefault(impl, []).append((float(rate), viol, rnd, disk))
 out = ["| workload | implementation | median ops/s | runs | violations | dlock / this | per round | etcd fsyncs per op, ms each |",
        "|---|---|---:|---:|---:|---:|---|---|"]
@@ -182,11 +184,11 @@ for label, impls in rows.items():
             theirs = {rnd: r for r, _, rnd, _ in runs}
             rounds = ", ".join(f"{d / theirs[rnd]:.2f}" for d, _, rnd, _ in dlock_runs if theirs.get(rnd))
         viols = ",".join(sorted(set(v for _, v, _, _ in runs)))
-        disks = [d.replace(" fsync/op,", "").replace(" ms each", "").split() for *_, d in runs if d]
+        disks = [d for *_, d in runs if d]
         disk = ""
         if disks:
-            per_op = statistics.median(float(d[0]) for d in disks)
-            each = statistics.median(float(d[1]) for d in disks)
+            per_op = statistics.median(n for n, _ in disks)
+            each = statistics.median(ms for _, ms in disks)
             disk = f"{per_op:.2f}, {each:.2f} ms"
         out.append(f"| {label} | {impl} | {med:.1f} | {len(runs)} | {viols} | {ratio} | {rounds} | {disk} |")
 table = "\n".join(out)
