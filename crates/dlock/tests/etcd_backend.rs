@@ -503,8 +503,8 @@ fn requests(made: &[(&str, u64)]) -> BTreeMap<String, u64> {
 /// name is ours alone (protected). A delete whose reply never came may
 /// still land much later, so that name is never created again, not even
 /// in a later lease — the next acquisition takes another suffix — and the
-/// retry compares the create revision (etcd#22082). Nodes that are not protected queue nodes keep
-/// the fenced transaction.
+/// retry compares the create revision (etcd#22082). Nodes that are not
+/// protected queue nodes keep the fenced transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_is_a_plain_delete_and_one_unanswered_retires_the_name() -> Result<()> {
     let (server, s) = counted_server().await?;

@@ -54,8 +54,9 @@ impl ErrorPolicy {
     /// Whether a leader that saw the session as `since` must give up its
     /// leadership now that it is `now`. Unlike
     /// [`is_error_state`](Self::is_error_state) this also catches what
-    /// happened between two snapshots: a new session (the old one, and its nodes, are gone), or —
-    /// under `Standard` — a suspension that came and went unobserved.
+    /// happened between two snapshots: a new session (the old one, and its
+    /// nodes, are gone), or — under `Standard` — a suspension that came and
+    /// went unobserved.
     pub(crate) fn ends_leadership(self, since: &SessionStatus, now: &SessionStatus) -> bool {
         if now.session_id != since.session_id || self.is_error_state(now.state) {
             return true;

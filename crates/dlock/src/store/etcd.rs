@@ -447,8 +447,9 @@ impl EtcdStore {
         if path::protection_prefix(name).is_none() || self.is_doubtful(path, "") {
             return false;
         }
-        // Sequenced by us in this lease (and so fenced: `remember` records
-        // both, `forget` drops both).
+        // Sequenced by us in this lease, and so ephemeral (only ephemeral
+        // nodes are remembered) and fenced (`remember` records both,
+        // `forget` drops both).
         self.owned(lease)
             .sequenced
             .get(&(path::parent(path).to_string(), suffix.to_string()))
