@@ -5,9 +5,12 @@
 
 #![cfg(feature = "zookeeper")]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
+use common::{ephemeral, persistent, sequential};
 use dlock::store::{
     BackendKind, CreateMode, CreateOptions, Op, OpResult, SessionState, WatchEvent,
 };
@@ -41,14 +44,6 @@ async fn session() -> Session {
 /// A fresh root path for one test.
 fn root(test: &str) -> String {
     format!("/zkb-{test}-{}", uuid::Uuid::new_v4().simple())
-}
-
-fn persistent() -> CreateOptions {
-    CreateOptions::new(CreateMode::Persistent).with_parents()
-}
-
-fn ephemeral() -> CreateOptions {
-    CreateOptions::new(CreateMode::Ephemeral).with_parents()
 }
 
 /// Deletes `root` and everything under it, deepest first.
@@ -275,13 +270,7 @@ async fn fencing_tokens_strictly_increase() -> Result<()> {
     let mut last = 0;
     for i in 0..10 {
         let s = if i % 2 == 0 { &s1 } else { &s2 };
-        let c = s
-            .create(
-                &format!("{root}/n-"),
-                b"",
-                CreateOptions::new(CreateMode::EphemeralSequential).with_parents(),
-            )
-            .await?;
+        let c = s.create(&format!("{root}/n-"), b"", sequential()).await?;
         ensure!(c.stat.czxid > last, "czxid {} after {last}", c.stat.czxid);
         ensure!(c.token().0 == c.stat.czxid && c.stat.mzxid == c.stat.czxid);
         let (_, stat) = s.get_data(&c.path).await?;
@@ -303,7 +292,7 @@ async fn create_and_list_sees_its_own_node() -> Result<()> {
     let s = session().await;
     let store = s.store();
     let dir = format!("{root}/locks");
-    let seq = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
+    let seq = sequential();
     // Missing parents: the fallback creates them, then creates and lists.
     let (first, kids) = store
         .create_and_list(&format!("{dir}/lock-"), b"", seq, &dir)
@@ -884,7 +873,7 @@ async fn many_sessions_in_one_process() -> Result<()> {
     ids.dedup();
     ensure!(ids.len() == sessions.len(), "distinct sessions");
     let dir = format!("{root}/q");
-    let seq = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
+    let seq = sequential();
     let (dir, prefix) = (dir.as_str(), format!("{dir}/n-"));
     let prefix = prefix.as_str();
     let created = futures::future::try_join_all(

@@ -30,13 +30,13 @@
 //! The price is paid by the server, per waiting client: a shared watch
 //! delivers every change in its directory, so each handoff of a lock (a
 //! delete and a re-queue) costs two watch messages per client with a
-//! waiter there. Against etcd's own recipe, whose rate grows with its
-//! clients (BENCHMARKS.md, "how it scales"): 16× its handoffs with 8
-//! waiting clients, 2× with 32, level (extrapolated) at about 45–50.
-//! Watching only the predecessor, from far back in the queue, was measured
-//! and refused: those watches land unsynced again (etcd reads the current
-//! revision and registers the watch in two steps, and a write in between
-//! files a "from now" watch as catching up), and the 100 ms waits return.
+//! waiter there, so the lead over etcd's own recipe (whose rate grows with
+//! its clients) shrinks as waiters are added (BENCHMARKS.md, "how it
+//! scales"). Watching only the predecessor, from far back in the queue, was
+//! measured and refused: those watches land unsynced again (etcd reads the
+//! current revision and registers the watch in two steps, and a write in
+//! between files a "from now" watch as catching up), and the 100 ms waits
+//! return.
 //!
 //! - A watch fires once, on the first event its kind cares about, and is
 //!   then cancelled on the server (a shared one stays).
