@@ -26,9 +26,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::{oneshot, watch};
 
+use super::status::{Renewal, StatusMachine};
 use super::{
-    ArmedFault, BackendKind, Child, CreateMode, CreateOptions, Created, Faults, LostReplies, Op,
-    OpResult, SessionId, SessionState, SessionStatus, Stat, Store, Watch, WatchEvent,
+    BackendKind, Child, CreateMode, CreateOptions, Created, Faults, Op, OpResult, SessionId,
+    SessionStatus, Stat, Store, Watch, WatchEvent,
 };
 use crate::error::{Error, Result};
 use crate::path;
@@ -684,16 +685,15 @@ impl Tree {
 pub(crate) struct EmbeddedStore {
     server: Arc<Server>,
     timeout: Duration,
-    status: watch::Sender<SessionStatus>,
-    /// Bumped by every suspension, so a stale resume timer does nothing.
-    suspensions: Arc<StdMutex<u64>>,
-    lost_replies: LostReplies,
+    /// The session's state; the slot holds the session's id (the session
+    /// itself lives in the tree).
+    machine: Arc<StatusMachine<SessionId>>,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EmbeddedStore")
-            .field("status", &*self.status.borrow())
+            .field("status", &self.machine)
             .finish_non_exhaustive()
     }
 }
@@ -701,62 +701,31 @@ impl std::fmt::Debug for EmbeddedStore {
 impl EmbeddedStore {
     fn open(server: Arc<Server>, timeout: Duration) -> Self {
         let session_id = server.lock().open_session();
-        let (status, _) = watch::channel(SessionStatus {
-            state: SessionState::Connected,
-            session_id,
-            changes: 0,
-        });
         EmbeddedStore {
             server,
             timeout,
-            status,
-            suspensions: Arc::new(StdMutex::new(0)),
-            lost_replies: LostReplies::default(),
+            machine: Arc::new(StatusMachine::new(session_id, session_id)),
         }
-    }
-
-    fn set_state(&self, state: SessionState, session_id: SessionId) {
-        self.status.send_modify(|s| {
-            s.state = state;
-            s.session_id = session_id;
-            s.changes += 1;
-        });
     }
 
     /// The session to run an operation in: waits out a suspension, and opens
-    /// a new session after a loss (Curator's behaviour after LOST).
+    /// a new session after a loss.
     async fn session(&self) -> Result<SessionId> {
-        let mut rx = self.status.subscribe();
-        loop {
-            let status = *rx.borrow_and_update();
-            match status.state {
-                SessionState::Connected | SessionState::Reconnected => return Ok(status.session_id),
-                SessionState::Closed => return Err(Error::Closed),
-                SessionState::Lost => {
-                    let id = self.server.lock().open_session();
-                    let mut renewed = false;
-                    self.status.send_if_modified(|s| {
-                        if s.state == SessionState::Lost && s.session_id == status.session_id {
-                            s.state = SessionState::Reconnected;
-                            s.session_id = id;
-                            s.changes += 1;
-                            renewed = true;
-                        }
-                        renewed
-                    });
-                    if renewed {
-                        return Ok(id);
-                    }
-                    // Someone else renewed (or closed) first.
-                    self.server.apply(|t, f| t.end_session(id, f));
-                }
-                SessionState::Suspended => {
-                    if rx.changed().await.is_err() {
-                        return Err(Error::Closed);
-                    }
-                }
-            }
+        self.machine
+            .ready(|_, session| Some(session), |lost| self.renew(lost))
+            .await
+    }
+
+    async fn renew(&self, lost: SessionId) -> Result<()> {
+        let open = || async {
+            let session = self.server.lock().open_session();
+            Ok((session, session))
+        };
+        if let Renewal::Abandoned(session) = self.machine.renew(lost, open).await? {
+            // Closed while the new session was opened.
+            self.server.apply(|t, f| t.end_session(session, f));
         }
+        Ok(())
     }
 
     /// Runs `op` on the tree in the current session; marks the session lost
@@ -775,39 +744,13 @@ impl EmbeddedStore {
             op(tree, session, fired)
         });
         if matches!(result, Err(Error::SessionExpired)) {
-            self.mark_lost(session);
+            self.machine.lose(session);
         }
         result
     }
 
-    fn mark_lost(&self, session: SessionId) {
-        self.status.send_if_modified(|s| {
-            let change = s.session_id == session
-                && s.state != SessionState::Lost
-                && s.state != SessionState::Closed;
-            if change {
-                s.state = SessionState::Lost;
-                s.changes += 1;
-            }
-            change
-        });
-    }
-
     fn watch(&self, rx: oneshot::Receiver<WatchEvent>) -> Watch {
-        Watch::new(rx, self.status.subscribe())
-    }
-
-    /// A lost reply, if `armed` was: the connection blips (Suspended,
-    /// Reconnected).
-    fn take_lost_reply(&self, armed: &ArmedFault) -> bool {
-        if armed.take() {
-            let id = self.status.borrow().session_id;
-            self.set_state(SessionState::Suspended, id);
-            self.set_state(SessionState::Reconnected, id);
-            true
-        } else {
-            false
-        }
+        Watch::new(rx, self.machine.subscribe())
     }
 
     fn create_in(
@@ -830,7 +773,7 @@ impl EmbeddedStore {
 
 impl Drop for EmbeddedStore {
     fn drop(&mut self) {
-        let session = self.status.borrow().session_id;
+        let session = self.machine.snapshot().session_id;
         self.server.apply(|t, f| t.end_session(session, f));
     }
 }
@@ -849,7 +792,7 @@ impl Store for EmbeddedStore {
     }
 
     fn status(&self) -> watch::Receiver<SessionStatus> {
-        self.status.subscribe()
+        self.machine.subscribe()
     }
 
     fn session_timeout(&self) -> Duration {
@@ -860,9 +803,7 @@ impl Store for EmbeddedStore {
         let created = self
             .run(|t, s, f| Self::create_in(t, s, path, data, opts, f))
             .await?;
-        if self.take_lost_reply(&self.lost_replies.create) {
-            return Err(Error::ConnectionLoss);
-        }
+        self.machine.lost_create_reply()?;
         Ok(created)
     }
 
@@ -879,18 +820,13 @@ impl Store for EmbeddedStore {
                 Ok((created, list(t, list_path)?))
             })
             .await?;
-        if self.take_lost_reply(&self.lost_replies.create) {
-            return Err(Error::ConnectionLoss);
-        }
+        self.machine.lost_create_reply()?;
         Ok(result)
     }
 
     async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
         self.run(|t, _, f| t.delete(path, version, f, None)).await?;
-        if self.take_lost_reply(&self.lost_replies.delete) {
-            return Err(Error::ConnectionLoss);
-        }
-        Ok(())
+        self.machine.lost_delete_reply()
     }
 
     async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
@@ -945,12 +881,8 @@ impl Store for EmbeddedStore {
     async fn close(&self) {
         // Closed first: a watcher woken by the session's deletions must find
         // the store closed, not a lost session to renew (and lead again in).
-        let mut session = 0;
-        self.status.send_modify(|s| {
-            session = s.session_id;
-            s.state = SessionState::Closed;
-            s.changes += 1;
-        });
+        self.machine.shut(|_| ());
+        let session = self.machine.snapshot().session_id;
         self.server.apply(|t, f| t.end_session(session, f));
     }
 }
@@ -958,61 +890,43 @@ impl Store for EmbeddedStore {
 #[async_trait]
 impl Faults for EmbeddedStore {
     fn suspend(&self, duration: Duration) {
-        let status = *self.status.borrow();
-        if !status.state.is_connected() && status.state != SessionState::Suspended {
+        let Some(suspension) = self.machine.begin_suspension() else {
             return;
-        }
-        let epoch = {
-            let mut n = self.suspensions.lock().unwrap_or_else(|e| e.into_inner());
-            *n += 1;
-            *n
         };
-        if status.state != SessionState::Suspended {
-            self.set_state(SessionState::Suspended, status.session_id);
-        }
-        let session = status.session_id;
         let expires = duration >= self.timeout;
         let server = Arc::downgrade(&self.server);
-        let tx = self.status.clone();
-        let suspensions = self.suspensions.clone();
+        let machine = Arc::downgrade(&self.machine);
         let wait = if expires { self.timeout } else { duration };
         tokio::spawn(async move {
             tokio::time::sleep(wait).await;
-            if *suspensions.lock().unwrap_or_else(|e| e.into_inner()) != epoch {
+            let Some(machine) = machine.upgrade() else {
                 return;
-            }
-            if expires {
+            };
+            if !expires {
+                if machine.end_suspension(suspension) {
+                    machine.connected(suspension.session);
+                }
+            } else if machine.in_force(suspension) {
                 if let Some(server) = server.upgrade() {
-                    server.apply(|t, f| t.end_session(session, f));
+                    server.apply(|t, f| t.end_session(suspension.session, f));
                 }
+                machine.lose(suspension.session);
             }
-            tx.send_if_modified(|s| {
-                let change = s.session_id == session && s.state == SessionState::Suspended;
-                if change {
-                    s.state = if expires {
-                        SessionState::Lost
-                    } else {
-                        SessionState::Reconnected
-                    };
-                    s.changes += 1;
-                }
-                change
-            });
         });
     }
 
     async fn expire(&self) -> Result<()> {
-        let session = self.status.borrow().session_id;
+        let session = self.machine.snapshot().session_id;
         self.server.apply(|t, f| t.end_session(session, f));
-        self.mark_lost(session);
+        self.machine.lose(session);
         Ok(())
     }
 
     fn lose_next_create_reply(&self) {
-        self.lost_replies.create.arm();
+        self.machine.lost_replies.create.arm();
     }
 
     fn lose_next_delete_reply(&self) {
-        self.lost_replies.delete.arm();
+        self.machine.lost_replies.delete.arm();
     }
 }

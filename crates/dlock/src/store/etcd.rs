@@ -193,7 +193,7 @@ use self::lease::{Config, Lease};
 use self::watch::{Hub, Kind, Request};
 use super::namespace::Namespaced;
 use super::{
-    ArmedFault, BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId,
+    BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId,
     SessionStatus, Stat, Store, Watch,
 };
 use crate::endpoint::Endpoint;
@@ -469,7 +469,7 @@ impl EtcdStore {
             .request(kv.delete(path, None), path, lease)
             .await?
             .deleted();
-        self.take_lost_reply(&self.lease.lost_replies.delete)?;
+        self.lease.machine.lost_delete_reply()?;
         in_flight.answered = true;
         if deleted == 0 {
             // Gone already (an operator, or the lease): the fence stays, as
@@ -617,16 +617,6 @@ impl EtcdStore {
             shared: queued && kind == Kind::Data && path::parent(path) != "/",
         });
         Watch::new(rx, self.lease.status())
-    }
-
-    /// The lost reply `fault`, if it is armed: the connection blips and
-    /// the caller gets `ConnectionLoss`, as if the reply never came.
-    fn take_lost_reply(&self, fault: &ArmedFault) -> Result<()> {
-        if fault.take() {
-            self.lease.blip();
-            return Err(Error::ConnectionLoss);
-        }
-        Ok(())
     }
 
     /// One attempt at a multi: the plan and the committed transaction, or
@@ -818,7 +808,7 @@ impl Store for EtcdStore {
 
     async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
         let (created, _) = self.create_in(path, data, opts, None).await?;
-        self.take_lost_reply(&self.lease.lost_replies.create)?;
+        self.lease.machine.lost_create_reply()?;
         Ok(created)
     }
 
@@ -830,7 +820,7 @@ impl Store for EtcdStore {
         list: &str,
     ) -> Result<(Created, Vec<Child>)> {
         let (created, children) = self.create_in(path, data, opts, Some(list)).await?;
-        self.take_lost_reply(&self.lease.lost_replies.create)?;
+        self.lease.machine.lost_create_reply()?;
         Ok((created, children.unwrap_or_default()))
     }
 
@@ -869,7 +859,7 @@ impl Store for EtcdStore {
         if resp.succeeded() {
             // A lost reply keeps the fence, so a retry cannot remove a
             // newer node of this name (etcd#22082).
-            self.take_lost_reply(&self.lease.lost_replies.delete)?;
+            self.lease.machine.lost_delete_reply()?;
             self.forget(lease, path);
             return Ok(());
         }
@@ -1183,7 +1173,7 @@ impl Faults for EtcdStore {
     /// gets `ConnectionLoss`, and the status blips `Suspended` →
     /// `Reconnected` (same lease).
     fn lose_next_create_reply(&self) {
-        self.lease.lost_replies.create.arm();
+        self.lease.machine.lost_replies.create.arm();
     }
 
     /// The next delete is applied, but the caller gets `ConnectionLoss`,
@@ -1192,6 +1182,6 @@ impl Faults for EtcdStore {
     /// no reply to clear it with), so a retry finds `NoNode` even if a
     /// newer node of the same name exists by then.
     fn lose_next_delete_reply(&self) {
-        self.lease.lost_replies.delete.arm();
+        self.lease.machine.lost_replies.delete.arm();
     }
 }

@@ -28,6 +28,7 @@ pub mod etcd;
 // Used by the etcd backend (namespaces); ZooKeeper chroots are native.
 #[cfg(any(feature = "etcd", test))]
 mod namespace;
+pub(crate) mod status;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 

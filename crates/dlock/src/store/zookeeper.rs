@@ -268,8 +268,7 @@ impl Store for ZooKeeperStore {
     async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
         let client = self.inner.client().await?;
         let created = self.create_in(&client, path, data, opts).await?;
-        self.inner
-            .take_lost_reply(&self.inner.lost_replies.create)?;
+        self.inner.machine.lost_create_reply()?;
         Ok(created)
     }
 
@@ -292,8 +291,7 @@ impl Store for ZooKeeperStore {
         }
         let created = self.finish_create(&client, path, opts.mode, create)?;
         let listing = listing.map_err(|e| self.inner.error(&client, e, list))?;
-        self.inner
-            .take_lost_reply(&self.inner.lost_replies.create)?;
+        self.inner.machine.lost_create_reply()?;
         Ok((created, children(listing)))
     }
 
@@ -303,7 +301,7 @@ impl Store for ZooKeeperStore {
             .delete(path, version)
             .await
             .map_err(|e| self.inner.error(&client, e, path))?;
-        self.inner.take_lost_reply(&self.inner.lost_replies.delete)
+        self.inner.machine.lost_delete_reply()
     }
 
     async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
@@ -486,13 +484,13 @@ impl Faults for ZooKeeperStore {
     /// status blips `Suspended` → `Reconnected` (same session), as after a
     /// connection that dropped before the reply arrived.
     fn lose_next_create_reply(&self) {
-        self.inner.lost_replies.create.arm();
+        self.inner.machine.lost_replies.create.arm();
     }
 
     /// The next delete is applied by the server, but its result is
     /// discarded: the caller gets `ConnectionLoss`, and the status blips
     /// `Suspended` → `Reconnected` (same session).
     fn lose_next_delete_reply(&self) {
-        self.inner.lost_replies.delete.arm();
+        self.inner.machine.lost_replies.delete.arm();
     }
 }

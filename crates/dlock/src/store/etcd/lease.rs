@@ -11,7 +11,7 @@
 //! - After `Lost` the next operation grants a new lease: `Reconnected`, with
 //!   the new lease id as the session id.
 
-use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
@@ -21,7 +21,8 @@ use tokio::time::Instant;
 use super::error::{map_error, Failure};
 use crate::endpoint::{Endpoint, TlsFiles};
 use crate::error::{Error, Result};
-use crate::store::{LostReplies, SessionId, SessionState, SessionStatus};
+use crate::store::status::{Renewal, StatusMachine};
+use crate::store::{SessionId, SessionStatus};
 
 /// How to reach the cluster and what to ask for, kept for every new lease.
 pub(super) struct Config {
@@ -119,18 +120,15 @@ pub(super) fn ttl_secs(timeout: Duration) -> i64 {
     ms.div_ceil(1000).min(i64::MAX as u128) as i64
 }
 
-/// What changes with each lease, guarded by one lock; status changes are
-/// published while holding it.
-struct Slot {
+/// What the etcd backend keeps per lease, in the status machine's slot.
+pub(super) struct LeaseSlot {
     /// The current lease (0 once closed).
     lease: i64,
     /// Its granted TTL.
     ttl: Duration,
-    /// Bumped by every `suspend()`, loss and close: a stale suspension timer
-    /// does nothing.
-    fault_epoch: u64,
-    /// A `suspend()` is in effect: no keep-alives, stay `Suspended`.
-    fault_suspended: bool,
+    /// When its grant was sent: the server's expiry is no earlier than this
+    /// plus the TTL.
+    granted: Instant,
 }
 
 /// The lease state shared by the store, its keep-alive loop and its fault
@@ -139,21 +137,16 @@ pub(super) struct Lease {
     pub config: Config,
     pub client: Client,
     pub runtime: tokio::runtime::Handle,
-    status: watch::Sender<SessionStatus>,
-    slot: StdMutex<Slot>,
-    /// Serialises renewals after a loss.
-    renewing: tokio::sync::Mutex<()>,
+    pub machine: StatusMachine<LeaseSlot>,
     /// Wakes the keep-alive loop (the end of a suspension).
     kick: Notify,
-    /// The armed lost-reply faults.
-    pub lost_replies: LostReplies,
 }
 
 impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdStore")
             .field("endpoint", &self.config.endpoint)
-            .field("status", &*self.status.borrow())
+            .field("status", &self.machine)
             .finish_non_exhaustive()
     }
 }
@@ -242,46 +235,35 @@ impl Lease {
         let limit = Duration::from_secs(config.ttl_secs.clamp(5, 30) as u64);
         let sent = Instant::now();
         let (id, ttl) = grant(&config, &client, limit).await?;
-        let (status, _) = watch::channel(SessionStatus {
-            state: SessionState::Connected,
-            session_id: id,
-            changes: 0,
-        });
         let lease = Arc::new(Lease {
             config,
             client,
             runtime,
-            status,
-            slot: StdMutex::new(Slot {
-                lease: id,
-                ttl,
-                fault_epoch: 0,
-                fault_suspended: false,
-            }),
-            renewing: tokio::sync::Mutex::new(()),
+            machine: StatusMachine::new(
+                id,
+                LeaseSlot {
+                    lease: id,
+                    ttl,
+                    granted: sent,
+                },
+            ),
             kick: Notify::new(),
-            lost_replies: LostReplies::default(),
         });
         lease.spawn_keep_alive(id, ttl, sent);
         Ok(lease)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Slot> {
-        // Every critical section leaves the slot consistent.
-        self.slot.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     pub fn status(&self) -> watch::Receiver<SessionStatus> {
-        self.status.subscribe()
+        self.machine.subscribe()
     }
 
     pub fn snapshot(&self) -> SessionStatus {
-        *self.status.borrow()
+        self.machine.snapshot()
     }
 
     /// The granted TTL of the current lease.
     pub fn ttl(&self) -> Duration {
-        self.lock().ttl
+        self.machine.lock().backend.ttl
     }
 
     /// How long one request may take before it counts as a lost connection.
@@ -289,93 +271,33 @@ impl Lease {
         self.ttl().max(Duration::from_secs(5))
     }
 
-    /// Moves the status of `lease` to `to` if its state satisfies `from`.
-    /// Call with the slot locked.
-    fn transition(
-        &self,
-        lease: SessionId,
-        from: impl Fn(SessionState) -> bool,
-        to: SessionState,
-    ) -> bool {
-        self.status.send_if_modified(|s| {
-            let change = s.session_id == lease && from(s.state) && s.state != to;
-            if change {
-                s.state = to;
-                s.changes += 1;
-            }
-            change
-        })
-    }
-
-    /// Whether `lease` is the current, live lease.
-    fn is_live(&self, lease: SessionId) -> bool {
-        let s = *self.status.borrow();
-        s.session_id == lease && !matches!(s.state, SessionState::Lost | SessionState::Closed)
-    }
-
     /// The lease to run an operation in: waits out a suspension, grants a
-    /// new lease after a loss (as Curator opens a new session after
-    /// `LOST`), fails once closed.
+    /// new lease after a loss, fails once closed.
     pub async fn current(self: &Arc<Self>) -> Result<SessionId> {
-        let mut rx = self.status.subscribe();
-        loop {
-            let status = *rx.borrow_and_update();
-            match status.state {
-                SessionState::Connected | SessionState::Reconnected => return Ok(status.session_id),
-                SessionState::Closed => return Err(Error::Closed),
-                SessionState::Lost => self.renew(status.session_id).await?,
-                SessionState::Suspended => {
-                    if rx.changed().await.is_err() {
-                        return Err(Error::Closed);
-                    }
-                }
-            }
-        }
+        self.machine
+            .ready(|_, lease| Some(lease), |lost| self.renew(lost))
+            .await
     }
 
-    /// Replaces the lost lease `lost` by a new one; the status becomes
-    /// `Reconnected`. Does nothing if someone else already did.
+    /// Replaces the lost lease `lost` by a new one.
     async fn renew(self: &Arc<Self>, lost: SessionId) -> Result<()> {
-        let _renewing = self.renewing.lock().await;
-        let status = *self.status.borrow();
-        if status.state != SessionState::Lost || status.session_id != lost {
-            return Ok(());
-        }
-        let sent = Instant::now();
-        let (id, ttl) = match grant(&self.config, &self.client, self.op_timeout()).await {
-            Ok(granted) => granted,
-            // The operation may succeed later: the session wrapper retries.
-            Err(Error::Unreachable(why)) => {
-                tracing::warn!(endpoint = %self.config.endpoint, "no new etcd lease: {why}");
-                return Err(Error::ConnectionLoss);
-            }
-            Err(e) => return Err(e),
+        let grant_new = || async {
+            let granted = Instant::now();
+            let (lease, ttl) = grant(&self.config, &self.client, self.op_timeout()).await?;
+            Ok((lease, LeaseSlot { lease, ttl, granted }))
         };
-        let installed = {
-            let mut slot = self.lock();
-            let renewed = self.status.send_if_modified(|s| {
-                let change = s.state == SessionState::Lost && s.session_id == lost;
-                if change {
-                    s.state = SessionState::Reconnected;
-                    s.session_id = id;
-                    s.changes += 1;
-                }
-                change
-            });
-            if renewed {
-                slot.lease = id;
-                slot.ttl = ttl;
-                slot.fault_epoch += 1;
-                slot.fault_suspended = false;
+        match self.machine.renew(lost, grant_new).await? {
+            Renewal::Installed(id) => {
+                tracing::debug!(endpoint = %self.config.endpoint, lease = format_args!("{id:#x}"), "new etcd lease after a loss");
+                let (ttl, granted) = {
+                    let slot = self.machine.lock();
+                    (slot.backend.ttl, slot.backend.granted)
+                };
+                self.spawn_keep_alive(id, ttl, granted);
             }
-            renewed
-        };
-        if installed {
-            tracing::debug!(endpoint = %self.config.endpoint, lease = format_args!("{id:#x}"), "new etcd lease after a loss");
-            self.spawn_keep_alive(id, ttl, sent);
-        } else {
             // Closed meanwhile.
-            self.revoke_in_background(id);
+            Renewal::Abandoned(slot) => self.revoke_in_background(slot.lease),
+            Renewal::NotNeeded => {}
         }
         Ok(())
     }
@@ -383,75 +305,15 @@ impl Lease {
     /// Declares `lease` lost (if it is current and not already lost or
     /// closed). Returns whether it changed anything.
     pub fn lose(&self, lease: SessionId) -> bool {
-        let changed = {
-            let mut slot = self.lock();
-            let changed = self.transition(
-                lease,
-                |s| !matches!(s, SessionState::Lost | SessionState::Closed),
-                SessionState::Lost,
-            );
-            if changed {
-                slot.fault_epoch += 1;
-                slot.fault_suspended = false;
-            }
-            changed
-        };
-        if changed {
-            tracing::debug!(endpoint = %self.config.endpoint, lease = format_args!("{lease:#x}"), "etcd lease lost");
-        }
-        changed
-    }
-
-    /// A keep-alive of `lease` was answered.
-    fn on_alive(&self, lease: SessionId) {
-        let slot = self.lock();
-        if !slot.fault_suspended {
-            self.transition(
-                lease,
-                |s| s == SessionState::Suspended,
-                SessionState::Reconnected,
-            );
-        }
-    }
-
-    /// A keep-alive of `lease` failed or went unanswered.
-    fn on_trouble(&self, lease: SessionId) {
-        let _slot = self.lock();
-        self.transition(lease, SessionState::is_connected, SessionState::Suspended);
-    }
-
-    fn fault_suspended(&self) -> bool {
-        self.lock().fault_suspended
-    }
-
-    /// A lost reply: the connection blips (`Suspended`, `Reconnected`).
-    pub fn blip(&self) {
-        let _slot = self.lock();
-        let lease = self.status.borrow().session_id;
-        if self.transition(lease, SessionState::is_connected, SessionState::Suspended) {
-            self.transition(
-                lease,
-                |s| s == SessionState::Suspended,
-                SessionState::Reconnected,
-            );
-        }
+        self.machine.lose(lease)
     }
 
     /// Marks the store closed (later operations fail with `Closed`) and
     /// returns the lease to revoke.
     pub fn shut(&self) -> Option<SessionId> {
-        let mut slot = self.lock();
-        slot.fault_epoch += 1;
-        slot.fault_suspended = false;
-        let was_open = self.status.send_if_modified(|s| {
-            let change = s.state != SessionState::Closed;
-            if change {
-                s.state = SessionState::Closed;
-                s.changes += 1;
-            }
-            change
-        });
-        let lease = std::mem::take(&mut slot.lease);
+        let (was_open, lease) = self
+            .machine
+            .shut(|slot| std::mem::take(&mut slot.lease));
         // The keep-alive loop may sleep until the lease's expiry: let it see
         // the close now, and let go of the client.
         self.kick.notify_one();
@@ -505,20 +367,8 @@ impl Lease {
     /// still there). If the lease runs out meanwhile, the keep-alive loop
     /// reports `Lost` when it must have expired on the server.
     pub fn suspend(self: &Arc<Self>, duration: Duration) {
-        let epoch = {
-            let mut slot = self.lock();
-            let status = *self.status.borrow();
-            if !status.state.is_connected() && status.state != SessionState::Suspended {
-                return;
-            }
-            slot.fault_epoch += 1;
-            slot.fault_suspended = true;
-            self.transition(
-                status.session_id,
-                SessionState::is_connected,
-                SessionState::Suspended,
-            );
-            slot.fault_epoch
+        let Some(suspension) = self.machine.begin_suspension() else {
+            return;
         };
         let this = Arc::downgrade(self);
         self.runtime.spawn(async move {
@@ -526,10 +376,7 @@ impl Lease {
             let Some(this) = this.upgrade() else {
                 return;
             };
-            let mut slot = this.lock();
-            if slot.fault_epoch == epoch && slot.fault_suspended {
-                slot.fault_suspended = false;
-                drop(slot);
+            if this.machine.end_suspension(suspension) {
                 this.kick.notify_one();
             }
         });
@@ -552,12 +399,12 @@ impl Lease {
         let mut next = granted + interval;
         let mut channel: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
         loop {
-            if !self.is_live(lease) {
+            if !self.machine.is_current(lease) {
                 return;
             }
             let now = Instant::now();
             if now >= confirmed + ttl {
-                let faulted = self.fault_suspended();
+                let faulted = self.machine.fault_suspended();
                 if self.lose(lease) && !faulted {
                     // It may still live on the server (answers lost on the
                     // way back): let its keys go now rather than later.
@@ -565,7 +412,7 @@ impl Lease {
                 }
                 return;
             }
-            if now >= next && !self.fault_suspended() {
+            if now >= next && !self.machine.fault_suspended() {
                 let sent = Instant::now();
                 let answer =
                     tokio::time::timeout(interval, self.renew_once(lease, &mut channel)).await;
@@ -573,7 +420,7 @@ impl Lease {
                     Ok(Ok(left)) if left > 0 => {
                         confirmed = sent;
                         next = sent + interval;
-                        self.on_alive(lease);
+                        self.machine.connected(lease);
                     }
                     Ok(Ok(_)) | Ok(Err(Failure::LeaseGone)) => {
                         self.lose(lease);
@@ -587,17 +434,17 @@ impl Lease {
                         );
                         channel = None;
                         next = Instant::now() + retry;
-                        self.on_trouble(lease);
+                        self.machine.disconnected(lease);
                     }
                     Err(_) => {
                         channel = None;
                         next = Instant::now() + retry;
-                        self.on_trouble(lease);
+                        self.machine.disconnected(lease);
                     }
                 }
                 continue;
             }
-            let wake = keep_alive_wake(next, confirmed + ttl, self.fault_suspended());
+            let wake = keep_alive_wake(next, confirmed + ttl, self.machine.fault_suspended());
             tokio::select! {
                 () = tokio::time::sleep_until(wake) => {}
                 () = self.kick.notified() => next = Instant::now(),

@@ -2,7 +2,7 @@
 //! state machine on top of the client's session states, renewal after a
 //! loss, closing, and ending a session on the server for the fault hooks.
 
-use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
@@ -11,9 +11,8 @@ use zookeeper_client as zk;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::path;
-use crate::store::{
-    ArmedFault, LostReplies, SessionId, SessionState, SessionStatus, Watch, WatchEvent,
-};
+use crate::store::status::{Renewal, StatusMachine};
+use crate::store::{SessionId, SessionState, SessionStatus, Watch, WatchEvent};
 
 /// How to reach the ensemble, kept for every new session.
 pub(super) struct Config {
@@ -161,43 +160,37 @@ async fn terminated(states: &mut zk::StateWatcher) {
     }
 }
 
-/// What changes with each session: guarded by one lock, and every status
-/// change is published while holding it, so that a reader that looks at
-/// both under the lock sees them agree.
-struct Slot {
+/// What the ZooKeeper backend keeps per session, in the status machine's
+/// slot.
+pub(super) struct ZkSession {
     /// The client of the current session; `None` once it is lost or closed.
     client: Option<Arc<zk::Client>>,
     /// Its negotiated session timeout.
     timeout: Duration,
-    /// Bumped by every `suspend()`, `close()` and loss: a stale suspension
-    /// timer does nothing.
-    fault_epoch: u64,
-    /// A `suspend()` is in effect: stay `Suspended` whatever the connection
-    /// does, until its timer ends it.
-    fault_suspended: bool,
-    /// `expire()` (or a suspension past the timeout) is ending this
-    /// session: operations wait for it to be `Lost`, and a disconnection
-    /// meanwhile is not reported as a suspension.
-    expiring: Option<SessionId>,
+}
+
+impl ZkSession {
+    /// The client, if it belongs to `session`.
+    fn take_client(&mut self, session: SessionId) -> Option<Arc<zk::Client>> {
+        match &self.client {
+            Some(c) if c.session_id().0 == session => self.client.take(),
+            _ => None,
+        }
+    }
 }
 
 /// The state shared by the store, its state monitors and its fault timers.
 pub(super) struct Inner {
     pub config: Config,
     runtime: tokio::runtime::Handle,
-    status: watch::Sender<SessionStatus>,
-    slot: StdMutex<Slot>,
-    /// Serialises renewals after a loss.
-    renewing: tokio::sync::Mutex<()>,
-    /// The armed lost-reply faults.
-    pub lost_replies: LostReplies,
+    pub machine: StatusMachine<ZkSession>,
 }
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ZooKeeperStore")
             .field("endpoint", &self.config.endpoint)
-            .field("status", &*self.status.borrow())
+            .field("status", &self.machine)
             .finish_non_exhaustive()
     }
 }
@@ -208,140 +201,57 @@ impl Inner {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::Backend("the ZooKeeper backend needs a tokio runtime".into()))?;
         let client = Arc::new(client);
-        let (status, _) = watch::channel(SessionStatus {
-            state: SessionState::Connected,
-            session_id: client.session_id().0,
-            changes: 0,
-        });
+        let session = ZkSession {
+            client: Some(client.clone()),
+            timeout: client.session_timeout(),
+        };
         let inner = Arc::new(Inner {
             config,
             runtime,
-            status,
-            slot: StdMutex::new(Slot {
-                client: Some(client.clone()),
-                timeout: client.session_timeout(),
-                fault_epoch: 0,
-                fault_suspended: false,
-                expiring: None,
-            }),
-            renewing: tokio::sync::Mutex::new(()),
-            lost_replies: LostReplies::default(),
+            machine: StatusMachine::new(client.session_id().0, session),
         });
         inner.spawn_monitor(&client);
         Ok(inner)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Slot> {
-        // Every critical section leaves the slot consistent.
-        self.slot.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     pub fn status(&self) -> watch::Receiver<SessionStatus> {
-        self.status.subscribe()
+        self.machine.subscribe()
     }
 
     pub fn timeout(&self) -> Duration {
-        self.lock().timeout
-    }
-
-    /// Moves the status of `session` to `to` if its state satisfies `from`.
-    /// Call with the slot locked.
-    fn transition(
-        &self,
-        session: SessionId,
-        from: impl Fn(SessionState) -> bool,
-        to: SessionState,
-    ) -> bool {
-        self.status.send_if_modified(|s| {
-            let change = s.session_id == session && from(s.state) && s.state != to;
-            if change {
-                s.state = to;
-                s.changes += 1;
-            }
-            change
-        })
+        self.machine.lock().backend.timeout
     }
 
     /// The client to run an operation with: waits out a suspension, opens a
-    /// new session after a loss (as Curator does after `LOST`), fails once
-    /// closed.
+    /// new session after a loss, fails once closed.
     pub async fn client(self: &Arc<Self>) -> Result<Arc<zk::Client>> {
-        let mut rx = self.status.subscribe();
-        loop {
-            let (status, expiring) = {
-                let slot = self.lock();
-                let status = *rx.borrow_and_update();
-                if status.state.is_connected() {
-                    if let Some(client) = &slot.client {
-                        return Ok(client.clone());
-                    }
-                }
-                (status, slot.expiring == Some(status.session_id))
-            };
-            match status.state {
-                SessionState::Closed => return Err(Error::Closed),
-                SessionState::Lost => self.renew(status.session_id).await?,
-                // Wait for the connection, or for the end of a session being
-                // ended (then `Lost`, and renewed above).
-                _ if status.state == SessionState::Suspended || expiring => {
-                    if rx.changed().await.is_err() {
-                        return Err(Error::Closed);
-                    }
-                }
-                // Connected without a client cannot happen (both change
-                // under the lock); treat it as a loss rather than spin.
-                _ => {
-                    self.lose(status.session_id);
-                }
-            }
-        }
+        self.machine
+            .ready(|slot, _| slot.client.clone(), |lost| self.renew(lost))
+            .await
     }
 
     /// Replaces the lost session `lost` by a new one (new client, new
-    /// session id, credentials applied again); the status becomes
-    /// `Reconnected`. Does nothing if someone else already did.
+    /// session id, credentials applied again).
     async fn renew(self: &Arc<Self>, lost: SessionId) -> Result<()> {
-        let _renewing = self.renewing.lock().await;
-        {
-            let status = *self.status.borrow();
-            if status.state != SessionState::Lost || status.session_id != lost {
-                return Ok(());
-            }
-        }
-        let client = match open(&self.config).await {
-            Ok(client) => Arc::new(client),
-            // The operation may succeed later: the session wrapper retries.
-            Err(Error::Unreachable(why)) => {
-                tracing::warn!(endpoint = %self.config.endpoint, "no new ZooKeeper session: {why}");
-                return Err(Error::ConnectionLoss);
-            }
-            Err(e) => return Err(e),
+        let open = || async {
+            let client = Arc::new(open(&self.config).await?);
+            let session = ZkSession {
+                client: Some(client.clone()),
+                timeout: client.session_timeout(),
+            };
+            Ok((client.session_id().0, session))
         };
-        let id = client.session_id().0;
-        let installed = {
-            let mut slot = self.lock();
-            let renewed = self.status.send_if_modified(|s| {
-                let change = s.state == SessionState::Lost && s.session_id == lost;
-                if change {
-                    s.state = SessionState::Reconnected;
-                    s.session_id = id;
-                    s.changes += 1;
+        match self.machine.renew(lost, open).await? {
+            Renewal::Installed(id) => {
+                tracing::debug!(endpoint = %self.config.endpoint, session = format_args!("{id:#x}"), "new ZooKeeper session after a loss");
+                let client = self.machine.lock().backend.client.clone();
+                if let Some(client) = client {
+                    self.spawn_monitor(&client);
                 }
-                change
-            });
-            if renewed {
-                slot.client = Some(client.clone());
-                slot.timeout = client.session_timeout();
-                slot.fault_suspended = false;
-                slot.expiring = None;
             }
-            renewed
-        };
-        if installed {
-            tracing::debug!(endpoint = %self.config.endpoint, session = %client.session_id(), "new ZooKeeper session after a loss");
-            self.spawn_monitor(&client);
+            // Closed meanwhile: dropping the client closes its session.
+            Renewal::Abandoned(_) | Renewal::NotNeeded => {}
         }
-        // Otherwise closed meanwhile: dropping the client closes its session.
         Ok(())
     }
 
@@ -350,58 +260,11 @@ impl Inner {
     /// on the server if it can still reach it. Returns whether it changed
     /// anything.
     pub fn lose(&self, session: SessionId) -> bool {
-        let (changed, client) = {
-            let mut slot = self.lock();
-            let changed = self.transition(
-                session,
-                |s| !matches!(s, SessionState::Lost | SessionState::Closed),
-                SessionState::Lost,
-            );
-            let client = match &slot.client {
-                Some(c) if c.session_id().0 == session => slot.client.take(),
-                _ => None,
-            };
-            if changed {
-                slot.fault_epoch += 1;
-                slot.fault_suspended = false;
-                slot.expiring = None;
-            }
-            (changed, client)
-        };
+        let (changed, client) = self
+            .machine
+            .lose_taking(session, |slot| slot.take_client(session));
         drop(client);
-        if changed {
-            tracing::debug!(endpoint = %self.config.endpoint, session = format_args!("{session:#x}"), "ZooKeeper session lost");
-        }
         changed
-    }
-
-    /// The connection of `session` dropped. Returns false if the session is
-    /// no longer the current one (its monitor can stop).
-    fn on_disconnected(&self, session: SessionId) -> bool {
-        let slot = self.lock();
-        if slot.expiring != Some(session) {
-            self.transition(session, SessionState::is_connected, SessionState::Suspended);
-        }
-        self.is_current(session)
-    }
-
-    /// The connection of `session` is back.
-    fn on_connected(&self, session: SessionId) -> bool {
-        let slot = self.lock();
-        if !slot.fault_suspended && slot.expiring != Some(session) {
-            self.transition(
-                session,
-                |s| s == SessionState::Suspended,
-                SessionState::Reconnected,
-            );
-        }
-        self.is_current(session)
-    }
-
-    fn is_current(&self, session: SessionId) -> bool {
-        let status = *self.status.borrow();
-        status.session_id == session
-            && !matches!(status.state, SessionState::Lost | SessionState::Closed)
     }
 
     /// Follows one client's session states and maps them onto Curator's:
@@ -439,13 +302,13 @@ impl Inner {
                 let current = match state {
                     zk::SessionState::Disconnected => {
                         expiry.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
-                        inner.on_disconnected(session)
+                        inner.machine.disconnected(session)
                     }
                     zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
                         expiry = None;
                         // A reconnection is a new socket.
                         super::nodelay::disable_nagle(&inner.config.peers);
-                        inner.on_connected(session)
+                        inner.machine.connected(session)
                     }
                     // Expired, AuthFailed, Closed: the client is dead.
                     _ => {
@@ -495,7 +358,7 @@ impl Inner {
                 ))
             }
             zk::Error::ClientClosed => {
-                if self.status.borrow().state == SessionState::Closed {
+                if self.machine.snapshot().state == SessionState::Closed {
                     Error::Closed
                 } else {
                     self.lose(client.session_id().0);
@@ -523,7 +386,7 @@ impl Inner {
     /// dropped (then the client's watcher is dropped too).
     pub fn arm(&self, watcher: zk::OneshotWatcher) -> Watch {
         let (mut tx, rx) = oneshot::channel();
-        let status = self.status.subscribe();
+        let status = self.machine.subscribe();
         let watch = Watch::new(rx, status.clone());
         self.runtime.spawn(async move {
             let changed = watcher.changed();
@@ -540,25 +403,6 @@ impl Inner {
         watch
     }
 
-    /// A lost reply, if `armed` was (one of the `lose_*_reply` flags): the
-    /// connection blips (`Suspended`, `Reconnected`) and the caller gets
-    /// `ConnectionLoss`.
-    pub fn take_lost_reply(&self, armed: &ArmedFault) -> Result<()> {
-        if !armed.take() {
-            return Ok(());
-        }
-        let _slot = self.lock();
-        let session = self.status.borrow().session_id;
-        if self.transition(session, SessionState::is_connected, SessionState::Suspended) {
-            self.transition(
-                session,
-                |s| s == SessionState::Suspended,
-                SessionState::Reconnected,
-            );
-        }
-        Err(Error::ConnectionLoss)
-    }
-
     /// Closes the session: status `Closed` at once (later operations fail
     /// with `Closed`), then waits (at most the session timeout) until the
     /// server has closed the session and deleted its ephemeral nodes.
@@ -571,18 +415,9 @@ impl Inner {
 
     /// Marks the store closed and hands out its client (to drop).
     pub fn shut(&self) -> (Option<Arc<zk::Client>>, Duration) {
-        let mut slot = self.lock();
-        slot.fault_epoch += 1;
-        slot.fault_suspended = false;
-        self.status.send_if_modified(|s| {
-            let change = s.state != SessionState::Closed;
-            if change {
-                s.state = SessionState::Closed;
-                s.changes += 1;
-            }
-            change
-        });
-        (slot.client.take(), slot.timeout)
+        self.machine
+            .shut(|slot| (slot.client.take(), slot.timeout))
+            .1
     }
 
     /// `Faults::suspend`: publishes `Suspended`, holds new operations back
@@ -590,21 +425,10 @@ impl Inner {
     /// reaches the session timeout, ends the session after the timeout and
     /// publishes `Lost`.
     pub fn suspend(self: &Arc<Self>, duration: Duration) {
-        let (session, epoch, timeout) = {
-            let mut slot = self.lock();
-            let status = *self.status.borrow();
-            if !status.state.is_connected() && status.state != SessionState::Suspended {
-                return;
-            }
-            slot.fault_epoch += 1;
-            slot.fault_suspended = true;
-            self.transition(
-                status.session_id,
-                SessionState::is_connected,
-                SessionState::Suspended,
-            );
-            (status.session_id, slot.fault_epoch, slot.timeout)
+        let Some(suspension) = self.machine.begin_suspension() else {
+            return;
         };
+        let timeout = self.timeout();
         let expires = duration >= timeout;
         let weak = Arc::downgrade(self);
         self.runtime.spawn(async move {
@@ -613,53 +437,30 @@ impl Inner {
                 return;
             };
             if expires {
-                inner.expire_suspended(session, epoch).await;
-            } else {
-                inner.resume(session, epoch);
+                if inner.machine.in_force(suspension) {
+                    if let Err(e) = inner.end_for_expiry(suspension.session).await {
+                        tracing::warn!("suspension past the session timeout: {e}");
+                    }
+                }
+            } else if inner.machine.end_suspension(suspension) {
+                // If the real connection is down too, its monitor reports
+                // the reconnection.
+                let session = suspension.session;
+                let connected = inner.machine.lock().backend.client.as_ref().is_some_and(|c| {
+                    c.session_id().0 == session && c.state() == zk::SessionState::SyncConnected
+                });
+                if connected {
+                    inner.machine.connected(session);
+                }
             }
         });
-    }
-
-    /// The end of a short suspension.
-    fn resume(&self, session: SessionId, epoch: u64) {
-        let mut slot = self.lock();
-        if slot.fault_epoch != epoch || !slot.fault_suspended {
-            return;
-        }
-        slot.fault_suspended = false;
-        // If the real connection is down too, its monitor reports the
-        // reconnection.
-        let connected = slot.client.as_ref().is_some_and(|c| {
-            c.session_id().0 == session && c.state() == zk::SessionState::SyncConnected
-        });
-        if connected {
-            self.transition(
-                session,
-                |s| s == SessionState::Suspended,
-                SessionState::Reconnected,
-            );
-        }
-    }
-
-    /// The end of a suspension as long as the session timeout: the server
-    /// would have expired the session, so it is ended, then `Lost`.
-    async fn expire_suspended(&self, session: SessionId, epoch: u64) {
-        {
-            let slot = self.lock();
-            if slot.fault_epoch != epoch || !slot.fault_suspended {
-                return;
-            }
-        }
-        if let Err(e) = self.end_for_expiry(session).await {
-            tracing::warn!("suspension past the session timeout: {e}");
-        }
     }
 
     /// `Faults::expire`: ends the current session on the server and returns
     /// once the server has deleted its ephemeral nodes, with the status
     /// `Lost`.
     pub async fn expire(&self) -> Result<()> {
-        let status = *self.status.borrow();
+        let status = self.machine.snapshot();
         match status.state {
             SessionState::Closed => Err(Error::Closed),
             SessionState::Lost => Ok(()),
@@ -678,17 +479,10 @@ impl Inner {
     /// `closeSession` through, over and over. Closing through the session's
     /// own client is deterministic and has the same effect on the server.
     async fn end_for_expiry(&self, session: SessionId) -> Result<()> {
-        let (client, timeout) = {
-            let mut slot = self.lock();
-            let client = match &slot.client {
-                Some(c) if c.session_id().0 == session => slot.client.take(),
-                _ => None,
-            };
-            if client.is_some() {
-                slot.expiring = Some(session);
-            }
-            (client, slot.timeout)
-        };
+        let timeout = self.timeout();
+        let client = self
+            .machine
+            .begin_expiry(session, |slot| slot.take_client(session));
         let confirmed = match client {
             Some(client) => end_session(client, timeout.saturating_mul(2)).await,
             None => true,
