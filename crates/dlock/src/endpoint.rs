@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
-use crate::session::{Session, SessionOptions};
 
 /// Where a session connects, parsed from a URL:
 /// - `embedded` — the process-wide in-process store;
@@ -366,51 +365,6 @@ fn parse_tls(query: &str) -> std::result::Result<TlsFiles, String> {
         return Err("a client certificate needs both cert and key".into());
     }
     Ok(tls)
-}
-
-/// Connects a new session to the store at `endpoint` (see [`Endpoint`]),
-/// with default options.
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
-/// let session = dlock::connect("embedded").await?;
-/// assert_eq!(session.backend(), dlock::store::BackendKind::Embedded);
-/// # Ok(()) }
-/// ```
-pub async fn connect(endpoint: &str) -> Result<Session> {
-    connect_with(endpoint, SessionOptions::default()).await
-}
-
-/// Connects a new session to the store at `endpoint` with `options`.
-pub async fn connect_with(endpoint: &str, options: SessionOptions) -> Result<Session> {
-    let endpoint: Endpoint = endpoint.parse()?;
-    connect_endpoint(&endpoint, options).await
-}
-
-/// Connects a new session to a parsed endpoint.
-pub async fn connect_endpoint(endpoint: &Endpoint, options: SessionOptions) -> Result<Session> {
-    options.validate()?;
-    match endpoint {
-        Endpoint::Embedded => {
-            crate::store::embedded::EmbeddedServer::global()
-                .connect(options)
-                .await
-        }
-        #[cfg(feature = "zookeeper")]
-        Endpoint::ZooKeeper { .. } => crate::store::zookeeper::connect(endpoint, options).await,
-        #[cfg(not(feature = "zookeeper"))]
-        Endpoint::ZooKeeper { .. } => Err(Error::InvalidEndpoint {
-            url: endpoint.to_string(),
-            reason: "dlock was built without the zookeeper feature".into(),
-        }),
-        #[cfg(feature = "etcd")]
-        Endpoint::Etcd { .. } => crate::store::etcd::connect(endpoint, options).await,
-        #[cfg(not(feature = "etcd"))]
-        Endpoint::Etcd { .. } => Err(Error::InvalidEndpoint {
-            url: endpoint.to_string(),
-            reason: "dlock was built without the etcd feature (cargo build --features etcd; needs protoc)".into(),
-        }),
-    }
 }
 
 #[cfg(test)]

@@ -49,12 +49,13 @@
 pub mod blocking;
 pub mod endpoint;
 pub mod error;
+mod options;
 pub mod path;
 pub mod recipes;
 pub mod session;
 pub mod store;
 
-pub use endpoint::{connect, connect_endpoint, connect_with, Credentials, Endpoint, TlsFiles};
+pub use endpoint::{Credentials, Endpoint, TlsFiles};
 pub use error::{Error, Result};
 pub use recipes::error_policy::ErrorPolicy;
 pub use recipes::guard::LockGuard;
@@ -71,5 +72,5 @@ pub use recipes::semaphore::{Lease, Semaphore};
 pub use recipes::semaphore_mutex::{SemaphoreMutex, SemaphoreMutexGuard};
 pub use recipes::shared_count::{SharedCount, VersionedValue};
 pub use recipes::Participant;
-pub use session::{RetryPolicy, Session, SessionOptions};
+pub use session::{connect, connect_endpoint, connect_with, RetryPolicy, Session, SessionOptions};
 pub use store::{FencingToken, SessionState};

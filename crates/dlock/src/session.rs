@@ -1,149 +1,110 @@
 //! [`Session`]: a client's handle on a coordination store, shared by every
-//! recipe built on it.
+//! recipe built on it, and [`connect`]: the one place that turns an
+//! [`Endpoint`] into a session.
+//!
+//! The layers only point down: the endpoint parses URLs and knows no store;
+//! each backend's `open` turns an endpoint into an `Arc<dyn Store>` and
+//! knows no session; this module picks the backend and wraps its store.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, OnceLock};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
+pub use crate::options::{RetryPolicy, SessionOptions};
+
+use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::path;
+use crate::store::embedded::EmbeddedServer;
 use crate::store::{
     BackendKind, Child, CreateMode, CreateOptions, Created, Faults, Op, OpResult, SessionId,
     SessionState, SessionStatus, Stat, Store, Watch,
 };
 
-/// How operations that failed with a lost connection are retried:
-/// exponential backoff with jitter, bounded (Curator's
-/// `BoundedExponentialBackoffRetry`).
+/// Connects a new session to the store at `endpoint` (see [`Endpoint`]),
+/// with default options.
 ///
 /// ```
-/// use std::time::Duration;
-/// use dlock::RetryPolicy;
-/// let p = RetryPolicy { base_sleep: Duration::from_millis(10), max_sleep: Duration::from_millis(80), max_retries: 5 };
-/// assert!(p.sleep_for(0) <= Duration::from_millis(20));
-/// assert!(p.sleep_for(10) <= Duration::from_millis(80));
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// let session = dlock::connect("embedded").await?;
+/// assert_eq!(session.backend(), dlock::store::BackendKind::Embedded);
+/// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// The first sleep (before jitter).
-    pub base_sleep: Duration,
-    /// No sleep is longer than this.
-    pub max_sleep: Duration,
-    /// How many times an operation is retried before its error is returned.
-    pub max_retries: u32,
+pub async fn connect(endpoint: &str) -> Result<Session> {
+    connect_with(endpoint, SessionOptions::default()).await
 }
 
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            base_sleep: Duration::from_millis(50),
-            max_sleep: Duration::from_secs(2),
-            max_retries: 10,
-        }
-    }
-}
-
-impl RetryPolicy {
-    /// The sleep before retry number `retry` (from 0): `base × random(1 ..=
-    /// 2^(retry+1))`, at most `max_sleep`.
-    pub fn sleep_for(&self, retry: u32) -> Duration {
-        let span = 1u64 << (retry + 1).min(30);
-        let factor = 1 + (uuid::Uuid::new_v4().as_u128() as u64) % span;
-        self.base_sleep
-            .saturating_mul(factor.min(u32::MAX as u64) as u32)
-            .min(self.max_sleep)
-    }
-}
-
-/// Settings of a session.
+/// Connects a new session to the store at `endpoint` with `options`.
 ///
 /// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
 /// use std::time::Duration;
-/// use dlock::SessionOptions;
-/// let opts = SessionOptions::default().with_session_timeout(Duration::from_secs(5));
-/// assert_eq!(opts.session_timeout, Duration::from_secs(5));
-/// assert!(SessionOptions::default().with_session_timeout(Duration::ZERO).validate().is_err());
+/// let options = dlock::SessionOptions::default().with_session_timeout(Duration::from_secs(3));
+/// let session = dlock::connect_with("embedded", options).await?;
+/// assert_eq!(session.session_timeout(), Duration::from_secs(3));
+/// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionOptions {
-    /// How long the server keeps the session (and its ephemeral nodes) alive
-    /// without hearing from the client. Default 10 s.
-    pub session_timeout: Duration,
-    /// Retries of operations that lost their connection.
-    pub retry: RetryPolicy,
-    /// Data stored in lock and lease nodes when a recipe is given none.
-    /// Default: this host's IP address as text, as Curator stores.
-    pub default_data: Vec<u8>,
+pub async fn connect_with(endpoint: &str, options: SessionOptions) -> Result<Session> {
+    let endpoint: Endpoint = endpoint.parse()?;
+    connect_endpoint(&endpoint, options).await
 }
 
-impl Default for SessionOptions {
-    fn default() -> Self {
-        SessionOptions {
-            session_timeout: Duration::from_secs(10),
-            retry: RetryPolicy::default(),
-            default_data: local_address().to_vec(),
+/// Connects a new session to a parsed endpoint: the backend opens its store,
+/// the session wraps it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// let endpoint: dlock::Endpoint = "embedded".parse()?;
+/// let session = dlock::connect_endpoint(&endpoint, Default::default()).await?;
+/// assert!(session.state().is_connected());
+/// # Ok(()) }
+/// ```
+pub async fn connect_endpoint(endpoint: &Endpoint, options: SessionOptions) -> Result<Session> {
+    options.validate()?;
+    let store: Arc<dyn Store> = match endpoint {
+        Endpoint::Embedded => EmbeddedServer::global().open(&options),
+        #[cfg(feature = "zookeeper")]
+        Endpoint::ZooKeeper { .. } => crate::store::zookeeper::open(endpoint, &options).await?,
+        #[cfg(feature = "etcd")]
+        Endpoint::Etcd { .. } => crate::store::etcd::open(endpoint, &options).await?,
+        #[allow(unreachable_patterns)]
+        other => {
+            let feature = match other {
+                Endpoint::Etcd { .. } => "etcd feature (cargo build --features etcd; needs protoc)",
+                _ => "zookeeper feature",
+            };
+            return Err(Error::InvalidEndpoint {
+                url: other.to_string(),
+                reason: format!("dlock was built without the {feature}"),
+            });
         }
-    }
+    };
+    Ok(Session::from_store(store, options))
 }
 
-impl SessionOptions {
-    /// Sets the session timeout.
-    pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
-        self.session_timeout = timeout;
-        self
+impl EmbeddedServer {
+    /// Opens a new session, as a separate process would.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use dlock::store::embedded::EmbeddedServer;
+    /// let server = EmbeddedServer::new();
+    /// let a = server.connect(Default::default()).await?;
+    /// let b = server.connect(Default::default()).await?;
+    /// assert_ne!(a.session_id(), b.session_id());
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(&self, options: SessionOptions) -> Result<Session> {
+        options.validate()?;
+        Ok(Session::from_store(self.open(&options), options))
     }
 
-    /// Sets the default node data.
-    pub fn with_default_data(mut self, data: impl Into<Vec<u8>>) -> Self {
-        self.default_data = data.into();
-        self
+    /// Opens a new session with default options.
+    pub async fn connect_default(&self) -> Result<Session> {
+        self.connect(SessionOptions::default()).await
     }
-
-    /// Sets the retry policy.
-    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
-        self.retry = retry;
-        self
-    }
-
-    /// Checks the settings.
-    pub fn validate(&self) -> Result<()> {
-        if self.session_timeout < Duration::from_millis(1) {
-            return Err(Error::InvalidArgument(format!(
-                "session timeout must be positive, got {:?}",
-                self.session_timeout
-            )));
-        }
-        if self.retry.base_sleep.is_zero() && self.retry.max_retries > 0 {
-            return Err(Error::InvalidArgument(
-                "retry base sleep must be positive".into(),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// This host's address as Curator writes it into lock nodes by default
-/// (`InetAddress.getLocalHost().getHostAddress()`), or empty if unknown.
-fn local_address() -> &'static [u8] {
-    static ADDRESS: OnceLock<Vec<u8>> = OnceLock::new();
-    ADDRESS.get_or_init(|| {
-        use std::net::ToSocketAddrs;
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .or_else(|_| std::fs::read_to_string("/etc/hostname"))
-            .unwrap_or_default();
-        let host = host.trim();
-        if host.is_empty() {
-            return Vec::new();
-        }
-        (host, 0)
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut addrs| addrs.find(|a| a.is_ipv4()).or_else(|| addrs.next()))
-            .map(|a| a.ip().to_string().into_bytes())
-            .unwrap_or_default()
-    })
 }
 
 /// A client session on a coordination store: the handle every recipe is

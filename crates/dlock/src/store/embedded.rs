@@ -32,8 +32,8 @@ use super::{
     SessionStatus, Stat, Store, Watch, WatchEvent,
 };
 use crate::error::{Error, Result};
+use crate::options::SessionOptions;
 use crate::path;
-use crate::session::{Session, SessionOptions};
 
 /// Settings of an embedded server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,23 +92,20 @@ impl EmbeddedServer {
         GLOBAL.get_or_init(EmbeddedServer::new)
     }
 
-    /// Opens a new session, as a separate process would.
-    pub async fn connect(&self, options: SessionOptions) -> Result<Session> {
-        options.validate()?;
-        let store = EmbeddedStore::open(self.server.clone(), options.session_timeout);
-        Ok(Session::from_store(Arc::new(store), options))
+    /// Opens a new client of this store (its own session), for
+    /// [`Session`](crate::Session) to wrap: see `EmbeddedServer::connect`.
+    pub fn open(&self, options: &SessionOptions) -> Arc<dyn Store> {
+        Arc::new(EmbeddedStore::open(
+            self.server.clone(),
+            options.session_timeout,
+        ))
     }
 
-    /// A bare store (no [`Session`] around it), for the crate's own tests of
-    /// store wrappers.
+    /// A bare store (no [`Session`](crate::Session) around it), for the
+    /// crate's own tests of store wrappers.
     #[cfg(test)]
     pub(crate) fn open_store(&self) -> impl Store {
         EmbeddedStore::open(self.server.clone(), Duration::from_secs(10))
-    }
-
-    /// Opens a new session with default options.
-    pub async fn connect_default(&self) -> Result<Session> {
-        self.connect(SessionOptions::default()).await
     }
 
     /// How many nodes the store holds, the root included (for tests).

@@ -193,15 +193,15 @@ use self::lease::{Config, Lease};
 use self::watch::{Hub, Kind, Request};
 use super::namespace::Namespaced;
 use super::{
-    BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId,
-    SessionStatus, Stat, Store, Watch,
+    BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId, SessionStatus,
+    Stat, Store, Watch,
 };
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
+use crate::options::SessionOptions;
 use crate::path;
-use crate::session::{Session, SessionOptions};
 
-/// Connects a new session to the etcd cluster of `endpoint` (an
+/// Opens a client of the etcd cluster of `endpoint` (an
 /// [`Endpoint::Etcd`]): connects (and authenticates, with credentials) and
 /// grants the session's lease, asking for `options.session_timeout` rounded
 /// up to whole seconds.
@@ -211,8 +211,7 @@ use crate::session::{Session, SessionOptions};
 /// [`Error::Unreachable`] (naming the endpoint) if no member answers;
 /// [`Error::AuthFailed`] if the credentials are rejected;
 /// [`Error::InvalidEndpoint`] for another kind of endpoint.
-pub async fn connect(endpoint: &Endpoint, options: SessionOptions) -> Result<Session> {
-    options.validate()?;
+pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<dyn Store>> {
     let config = Config::from_endpoint(endpoint, options.session_timeout)?;
     let root = config.namespace.clone();
     let lease = Lease::open(config).await?;
@@ -230,7 +229,7 @@ pub async fn connect(endpoint: &Endpoint, options: SessionOptions) -> Result<Ses
     } else {
         Arc::new(Namespaced::new(store, root))
     };
-    Ok(Session::from_store(store, options))
+    Ok(store)
 }
 
 /// How many distinct sequence suffixes there are (10 digits).

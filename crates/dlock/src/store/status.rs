@@ -184,7 +184,11 @@ impl<S> StatusMachine<S> {
     /// runs at a time, and one that finds the loss dealt with does nothing.
     /// An unreachable store is a `ConnectionLoss` to the operation, which
     /// the session's retry policy then retries.
-    pub async fn renew<Fut>(&self, lost: SessionId, open: impl FnOnce() -> Fut) -> Result<Renewal<S>>
+    pub async fn renew<Fut>(
+        &self,
+        lost: SessionId,
+        open: impl FnOnce() -> Fut,
+    ) -> Result<Renewal<S>>
     where
         Fut: Future<Output = Result<(SessionId, S)>>,
     {

@@ -81,10 +81,10 @@ use super::{
 };
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
+use crate::options::SessionOptions;
 use crate::path;
-use crate::session::{Session, SessionOptions};
 
-/// Connects a new session to the ZooKeeper ensemble of `endpoint` (an
+/// Opens a client of the ZooKeeper ensemble of `endpoint` (an
 /// [`Endpoint::ZooKeeper`]), asking for `options.session_timeout`.
 ///
 /// # Errors
@@ -92,14 +92,12 @@ use crate::session::{Session, SessionOptions};
 /// [`Error::Unreachable`] (naming the hosts) if no server answers within
 /// about the session timeout; [`Error::AuthFailed`] if the credentials are
 /// rejected; [`Error::InvalidEndpoint`] for another kind of endpoint.
-pub async fn connect(endpoint: &Endpoint, options: SessionOptions) -> Result<Session> {
-    options.validate()?;
+pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<dyn Store>> {
     let config = Config::from_endpoint(endpoint, options.session_timeout)?;
     let client = state::open(&config).await?;
-    let store = ZooKeeperStore {
+    Ok(Arc::new(ZooKeeperStore {
         inner: Inner::start(config, client)?,
-    };
-    Ok(Session::from_store(Arc::new(store), options))
+    }))
 }
 
 /// One client of a ZooKeeper ensemble: one session at a time, renewed after

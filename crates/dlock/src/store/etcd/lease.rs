@@ -284,7 +284,14 @@ impl Lease {
         let grant_new = || async {
             let granted = Instant::now();
             let (lease, ttl) = grant(&self.config, &self.client, self.op_timeout()).await?;
-            Ok((lease, LeaseSlot { lease, ttl, granted }))
+            Ok((
+                lease,
+                LeaseSlot {
+                    lease,
+                    ttl,
+                    granted,
+                },
+            ))
         };
         match self.machine.renew(lost, grant_new).await? {
             Renewal::Installed(id) => {
@@ -311,9 +318,7 @@ impl Lease {
     /// Marks the store closed (later operations fail with `Closed`) and
     /// returns the lease to revoke.
     pub fn shut(&self) -> Option<SessionId> {
-        let (was_open, lease) = self
-            .machine
-            .shut(|slot| std::mem::take(&mut slot.lease));
+        let (was_open, lease) = self.machine.shut(|slot| std::mem::take(&mut slot.lease));
         // The keep-alive loop may sleep until the lease's expiry: let it see
         // the close now, and let go of the client.
         self.kick.notify_one();

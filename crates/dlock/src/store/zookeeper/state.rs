@@ -446,9 +446,15 @@ impl Inner {
                 // If the real connection is down too, its monitor reports
                 // the reconnection.
                 let session = suspension.session;
-                let connected = inner.machine.lock().backend.client.as_ref().is_some_and(|c| {
-                    c.session_id().0 == session && c.state() == zk::SessionState::SyncConnected
-                });
+                let connected = inner
+                    .machine
+                    .lock()
+                    .backend
+                    .client
+                    .as_ref()
+                    .is_some_and(|c| {
+                        c.session_id().0 == session && c.state() == zk::SessionState::SyncConnected
+                    });
                 if connected {
                     inner.machine.connected(session);
                 }
