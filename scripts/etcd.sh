@@ -22,7 +22,7 @@ set -euo pipefail
 
 SERVER_SELF=etcd.sh SERVER_NAME=etcd SERVER_TAG=etcd
 SERVER_PORTS=(port peer-port)
-# shellcheck source=lib/server.sh
+# shellcheck source-path=SCRIPTDIR source=lib/server.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib/server.sh"
 
 ETCD=""

@@ -22,7 +22,7 @@ set -euo pipefail
 
 SERVER_SELF=zookeeper.sh SERVER_NAME=ZooKeeper SERVER_TAG=zk
 SERVER_PORTS=(port)
-# shellcheck source=lib/server.sh
+# shellcheck source-path=SCRIPTDIR source=lib/server.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib/server.sh"
 
 JAVA=""
