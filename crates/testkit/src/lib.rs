@@ -65,6 +65,7 @@ pub mod history;
 mod port;
 mod process;
 mod proxy;
+mod server;
 mod tls;
 mod util;
 mod zk;
