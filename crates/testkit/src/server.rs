@@ -1,6 +1,6 @@
 //! The one supervisor behind every server kind.
 //!
-//! ZooKeeper and etcd differ only in their command lines and in how
+//! ZooKeeper, etcd and Consul differ only in their command lines and in how
 //! to ask them whether they serve; picking ports, retrying on a port clash,
 //! waiting with a deadline, pausing, restarting and reporting failures with
 //! the log's tail are the same for all, so they live here once and a
@@ -83,6 +83,12 @@ pub(crate) trait Flavor {
 
     /// True if the member is its group's leader right now.
     fn is_leader(&self, m: &Member) -> bool;
+
+    /// Once every member of a new group is ready: true when the group as a
+    /// whole counts as started.
+    fn agreed(&self, _members: &[Member]) -> bool {
+        true
+    }
 }
 
 /// The error for a missing binary: what was not found, where it was looked
@@ -140,7 +146,7 @@ impl<F: Flavor> Launcher<F> {
     }
 
     /// Starts `n` members that know each other and waits until each is
-    /// ready.
+    /// ready and the flavor agrees the group is up.
     pub fn group(flavor: F, n: usize, startup_timeout: Duration) -> Result<Self> {
         if n == 0 {
             bail!("a {} {} needs at least one member", F::NAME, F::GROUP);
@@ -222,6 +228,12 @@ impl<F: Flavor> Launcher<F> {
         let deadline = Instant::now() + self.startup_timeout;
         for m in &self.members {
             self.wait_ready(m, deadline)?;
+        }
+        if self.members[0].index.is_some() {
+            self.wait_until(deadline, |l| l.flavor.agreed(&l.members))
+                .map_err(|why| {
+                    self.group_error(&format!("did not agree on a leader: {why}"), 15)
+                })?;
         }
         Ok(())
     }
