@@ -35,6 +35,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo_cmd apt-get update -q
   $sudo_cmd apt-get install -y -q "${missing[@]}"
 fi
+scripts/consul.sh get >/dev/null
 
 extra=()
 [ "$long" -eq 1 ] && extra=(-- --include-ignored)

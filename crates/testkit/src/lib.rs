@@ -1,4 +1,4 @@
-//! Test support for `dlock`: private, real ZooKeeper and etcd servers.
+//! Test support for `dlock`: private, real ZooKeeper, etcd and Consul servers.
 //!
 //! Every server started by this crate
 //!
@@ -10,14 +10,14 @@
 //!   dies, even by `SIGKILL`: each server runs under a small `/bin/sh` watchdog
 //!   that holds the read end of a pipe whose write end only this process has;
 //!   when this process goes away the pipe closes and the watchdog kills the
-//!   server. This is what makes [`shared_zk`] and [`shared_etcd`] (kept in
-//!   statics, which Rust never drops) safe.
+//!   server. This is what makes [`shared_zk`], [`shared_etcd`] and
+//!   [`shared_consul`] (kept in statics, which Rust never drops) safe.
 //!
 //! Nothing is ever skipped silently: if a server cannot be started, the
 //! functions return an error naming the binary, the port and the last lines of
 //! the server's log, and — when the binary is missing — how to install it.
 //! This crate never installs packages itself (`scripts/zookeeper.sh`,
-//! `scripts/etcd.sh` and `scripts/test.sh` may).
+//! `scripts/etcd.sh`, `scripts/consul.sh` and `scripts/test.sh` may).
 //!
 //! Binaries are found as follows (environment variables override):
 //!
@@ -26,6 +26,9 @@
 //!   `/usr/share/java/zookeeper.jar` (its manifest lists its dependencies) plus
 //!   `slf4j-simple.jar` for logging, else `$ZOOKEEPER_HOME/lib/*`.
 //! * etcd: `$DLOCK_ETCD`, else `etcd` on `PATH`, else `/usr/bin/etcd`.
+//! * Consul: `$DLOCK_CONSUL`, else
+//!   `${DLOCK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dlock}/consul/<version>/consul`
+//!   (where `scripts/consul.sh get` puts it).
 //!
 //! What there is:
 //!
@@ -37,6 +40,9 @@
 //! | an etcd any test may share | [`shared_etcd`] | once per test process |
 //! | an etcd to stop, restart or pause | [`EtcdServer`] | ~0.2–0.7 s |
 //! | a 3-member etcd cluster | [`EtcdCluster`] | ~1–2.5 s |
+//! | a Consul any test may share | [`shared_consul`] | once per test process |
+//! | a Consul dev agent to stop, restart or pause | [`ConsulServer`] | ~0.4 s |
+//! | a 3-server Consul cluster | [`ConsulCluster`] | ~2 s |
 //!
 //! "Shared" means one server per *process*: with `cargo test` that is one per
 //! test binary; under `cargo nextest` (one process per test) every test
@@ -47,7 +53,8 @@
 //! `-Dznode.container.checkIntervalMs=100` (empty containers vanish fast),
 //! all four-letter words allowed, no admin server, `forceSync=yes`; see
 //! [`ZkOptions`]. etcd runs with its default timings and fsync; see
-//! [`EtcdOptions`].
+//! [`EtcdOptions`]. Consul runs with `raft_multiplier = 1`; see
+//! [`ConsulOptions`].
 //!
 //! ```no_run
 //! let zk = dlock_testkit::ZkServer::start()?;
@@ -59,16 +66,19 @@
 
 #![warn(missing_docs)]
 
+mod consul;
 mod curator;
 mod etcd;
 pub mod history;
 mod port;
 mod process;
 mod proxy;
+mod server;
 mod tls;
 mod util;
 mod zk;
 
+pub use consul::{shared_consul, try_shared_consul, ConsulCluster, ConsulOptions, ConsulServer};
 pub use curator::{classpath as curator_classpath, CuratorProbe};
 pub use etcd::{shared_etcd, try_shared_etcd, EtcdCluster, EtcdOptions, EtcdServer, EtcdTls};
 pub use port::free_port;

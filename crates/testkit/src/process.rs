@@ -296,10 +296,6 @@ impl Node {
         &self.log
     }
 
-    pub(crate) fn program(&self) -> &Path {
-        &self.program
-    }
-
     /// Starts the process (stopping a previous one first).
     pub(crate) fn launch(&mut self) -> Result<()> {
         self.stop();

@@ -1,4 +1,4 @@
-//! Tiny wire helpers: ZooKeeper four-letter words and plain HTTP/1.0 GET.
+//! Tiny wire helpers: ZooKeeper four-letter words and plain HTTP/1.0.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -55,8 +55,21 @@ fn four_letter(port: u16, word: &str, timeout: Duration) -> std::io::Result<Stri
     })
 }
 
-fn get(port: u16, path: &str, timeout: Duration) -> std::io::Result<(u16, String)> {
-    let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+/// One HTTP request; returns the status code and the body. HTTP/1.0, so the
+/// server closes the connection after answering and never chunks the body.
+fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    timeout: Duration,
+) -> std::io::Result<(u16, String)> {
+    let mut req = format!("{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n");
+    if let Some(b) = body {
+        req.push_str(&format!("Content-Length: {}\r\n", b.len()));
+    }
+    req.push_str("Connection: close\r\n\r\n");
+    req.push_str(body.unwrap_or(""));
     let resp = exchange(port, req.as_bytes(), timeout, |_| false)?;
     let status = resp
         .lines()
@@ -74,6 +87,10 @@ fn get(port: u16, path: &str, timeout: Duration) -> std::io::Result<(u16, String
         None => String::new(),
     };
     Ok((status, body))
+}
+
+fn get(port: u16, path: &str, timeout: Duration) -> std::io::Result<(u16, String)> {
+    request(port, "GET", path, None, timeout)
 }
 
 /// Sends a ZooKeeper four-letter word (`ruok`, `srvr`, `mntr`, `stat`, `cons`,
@@ -124,6 +141,42 @@ pub(crate) fn etcd_healthy(port: u16) -> bool {
 pub(crate) fn etcd_is_leader(port: u16) -> bool {
     match get(port, "/metrics", PROBE_TIMEOUT) {
         Ok((200, body)) => body.lines().any(|l| l.trim() == "etcd_server_is_leader 1"),
+        _ => false,
+    }
+}
+
+/// Any HTTP request to `127.0.0.1:port` (Consul's API); status and body.
+/// Connect, read and write each time out after 2 s.
+pub(crate) fn http_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> std::io::Result<(u16, String)> {
+    request(port, method, path, body, IO_TIMEOUT)
+}
+
+/// The leader a Consul agent knows of (`"127.0.0.1:PORT"` of its server
+/// port), or `None` if it knows none or does not answer.
+pub(crate) fn consul_leader(port: u16) -> Option<String> {
+    match get(port, "/v1/status/leader", PROBE_TIMEOUT) {
+        Ok((200, body)) => {
+            let leader = body.trim().trim_matches('"');
+            (!leader.is_empty()).then(|| leader.to_string())
+        }
+        _ => None,
+    }
+}
+
+/// True when the catalog has Consul node `node` with a passing `serfHealth`
+/// check: before that, creating a session on its agent fails ("Missing node
+/// registration").
+pub(crate) fn consul_node_healthy(port: u16, node: &str) -> bool {
+    match get(port, &format!("/v1/health/node/{node}"), PROBE_TIMEOUT) {
+        Ok((200, body)) => {
+            let flat: String = body.split_whitespace().collect();
+            flat.contains(r#""CheckID":"serfHealth""#) && flat.contains(r#""Status":"passing""#)
+        }
         _ => false,
     }
 }

@@ -1,6 +1,7 @@
 //! Starts real servers: standalone ZooKeeper, a 3-node ensemble, a single
-//! etcd and a 3-member etcd cluster; checks they answer, survive the loss of
-//! one member, and leave nothing behind (process or directory).
+//! etcd, a 3-member etcd cluster, a Consul dev agent and a 3-server Consul
+//! cluster; checks they answer, survive the loss of one member, and leave
+//! nothing behind (process or directory).
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -9,8 +10,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dlock_testkit::{
-    http_get, shared_etcd, shared_zk, zk_four_letter, EtcdCluster, EtcdOptions, EtcdServer,
-    ZkEnsemble, ZkOptions, ZkServer,
+    http_get, shared_consul, shared_etcd, shared_zk, zk_four_letter, ConsulCluster, ConsulOptions,
+    ConsulServer, EtcdCluster, EtcdOptions, EtcdServer, ZkEnsemble, ZkOptions, ZkServer,
 };
 
 fn process_alive(pid: u32) -> bool {
@@ -233,6 +234,117 @@ fn etcd_cluster_survives_losing_its_leader() {
 }
 
 #[test]
+fn consul_dev_agent_start_kv_session_stop_restart_drop() {
+    let t = Instant::now();
+    let mut consul = ConsulServer::start().expect("start Consul");
+    eprintln!(
+        "Consul dev agent ready in {:?} at {}",
+        t.elapsed(),
+        consul.endpoint()
+    );
+    assert_eq!(consul.endpoint(), format!("127.0.0.1:{}", consul.port()));
+    assert_eq!(consul.url(), format!("http://127.0.0.1:{}", consul.port()));
+    let pid = consul.pid().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .unwrap()
+            .trim(),
+        "consul"
+    );
+
+    let (code, body) = consul
+        .http("PUT", "/v1/kv/testkit/a", Some("hello"))
+        .unwrap();
+    assert_eq!((code, body.trim()), (200, "true"));
+    let (code, body) = consul.http("GET", "/v1/kv/testkit/a?raw", None).unwrap();
+    assert_eq!((code, body.as_str()), (200, "hello"));
+    let (code, body) = consul.http("GET", "/v1/kv/testkit/?recurse", None).unwrap();
+    assert_eq!(code, 200);
+    assert!(body.contains("testkit/a"), "{body}");
+    let (code, body) = consul
+        .http("PUT", "/v1/session/create", Some("{}"))
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let id = body
+        .split('"')
+        .nth(3)
+        .unwrap_or_else(|| panic!("no session ID in {body}"));
+    let (code, body) = consul
+        .http("PUT", &format!("/v1/session/destroy/{id}"), None)
+        .unwrap();
+    assert_eq!((code, body.trim()), (200, "true"));
+
+    consul.pause();
+    assert!(consul.http("GET", "/v1/status/leader", None).is_err());
+    consul.resume();
+
+    let port = consul.port();
+    consul.stop();
+    assert!(!consul.is_running());
+    assert!(!process_alive(pid));
+    assert!(http_get(port, "/v1/status/leader").is_err());
+    let t = Instant::now();
+    consul.restart().expect("restart Consul");
+    eprintln!("Consul dev agent restart in {:?}", t.elapsed());
+    // A dev agent's store lives in memory.
+    let (code, _) = consul.http("GET", "/v1/kv/testkit/a", None).unwrap();
+    assert_eq!(code, 404);
+
+    let (pid, dir) = (consul.pid().unwrap(), consul.dir().to_path_buf());
+    drop(consul);
+    assert_gone(&[pid], &[dir]);
+}
+
+#[test]
+fn consul_cluster_survives_losing_its_leader() {
+    let t = Instant::now();
+    let mut c = ConsulCluster::start(3).expect("start Consul cluster");
+    eprintln!(
+        "3-server Consul cluster ready in {:?}: {}",
+        t.elapsed(),
+        c.connect_string()
+    );
+    assert_eq!(c.len(), 3);
+    assert_eq!(c.connect_string(), c.endpoints().join(","));
+    let leaders: Vec<String> = (0..3)
+        .map(|i| c.http(i, "GET", "/v1/status/leader", None).unwrap().1)
+        .collect();
+    assert!(leaders.iter().all(|l| *l == leaders[0]), "{leaders:?}");
+    let leader = c.leader_index().expect("a leader");
+    let follower = (leader + 1) % 3;
+    let (code, _) = c
+        .http(follower, "PUT", "/v1/kv/testkit/k", Some("v"))
+        .unwrap();
+    assert_eq!(code, 200);
+
+    let t = Instant::now();
+    c.kill(leader);
+    assert!(!c.is_running(leader));
+    c.wait_for_quorum(Duration::from_secs(30))
+        .expect("quorum after losing the leader");
+    eprintln!(
+        "Consul re-election after killing the leader took {:?}",
+        t.elapsed()
+    );
+    let new_leader = c.leader_index().expect("new leader");
+    assert_ne!(new_leader, leader);
+    let (code, body) = c
+        .http(new_leader, "GET", "/v1/kv/testkit/k?raw", None)
+        .unwrap();
+    assert_eq!((code, body.as_str()), (200, "v"));
+
+    let t = Instant::now();
+    c.restart(leader).expect("restart old leader");
+    eprintln!("Consul member rejoin took {:?}", t.elapsed());
+    assert!(c.knows_leader(leader));
+
+    let pids: Vec<u32> = (0..3).map(|i| c.pid(i).unwrap()).collect();
+    let dirs: Vec<PathBuf> = (0..3).map(|i| c.dir(i).to_path_buf()).collect();
+    drop(c);
+    assert_gone(&pids, &dirs);
+}
+
+#[test]
 fn start_error_names_binary_port_and_log() {
     // Occupy a port, then ask for it: the error must say so clearly.
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -260,6 +372,18 @@ fn start_error_names_binary_port_and_log() {
     );
     assert!(
         msg.contains("java") && msg.contains(&format!("127.0.0.1:{port} is already in use")),
+        "{msg}"
+    );
+    let opts = ConsulOptions {
+        port: Some(port),
+        ..Default::default()
+    };
+    let msg = format!(
+        "{:#}",
+        ConsulServer::start_with(opts).expect_err("port is taken")
+    );
+    assert!(
+        msg.contains("/consul") && msg.contains(&format!("127.0.0.1:{port} is already in use")),
         "{msg}"
     );
 
@@ -294,6 +418,12 @@ fn shared_servers_are_started_once() {
     let etcd = shared_etcd();
     assert!(std::ptr::eq(etcd, shared_etcd()));
     assert!(etcd_healthy(etcd.port()));
+    let consul = shared_consul();
+    assert!(std::ptr::eq(consul, shared_consul()));
+    assert_eq!(
+        consul.http("GET", "/v1/status/leader", None).unwrap().0,
+        200
+    );
 }
 
 /// A child process that is killed when the test ends, even by a panic.
@@ -343,7 +473,7 @@ fn servers_die_with_their_process() {
             break;
         }
     }
-    assert_eq!(pids.len(), 2, "child did not report its servers");
+    assert_eq!(pids.len(), 3, "child did not report its servers");
     for (&pid, dir) in pids.iter().zip(&dirs) {
         assert!(process_alive(pid) && dir.exists());
     }
@@ -371,6 +501,12 @@ fn child_starts_shared_servers_and_hangs() {
         etcd.pid().unwrap(),
         etcd.dir().display()
     );
+    let consul = shared_consul();
+    println!(
+        "CHILD-SERVER {} {}",
+        consul.pid().unwrap(),
+        consul.dir().display()
+    );
     println!("CHILD-READY");
     std::thread::sleep(Duration::from_secs(120));
     panic!("child was not killed");
@@ -383,6 +519,7 @@ fn missing_binaries_give_install_hints() {
         &[
             ("DLOCK_JAVA", "/nonexistent/java"),
             ("DLOCK_ETCD", "/nonexistent/etcd"),
+            ("DLOCK_CONSUL", "/nonexistent/consul"),
         ],
     );
     let status = c.0.wait().unwrap();
@@ -417,5 +554,26 @@ fn child_checks_missing_binaries() {
         shared.contains("apt-get install -y etcd-server"),
         "{shared}"
     );
+    for consul in [
+        format!(
+            "{:#}",
+            ConsulServer::start().expect_err("consul is missing")
+        ),
+        format!(
+            "{:#}",
+            ConsulCluster::start(3).expect_err("consul is missing")
+        ),
+        format!(
+            "{:#}",
+            dlock_testkit::try_shared_consul().expect_err("consul is missing")
+        ),
+    ] {
+        assert!(
+            consul.contains("/nonexistent/consul")
+                && consul.contains("scripts/consul.sh get")
+                && consul.contains("scripts/test.sh"),
+            "{consul}"
+        );
+    }
     println!("CHILD-OK");
 }
