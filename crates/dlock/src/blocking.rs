@@ -191,15 +191,51 @@ pub struct Guard {
 }
 
 impl Guard {
+    fn acquisition(&self) -> &crate::Acquisition {
+        self.hold
+            .as_ref()
+            .expect("held until released")
+            .acquisition()
+    }
+
     /// The acquisition's fencing token.
     pub fn token(&self) -> FencingToken {
-        self.hold.as_ref().expect("held until released").token()
+        self.acquisition().token()
+    }
+
+    /// Whether the lock is lost (its session is over): stop the protected
+    /// work.
+    pub fn is_lost(&self) -> bool {
+        self.acquisition().is_lost()
+    }
+
+    /// Whether the connection is down right now.
+    pub fn is_suspended(&self) -> bool {
+        self.acquisition().is_suspended()
+    }
+
+    /// Blocks until the lock is lost, or at most `timeout`; returns whether
+    /// it was lost.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let session = dlock::blocking::connect("embedded")?;
+    /// let guard = session.mutex("/doc/blocking-lost")?.acquire()?;
+    /// assert!(!guard.wait_lost(Duration::from_millis(10)));
+    /// session.block_on(session.session().faults().unwrap().expire())?;
+    /// assert!(guard.wait_lost(Duration::from_secs(5)) && guard.is_lost());
+    /// # drop(guard);
+    /// # Ok::<(), dlock::Error>(())
+    /// ```
+    pub fn wait_lost(&self, timeout: Duration) -> bool {
+        let lost = self.acquisition().lost();
+        self.session
+            .block_on(async { tokio::time::timeout(timeout, lost).await.is_ok() })
     }
 
     /// Applies `ops` only while the lock is held.
     pub fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
-        let hold = self.hold.as_ref().expect("held until released");
-        self.session.block_on(hold.guarded(ops))
+        self.session.block_on(self.acquisition().guarded(ops))
     }
 
     /// Releases the lock (see [`LockGuard::release`](crate::LockGuard::release)).

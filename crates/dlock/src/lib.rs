@@ -58,7 +58,7 @@ pub mod store;
 pub use endpoint::{Credentials, Endpoint, TlsFiles};
 pub use error::{Error, Result};
 pub use recipes::error_policy::ErrorPolicy;
-pub use recipes::guard::LockGuard;
+pub use recipes::guard::{Acquisition, LockGuard};
 pub use recipes::kv_semaphore::{KvLease, KvSemaphore};
 pub use recipes::leader_latch::{
     CloseMode, LatchState, LeaderLatch, LeaderParticipant, Leadership, LeadershipEvent,

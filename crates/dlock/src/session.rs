@@ -169,6 +169,11 @@ impl Session {
         }
     }
 
+    /// Whether `other` is a handle on this same session.
+    pub(crate) fn same_session(&self, other: &Session) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// The backend's store, for what the wrapper does not offer.
     pub fn store(&self) -> &dyn Store {
         &*self.inner.store

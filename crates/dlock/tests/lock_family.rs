@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{ensure, Result};
 use async_trait::async_trait;
 use common::{await_children, Harness};
-use dlock::{Error, FencingToken, Hold, Lockable, MultiLock, Mutex, ReadWriteLock};
+use dlock::{Error, Hold, Lockable, MultiLock, Mutex, ReadWriteLock};
 
 const WITHIN: Duration = Duration::from_secs(20);
 const SHORT: Duration = Duration::from_millis(300);
@@ -366,14 +366,8 @@ struct FaultyHold(dlock::LockGuard);
 
 #[async_trait]
 impl Hold for FaultyHold {
-    fn token(&self) -> FencingToken {
-        self.0.token()
-    }
-    async fn guarded(
-        &self,
-        ops: &[dlock::store::Op],
-    ) -> dlock::Result<Vec<dlock::store::OpResult>> {
-        self.0.guarded(ops).await
+    fn acquisition(&self) -> &dlock::Acquisition {
+        &self.0
     }
     async fn release(self: Box<Self>) -> dlock::Result<()> {
         // The release fails, and the lock stays held (its guard is leaked

@@ -1,12 +1,168 @@
-//! [`LockGuard`]: one hold of a lock node — the guard every lock recipe
-//! (mutex, read and write halves) hands out.
+//! The one hold type: [`Acquisition`] carries what every hold of every
+//! recipe has — the fencing token, the lost and suspended signals, guarded
+//! writes — and [`LockGuard`] (mutex, read and write halves), the
+//! semaphores' [`Lease`](crate::Lease) and [`KvLease`](crate::KvLease), and
+//! [`Leadership`](crate::Leadership) are built on it: each dereferences to
+//! its acquisition and adds only how it is released.
 
+use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::queue::HeldNode;
 use crate::error::{Error, Result};
-use crate::store::{FencingToken, Op, OpResult, SessionState};
+use crate::store::{FencingToken, Op, OpResult, SessionId, SessionState};
+
+/// One acquisition of a lock, lease, slot or leadership: what every hold
+/// offers. Every guard dereferences to one, so these methods are called on
+/// the guard itself.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// let session = dlock::connect("embedded").await?;
+/// let sem = dlock::Semaphore::new(&session, "/doc/acquisition", 2)?;
+/// let lease = sem.acquire_one().await?;
+/// let acquisition: &dlock::Acquisition = &lease;
+/// assert!(!acquisition.is_lost() && acquisition.token().0 > 0);
+/// lease.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Acquisition {
+    node: Arc<HeldNode>,
+    token: FencingToken,
+}
+
+impl Acquisition {
+    /// An acquisition whose token is its node's creation.
+    pub(crate) fn new(node: Arc<HeldNode>) -> Self {
+        let token = node.created.token();
+        Acquisition { node, token }
+    }
+
+    /// An acquisition fenced by another write than its node's creation (the
+    /// KV semaphore's admitting record write).
+    pub(crate) fn with_token(node: Arc<HeldNode>, token: FencingToken) -> Self {
+        Acquisition { node, token }
+    }
+
+    pub(crate) fn held_node(&self) -> &Arc<HeldNode> {
+        &self.node
+    }
+
+    /// The fencing token of this acquisition: larger than that of every
+    /// earlier acquisition of any recipe in the store.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The full path of the node that holds it.
+    pub fn node(&self) -> &str {
+        &self.node.created.path
+    }
+
+    /// The session it was acquired in.
+    pub fn session_id(&self) -> SessionId {
+        self.node.session_id
+    }
+
+    /// Whether the session that acquired it is over: then another
+    /// participant may hold it now.
+    pub fn is_lost(&self) -> bool {
+        self.node.is_lost()
+    }
+
+    /// Whether the connection is down right now: it may or may not still be
+    /// ours until the session reconnects or is lost.
+    pub fn is_suspended(&self) -> bool {
+        self.node.session.state() == SessionState::Suspended
+    }
+
+    /// Resolves when it is lost (the session expired, was closed, or was
+    /// replaced). Use it to stop the protected work:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// # let session = dlock::connect("embedded").await?;
+    /// # let mutex = dlock::Mutex::new(&session, "/locks/lost-doc")?;
+    /// let guard = mutex.acquire().await?;
+    /// tokio::select! {
+    ///     _ = guard.lost() => println!("lost the lock: stop writing"),
+    ///     _ = async { /* protected work */ } => {}
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn lost(&self) {
+        self.node.session.lost(self.node.session_id).await
+    }
+
+    /// Applies `ops` atomically only while it is held (its node still
+    /// exists): a write that cannot land once it is lost. Fails with
+    /// [`Error::Lost`] otherwise.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use dlock::store::{CreateMode, CreateOptions, Op};
+    /// # let session = dlock::connect("embedded").await?;
+    /// session.create("/doc/guarded/stock", b"5", CreateOptions::new(CreateMode::Persistent).with_parents()).await?;
+    /// let guard = dlock::Mutex::new(&session, "/doc/guarded/lock")?.acquire().await?;
+    /// guard.guarded(&[Op::SetData { path: "/doc/guarded/stock".into(), data: b"4".to_vec(), version: None }]).await?;
+    /// # guard.release().await?; session.delete("/doc/guarded/stock", None).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
+        guarded_by(&[self], ops).await
+    }
+
+    pub(crate) fn lost_error(&self) -> Error {
+        self.node.lost_error()
+    }
+
+    /// The check that this acquisition still holds, as the first operation
+    /// of a guarded write.
+    fn check(&self) -> Op {
+        Op::Check {
+            path: self.node.created.path.clone(),
+            version: None,
+        }
+    }
+}
+
+/// Applies `ops` atomically only while every one of `held` is held: one
+/// multi-operation whose first operations check their nodes. All must be of
+/// one session (a multi runs in one).
+pub(crate) async fn guarded_by(held: &[&Acquisition], ops: &[Op]) -> Result<Vec<OpResult>> {
+    let Some(first) = held.first() else {
+        return Err(Error::InvalidArgument(
+            "a guarded write needs something that guards it".into(),
+        ));
+    };
+    if let Some(lost) = held.iter().find(|a| a.is_lost()) {
+        return Err(lost.lost_error());
+    }
+    if held
+        .iter()
+        .any(|a| !a.node.session.same_session(&first.node.session))
+    {
+        return Err(Error::InvalidArgument(
+            "a guarded write runs in one session: every lock that guards it must be held in the same session"
+                .into(),
+        ));
+    }
+    let mut all: Vec<Op> = held.iter().map(|a| a.check()).collect();
+    all.extend_from_slice(ops);
+    match first.node.session.multi(&all).await {
+        Ok(mut results) => Ok(results.split_off(held.len())),
+        Err(Error::MultiFailed { index, .. }) if index < held.len() => {
+            Err(held[index].lost_error())
+        }
+        Err(Error::MultiFailed { index, source }) => Err(Error::MultiFailed {
+            index: index - held.len(),
+            source,
+        }),
+        Err(e) => Err(e),
+    }
+}
 
 /// One hold of a lock. The lock is released when the last hold is released
 /// — with [`release`](Self::release), or by dropping, which deletes the node
@@ -30,34 +186,27 @@ enum GuardState {
 
 #[derive(Debug)]
 struct Held {
-    node: Arc<HeldNode>,
+    acquisition: Acquisition,
     holds: AtomicUsize,
+}
+
+impl Deref for LockGuard {
+    type Target = Acquisition;
+
+    fn deref(&self) -> &Acquisition {
+        &self.held.acquisition
+    }
 }
 
 impl LockGuard {
     pub(crate) fn new(node: Arc<HeldNode>) -> Self {
         LockGuard {
             held: Arc::new(Held {
-                node,
+                acquisition: Acquisition::new(node),
                 holds: AtomicUsize::new(1),
             }),
             state: GuardState::Held,
         }
-    }
-
-    pub(crate) fn held_node(&self) -> &Arc<HeldNode> {
-        &self.held.node
-    }
-
-    /// The fencing token of this acquisition: larger than that of every
-    /// earlier acquisition of any lock in the store.
-    pub fn token(&self) -> FencingToken {
-        self.held.node.created.token()
-    }
-
-    /// The full path of our lock node.
-    pub fn node(&self) -> &str {
-        &self.held.node.created.path
     }
 
     /// How many holds (this one included) are still unreleased.
@@ -69,61 +218,13 @@ impl LockGuard {
     /// Fails with [`Error::Lost`] if the lock was lost meanwhile.
     pub fn reenter(&self) -> Result<LockGuard> {
         if self.is_lost() {
-            return Err(self.held.node.lost_error());
+            return Err(self.lost_error());
         }
         self.held.holds.fetch_add(1, Ordering::SeqCst);
         Ok(LockGuard {
             held: self.held.clone(),
             state: GuardState::Held,
         })
-    }
-
-    /// Whether the session that acquired the lock is over: then another
-    /// participant may hold it now.
-    pub fn is_lost(&self) -> bool {
-        self.held.node.is_lost()
-    }
-
-    /// Whether the connection is down right now: the lock may or may not
-    /// still be ours until the session reconnects or is lost.
-    pub fn is_suspended(&self) -> bool {
-        self.held.node.session.state() == SessionState::Suspended
-    }
-
-    /// Resolves when the lock is lost (the session expired, was closed, or was
-    /// replaced). Use it to stop the protected work:
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
-    /// # let session = dlock::connect("embedded").await?;
-    /// # let mutex = dlock::Mutex::new(&session, "/locks/lost-doc")?;
-    /// let guard = mutex.acquire().await?;
-    /// tokio::select! {
-    ///     _ = guard.lost() => println!("lost the lock: stop writing"),
-    ///     _ = async { /* protected work */ } => {}
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn lost(&self) {
-        let node = &self.held.node;
-        node.session.lost(node.session_id).await
-    }
-
-    /// Applies `ops` atomically only if we still hold the lock (our node
-    /// still exists): a write that cannot land after the lock is lost.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
-    /// use dlock::store::{CreateMode, CreateOptions, Op};
-    /// # let session = dlock::connect("embedded").await?;
-    /// session.create("/doc/guarded/stock", b"5", CreateOptions::new(CreateMode::Persistent).with_parents()).await?;
-    /// let guard = dlock::Mutex::new(&session, "/doc/guarded/lock")?.acquire().await?;
-    /// guard.guarded(&[Op::SetData { path: "/doc/guarded/stock".into(), data: b"4".to_vec(), version: None }]).await?;
-    /// # guard.release().await?; session.delete("/doc/guarded/stock", None).await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
-        self.held.node.guarded(ops).await
     }
 
     /// Releases this hold; the last one deletes the lock node. Reports
@@ -138,7 +239,7 @@ impl LockGuard {
         // If this future is dropped before the delete completes, the drop
         // finishes the job in the background.
         self.state = GuardState::Releasing;
-        let result = self.held.node.release().await;
+        let result = self.held_node().release().await;
         self.state = GuardState::Released;
         result
     }
@@ -152,35 +253,8 @@ impl Drop for LockGuard {
             GuardState::Released => false,
         };
         if last {
-            let node = &self.held.node;
+            let node = self.held_node();
             node.session.delete_in_background(node.created.path.clone());
-        }
-    }
-}
-
-impl HeldNode {
-    /// Applies `ops` only if our node still exists.
-    pub(crate) async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
-        if self.is_lost() {
-            return Err(self.lost_error());
-        }
-        let mut all = Vec::with_capacity(ops.len() + 1);
-        all.push(Op::Check {
-            path: self.created.path.clone(),
-            version: None,
-        });
-        all.extend_from_slice(ops);
-        match self.session.multi(&all).await {
-            Ok(mut results) => {
-                results.remove(0);
-                Ok(results)
-            }
-            Err(Error::MultiFailed { index: 0, .. }) => Err(self.lost_error()),
-            Err(Error::MultiFailed { index, source }) => Err(Error::MultiFailed {
-                index: index - 1,
-                source,
-            }),
-            Err(e) => Err(e),
         }
     }
 }

@@ -28,19 +28,17 @@
 //! `KvSemaphore` (its entry is named after the session), as in Consul.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::ops::Deref;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::guard::Acquisition;
 use super::queue::{deadline, HeldNode};
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
-use crate::store::{
-    Child, CreateMode, CreateOptions, Created, FencingToken, Op, OpResult, SessionState, Stat,
-    Watch,
-};
+use crate::store::{Child, CreateMode, CreateOptions, Created, FencingToken, Stat, Watch};
 
 /// The name of the record node under the semaphore's path.
 pub const RECORD: &str = ".lock";
@@ -626,16 +624,16 @@ impl Entry {
     fn into_lease(mut self, token: FencingToken) -> KvLease {
         self.armed = false;
         let created = self.created.take().expect("an entry");
+        let node = HeldNode::new(
+            &self.place.session,
+            &self.place.dir,
+            "semaphore lease",
+            created,
+        );
         KvLease {
-            node: HeldNode::new(
-                &self.place.session,
-                &self.place.dir,
-                "semaphore lease",
-                created,
-            ),
+            acquisition: Acquisition::with_token(node, token),
             place: self.place.clone(),
             id: std::mem::take(&mut self.id),
-            token,
             released: false,
         }
     }
@@ -680,10 +678,9 @@ fn leave_in_background(place: &Place, id: String, entry: String) {
 #[derive(Debug)]
 #[must_use = "dropping the lease gives it back"]
 pub struct KvLease {
-    node: Arc<HeldNode>,
+    acquisition: Acquisition,
     place: Place,
     id: String,
-    token: FencingToken,
     released: bool,
 }
 
@@ -695,46 +692,23 @@ impl std::fmt::Debug for Place {
     }
 }
 
+/// The slot's acquisition. Its [`token`](Acquisition::token) is the
+/// transaction id of the record write that admitted us, larger than that
+/// of every earlier admission (and every earlier write) in the store; its
+/// node is our contender entry, and guarded writes land only while the
+/// entry (so the slot) is still ours.
+impl Deref for KvLease {
+    type Target = Acquisition;
+
+    fn deref(&self) -> &Acquisition {
+        &self.acquisition
+    }
+}
+
 impl KvLease {
     /// Our holder id (the session id in hex), as listed in the record.
     pub fn holder(&self) -> &str {
         &self.id
-    }
-
-    /// The full path of our contender entry.
-    pub fn node(&self) -> &str {
-        &self.node.created.path
-    }
-
-    /// The fencing token of this lease: the transaction id of the record
-    /// write that admitted us, larger than that of every earlier admission
-    /// (and every earlier write) in the store.
-    pub fn token(&self) -> FencingToken {
-        self.token
-    }
-
-    /// Whether the session that holds the slot is over: then the others
-    /// prune it and may fill the slot.
-    pub fn is_lost(&self) -> bool {
-        self.node.is_lost()
-    }
-
-    /// Whether the connection is down right now: the slot may or may not
-    /// still be ours until the session reconnects or is lost.
-    pub fn is_suspended(&self) -> bool {
-        self.node.session.state() == SessionState::Suspended
-    }
-
-    /// Resolves when the slot is lost (the session expired, was closed or was
-    /// replaced).
-    pub async fn lost(&self) {
-        self.node.session.lost(self.node.session_id).await
-    }
-
-    /// Applies `ops` atomically only if our entry still exists (so the slot
-    /// is still ours).
-    pub async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
-        self.node.guarded(ops).await
     }
 
     /// Gives the slot back: removes us from the record (by compare-and-set,
@@ -746,11 +720,11 @@ impl KvLease {
     /// slot is given back in the background.
     pub async fn release(mut self) -> Result<()> {
         let lost = self.is_lost();
-        let left = self.place.leave(&self.id, &self.node.created.path).await;
+        let left = self.place.leave(&self.id, self.node()).await;
         self.released = true;
         left?;
         if lost {
-            Err(self.node.lost_error())
+            Err(self.lost_error())
         } else {
             Ok(())
         }
@@ -760,7 +734,7 @@ impl KvLease {
 impl Drop for KvLease {
     fn drop(&mut self) {
         if !self.released {
-            leave_in_background(&self.place, self.id.clone(), self.node.created.path.clone());
+            leave_in_background(&self.place, self.id.clone(), self.node().to_string());
         }
     }
 }

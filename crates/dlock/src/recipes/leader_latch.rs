@@ -18,6 +18,7 @@
 //! re-checks after every reconnection.
 
 use std::fmt;
+use std::ops::Deref;
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard as StdMutexGuard};
 use std::time::Duration;
 
@@ -25,12 +26,11 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
 use super::error_policy::ErrorPolicy;
+use super::guard::Acquisition;
 use super::queue::{FirstN, HeldNode, Participant, PendingNode, WaitQueue};
 use crate::error::{Error, Result};
 use crate::session::Session;
-use crate::store::{
-    Child, CreateMode, Created, FencingToken, Op, OpResult, SessionId, SessionStatus,
-};
+use crate::store::{Child, CreateMode, Created, FencingToken, SessionStatus};
 
 /// Curator's node name for latch participants.
 pub(crate) const LATCH_NAME: &str = "latch-";
@@ -108,29 +108,50 @@ pub enum LeadershipEvent {
 /// ```
 #[derive(Clone)]
 pub struct Leadership {
-    node: Arc<HeldNode>,
+    acquisition: Acquisition,
     ended: watch::Receiver<bool>,
+}
+
+/// The term's acquisition: its leader node, lost signal and guarded writes
+/// (which land only while our leader node exists — that is, while nobody
+/// else can lead).
+impl Deref for Leadership {
+    type Target = Acquisition;
+
+    fn deref(&self) -> &Acquisition {
+        &self.acquisition
+    }
 }
 
 impl Leadership {
     pub(crate) fn new(node: Arc<HeldNode>, ended: watch::Receiver<bool>) -> Self {
-        Leadership { node, ended }
+        Leadership {
+            acquisition: Acquisition::new(node),
+            ended,
+        }
     }
 
     /// The term's epoch: the fencing token to pass to what the leader
     /// writes to.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use dlock::recipes::leader_latch::LeaderLatch;
+    /// use dlock::store::{CreateMode, CreateOptions, Op};
+    /// let session = dlock::connect("embedded").await?;
+    /// session.create("/doc/fenced/config", b"v1", CreateOptions::new(CreateMode::Persistent).with_parents()).await?;
+    /// let latch = LeaderLatch::new(&session, "/doc/fenced/election")?;
+    /// latch.start()?;
+    /// let term = latch.await_leadership().await?;
+    /// assert_eq!(term.epoch(), term.token());
+    /// let set = Op::SetData { path: "/doc/fenced/config".into(), data: b"v2".to_vec(), version: None };
+    /// term.guarded(&[set.clone()]).await?;
+    /// latch.close().await?;
+    /// assert!(matches!(term.guarded(&[set]).await, Err(dlock::Error::Lost { .. })));
+    /// # session.delete("/doc/fenced/config", None).await?; Ok(()) }
+    /// ```
     pub fn epoch(&self) -> FencingToken {
-        self.node.created.token()
-    }
-
-    /// The full path of the node we lead with.
-    pub fn node(&self) -> &str {
-        &self.node.created.path
-    }
-
-    /// The session that leads.
-    pub fn session_id(&self) -> SessionId {
-        self.node.session_id
+        self.token()
     }
 
     /// Whether the term is over, or is being cancelled (the leader must stop
@@ -144,29 +165,6 @@ impl Leadership {
     pub async fn cancelled(&self) {
         let mut ended = self.ended.clone();
         let _ = ended.wait_for(|ended| *ended).await;
-    }
-
-    /// Applies `ops` atomically only while our leader node exists — that is,
-    /// while nobody else can lead: a write that cannot land once leadership
-    /// has passed on. Fails with [`Error::Lost`] otherwise.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
-    /// use dlock::recipes::leader_latch::LeaderLatch;
-    /// use dlock::store::{CreateMode, CreateOptions, Op};
-    /// let session = dlock::connect("embedded").await?;
-    /// session.create("/doc/fenced/config", b"v1", CreateOptions::new(CreateMode::Persistent).with_parents()).await?;
-    /// let latch = LeaderLatch::new(&session, "/doc/fenced/election")?;
-    /// latch.start()?;
-    /// let term = latch.await_leadership().await?;
-    /// let set = Op::SetData { path: "/doc/fenced/config".into(), data: b"v2".to_vec(), version: None };
-    /// term.guarded(&[set.clone()]).await?;
-    /// latch.close().await?;
-    /// assert!(matches!(term.guarded(&[set]).await, Err(dlock::Error::Lost { .. })));
-    /// # session.delete("/doc/fenced/config", None).await?; Ok(()) }
-    /// ```
-    pub async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
-        self.node.guarded(ops).await
     }
 }
 

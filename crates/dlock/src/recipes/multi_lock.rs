@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::guard::LockGuard;
+use super::guard::{guarded_by, Acquisition, LockGuard};
 use super::mutex::Mutex;
 use super::rwlock::{ReadGuard, ReadWriteLock, WriteGuard};
 use super::semaphore::Lease;
@@ -25,79 +25,46 @@ pub trait Lockable: Send + Sync + fmt::Debug {
     async fn lock_for(&self, timeout: Option<Duration>) -> Result<Option<Box<dyn Hold>>>;
 }
 
-/// One acquired lock, as [`Lockable::lock_for`] returns it.
+/// One acquired lock, as [`Lockable::lock_for`] returns it: an
+/// [`Acquisition`] (token, lost signal, guarded writes) and how to release
+/// it.
 #[async_trait]
 pub trait Hold: Send + Sync + fmt::Debug {
+    /// The acquisition behind the hold.
+    fn acquisition(&self) -> &Acquisition;
+
     /// The acquisition's fencing token.
-    fn token(&self) -> FencingToken;
+    fn token(&self) -> FencingToken {
+        self.acquisition().token()
+    }
 
     /// Applies `ops` only while the lock is still held (see
-    /// [`LockGuard::guarded`]).
-    async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>>;
+    /// [`Acquisition::guarded`]).
+    async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
+        self.acquisition().guarded(ops).await
+    }
 
     /// Releases the lock.
     async fn release(self: Box<Self>) -> Result<()>;
 }
 
-#[async_trait]
-impl Hold for LockGuard {
-    fn token(&self) -> FencingToken {
-        LockGuard::token(self)
-    }
+/// The guards a [`MultiLock`] can hold; each releases as its own type does.
+macro_rules! holds {
+    ($($guard:ty),*) => {$(
+        #[async_trait]
+        impl Hold for $guard {
+            fn acquisition(&self) -> &Acquisition {
+                self
+            }
 
-    async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
-        LockGuard::guarded(self, ops).await
-    }
-
-    async fn release(self: Box<Self>) -> Result<()> {
-        LockGuard::release(*self).await
-    }
+            async fn release(self: Box<Self>) -> Result<()> {
+                <$guard>::release(*self).await
+            }
+        }
+    )*};
 }
 
-#[async_trait]
-impl Hold for ReadGuard {
-    fn token(&self) -> FencingToken {
-        LockGuard::token(self)
-    }
-
-    async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
-        LockGuard::guarded(self, ops).await
-    }
-
-    async fn release(self: Box<Self>) -> Result<()> {
-        ReadGuard::release(*self).await
-    }
-}
-
-#[async_trait]
-impl Hold for WriteGuard {
-    fn token(&self) -> FencingToken {
-        LockGuard::token(self)
-    }
-
-    async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
-        LockGuard::guarded(self, ops).await
-    }
-
-    async fn release(self: Box<Self>) -> Result<()> {
-        WriteGuard::release(*self).await
-    }
-}
-
-#[async_trait]
-impl Hold for Lease {
-    fn token(&self) -> FencingToken {
-        Lease::token(self)
-    }
-
-    async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
-        Lease::guarded(self, ops).await
-    }
-
-    async fn release(self: Box<Self>) -> Result<()> {
-        Lease::release(*self).await
-    }
-}
+holds!(LockGuard, ReadGuard, WriteGuard, Lease);
 
 #[async_trait]
 impl Lockable for SemaphoreMutex {
@@ -252,6 +219,67 @@ impl MultiGuard {
     /// The fencing token of each lock, in the order given.
     pub fn tokens(&self) -> Vec<FencingToken> {
         self.holds.iter().map(|h| h.token()).collect()
+    }
+
+    /// The acquisition of each lock, in the order given.
+    pub fn acquisitions(&self) -> Vec<&Acquisition> {
+        self.holds.iter().map(|h| h.acquisition()).collect()
+    }
+
+    /// Whether any of the locks is lost: then the set no longer protects.
+    pub fn is_lost(&self) -> bool {
+        self.holds.iter().any(|h| h.acquisition().is_lost())
+    }
+
+    /// Whether the connection of any of the locks is down right now.
+    pub fn is_suspended(&self) -> bool {
+        self.holds.iter().any(|h| h.acquisition().is_suspended())
+    }
+
+    /// Resolves as soon as any of the locks is lost.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use dlock::{MultiLock, Mutex};
+    /// let session = dlock::connect("embedded").await?;
+    /// let both = MultiLock::new(vec![
+    ///     Box::new(Mutex::new(&session, "/doc/multi-lost/a")?),
+    ///     Box::new(Mutex::new(&session, "/doc/multi-lost/b")?),
+    /// ]);
+    /// let guard = both.acquire().await?;
+    /// session.faults().unwrap().expire().await?;
+    /// guard.lost().await; // at once: the session that held them is over
+    /// assert!(guard.is_lost());
+    /// # drop(guard); Ok(()) }
+    /// ```
+    pub async fn lost(&self) {
+        let lost = self.holds.iter().map(|h| Box::pin(h.acquisition().lost()));
+        futures::future::select_all(lost).await;
+    }
+
+    /// Applies `ops` atomically only while every lock is still held: one
+    /// multi-operation that checks each lock's node first. The locks must be
+    /// held in one session (a multi-operation runs in one); otherwise
+    /// [`Error::InvalidArgument`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use dlock::store::{CreateMode, CreateOptions, Op};
+    /// use dlock::{MultiLock, Mutex};
+    /// let session = dlock::connect("embedded").await?;
+    /// session.create("/doc/multi-guarded/stock", b"5", CreateOptions::new(CreateMode::Persistent).with_parents()).await?;
+    /// let both = MultiLock::new(vec![
+    ///     Box::new(Mutex::new(&session, "/doc/multi-guarded/a")?),
+    ///     Box::new(Mutex::new(&session, "/doc/multi-guarded/b")?),
+    /// ]);
+    /// let guard = both.acquire().await?;
+    /// let set = Op::SetData { path: "/doc/multi-guarded/stock".into(), data: b"4".to_vec(), version: None };
+    /// guard.guarded(&[set]).await?;
+    /// guard.release().await?;
+    /// # session.delete("/doc/multi-guarded/stock", None).await?; Ok(()) }
+    /// ```
+    pub async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
+        guarded_by(&self.acquisitions(), ops).await
     }
 
     /// Releases every lock, in reverse order, even if some fail; reports all

@@ -23,11 +23,13 @@
 //! owned [`Lease`] with a fencing token and a lost signal, released in the
 //! background if dropped.
 
+use std::ops::Deref;
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::guard::Acquisition;
 use super::mutex::Mutex;
 use super::queue::{
     deadline, position, HeldNode, Participant, Predicate, Stop, Verdict, WaitQueue,
@@ -36,7 +38,7 @@ use super::shared_count::{SharedCount, VersionedValue};
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
-use crate::store::{Child, CreateMode, FencingToken, Op, OpResult, SessionState};
+use crate::store::{Child, CreateMode};
 
 /// Curator's node name for lease nodes.
 pub(crate) const LEASE_NAME: &str = "lease-";
@@ -379,7 +381,7 @@ impl Semaphore {
                 pending.disarm();
                 let node = HeldNode::new(session, &self.path, "lease", created);
                 Ok(Attempt::Acquired(Lease {
-                    node,
+                    acquisition: Acquisition::new(node),
                     data: data.to_vec(),
                     released: false,
                 }))
@@ -451,54 +453,28 @@ async fn return_all(leases: Vec<Lease>) {
 #[derive(Debug)]
 #[must_use = "dropping the lease gives it back"]
 pub struct Lease {
-    node: std::sync::Arc<HeldNode>,
+    acquisition: Acquisition,
     data: Vec<u8>,
     released: bool,
 }
 
-impl Lease {
-    /// The full path of the lease node.
-    pub fn node(&self) -> &str {
-        &self.node.created.path
-    }
+impl Deref for Lease {
+    type Target = Acquisition;
 
+    fn deref(&self) -> &Acquisition {
+        &self.acquisition
+    }
+}
+
+impl Lease {
     /// The lease node's name (Curator's `getNodeName`).
     pub fn name(&self) -> &str {
-        self.node.created.name()
+        self.held_node().created.name()
     }
 
     /// The data stored in the lease node.
     pub fn data(&self) -> &[u8] {
         &self.data
-    }
-
-    /// The fencing token of this lease: larger than that of every earlier
-    /// lease or lock in the store.
-    pub fn token(&self) -> FencingToken {
-        self.node.created.token()
-    }
-
-    /// Whether the session that made the lease is over: then the lease node is
-    /// gone and another acquirer may have taken its place.
-    pub fn is_lost(&self) -> bool {
-        self.node.is_lost()
-    }
-
-    /// Whether the connection is down right now: the lease may or may not
-    /// still be ours until the session reconnects or is lost.
-    pub fn is_suspended(&self) -> bool {
-        self.node.session.state() == SessionState::Suspended
-    }
-
-    /// Resolves when the lease is lost (its session expired, was closed or
-    /// was replaced).
-    pub async fn lost(&self) {
-        self.node.session.lost(self.node.session_id).await
-    }
-
-    /// Applies `ops` atomically only if the lease node still exists.
-    pub async fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
-        self.node.guarded(ops).await
     }
 
     /// Gives the lease back: deletes its node (a node already gone is fine,
@@ -509,7 +485,7 @@ impl Lease {
     /// Cancellation-safe: if this future is dropped before the node is
     /// deleted, the lease is given back in the background.
     pub async fn release(mut self) -> Result<()> {
-        let released = self.node.release().await;
+        let released = self.held_node().release().await;
         self.released = true;
         released
     }
@@ -518,9 +494,8 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if !self.released {
-            self.node
-                .session
-                .delete_in_background(self.node.created.path.clone());
+            let node = self.held_node();
+            node.session.delete_in_background(node.created.path.clone());
         }
     }
 }
