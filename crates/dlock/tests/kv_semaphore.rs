@@ -292,3 +292,37 @@ per_backend!(every_backend {
     cancellation_and_drop_leave_nothing,
     a_malformed_record_is_a_typed_error,
 });
+
+/// The record's JSON (from the unit test of the hand-written parser that
+/// serde_json replaced): spaces, escapes and other keys are read, broken
+/// JSON is refused, and holder ids are escaped on the way out.
+#[test]
+fn the_record_is_strict_json() {
+    let text = r#" { "limit" : 3 , "holders" : [ "a\u00e9\"", "b" ], "x": [null, true, -1.5e2] } "#;
+    let record = Record::parse("/s/.lock", text.as_bytes()).unwrap();
+    assert_eq!(record.limit, 3);
+    assert_eq!(record.holders, ["aé\"", "b"]);
+    for bad in [
+        "",
+        "{",
+        "{\"a\"}",
+        "[1,]",
+        "\"abc",
+        "01x",
+        "{\"a\":1} x",
+        "\"\\ud800\"",
+        "tru",
+    ] {
+        let err = Record::parse("/s/.lock", bad.as_bytes()).unwrap_err();
+        assert!(matches!(err, Error::MalformedData { .. }), "{bad:?}");
+    }
+    let odd = Record {
+        limit: 1,
+        holders: vec!["q\"\\\n\u{1}".into()],
+    };
+    assert_eq!(odd.to_json(), r#"{"limit":1,"holders":["q\"\\\n\u0001"]}"#);
+    assert_eq!(
+        Record::parse("/s/.lock", odd.to_json().as_bytes()).unwrap(),
+        odd
+    );
+}

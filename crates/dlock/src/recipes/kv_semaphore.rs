@@ -31,6 +31,7 @@ use std::collections::HashSet;
 use std::ops::Deref;
 use std::time::Duration;
 
+use serde_json::Value;
 use tokio::time::Instant;
 
 use super::guard::Acquisition;
@@ -70,72 +71,94 @@ pub struct Record {
     pub holders: Vec<String>,
 }
 
+/// The record as stored. Private, so that `Record` makes no promise about
+/// serde; the derive writes the fields in this order with no spaces.
+#[derive(serde::Serialize)]
+struct Stored<'a> {
+    limit: u32,
+    holders: &'a [String],
+}
+
 impl Record {
     /// The record as JSON.
     pub fn to_json(&self) -> String {
-        let mut out = format!("{{\"limit\":{},\"holders\":[", self.limit);
-        for (i, h) in self.holders.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            json::write_string(&mut out, h);
-        }
-        out.push_str("]}");
-        out
+        let stored = Stored {
+            limit: self.limit,
+            holders: &self.holders,
+        };
+        serde_json::to_string(&stored).expect("a number and strings always serialize")
     }
 
     /// Decodes a record stored at `path`: a JSON object with a positive
     /// integer `limit` and an array of strings `holders` (other keys are
-    /// ignored; duplicate holders count once). Anything else is
-    /// [`Error::MalformedData`].
+    /// ignored but must be valid JSON; duplicate holders count once).
+    /// Anything else is [`Error::MalformedData`].
     pub fn parse(path: &str, data: &[u8]) -> Result<Record> {
         let bad = |reason: String| Error::MalformedData {
             path: path.to_string(),
             reason,
         };
         let text = std::str::from_utf8(data).map_err(|_| bad("the record is not UTF-8".into()))?;
-        let value = json::parse(text).map_err(|e| bad(format!("the record is not JSON: {e}")))?;
-        let json::Value::Object(fields) = value else {
+        // Into a `Value` rather than a derived struct: each problem then gets
+        // its own message, and unknown keys are checked too.
+        let value: Value = serde_json::from_str(text).map_err(|e| bad(not_json(&e, text)))?;
+        let Value::Object(fields) = value else {
             return Err(bad("the record is not a JSON object".into()));
         };
-        let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v);
-        let limit = match field("limit") {
-            Some(json::Value::Number(n))
-                if n.fract() == 0.0 && *n >= 1.0 && *n <= f64::from(u32::MAX) =>
-            {
-                *n as u32
-            }
-            Some(other) => {
-                return Err(bad(format!(
-                    "\"limit\" must be a positive integer, found {other:?}"
-                )))
-            }
-            None => return Err(bad("the record has no \"limit\"".into())),
+        let limit = fields
+            .get("limit")
+            .ok_or_else(|| bad("the record has no \"limit\"".into()))?;
+        // Through f64, as before serde: `3.0` is a limit of 3.
+        let positive = |f: &f64| f.fract() == 0.0 && (1.0..=f64::from(u32::MAX)).contains(f);
+        let Some(whole) = limit.as_f64().filter(positive) else {
+            return Err(bad(format!(
+                "\"limit\" must be a positive integer, found {limit}"
+            )));
         };
-        let holders = match field("holders") {
-            Some(json::Value::Array(items)) => {
-                let mut holders: Vec<String> = Vec::with_capacity(items.len());
-                for item in items {
-                    let json::Value::String(h) = item else {
-                        return Err(bad(format!(
-                            "\"holders\" must hold strings, found {item:?}"
-                        )));
-                    };
-                    if !holders.contains(h) {
-                        holders.push(h.clone());
-                    }
-                }
-                holders
-            }
-            Some(other) => {
-                return Err(bad(format!(
-                    "\"holders\" must be an array, found {other:?}"
-                )))
-            }
+        let items = match fields.get("holders") {
+            Some(Value::Array(items)) => items,
+            Some(other) => return Err(bad(format!("\"holders\" must be an array, found {other}"))),
             None => return Err(bad("the record has no \"holders\"".into())),
         };
-        Ok(Record { limit, holders })
+        let mut holders: Vec<String> = Vec::with_capacity(items.len());
+        for item in items {
+            let h = item
+                .as_str()
+                .ok_or_else(|| bad(format!("\"holders\" must hold strings, found {item}")))?;
+            if !holders.iter().any(|known| known == h) {
+                holders.push(h.to_owned());
+            }
+        }
+        Ok(Record {
+            limit: whole as u32,
+            holders,
+        })
     }
+}
+
+/// Why `text` is not JSON: serde_json's message, in the words of the
+/// hand-written parser it replaced where the two differ (callers and tests
+/// look for those words).
+fn not_json(e: &serde_json::Error, text: &str) -> String {
+    let message = e.to_string();
+    let what = message.split(" at line ").next().unwrap_or_default();
+    // Where serde_json stopped: just after the escape it refused.
+    let before = text.split('\n').take(e.line().saturating_sub(1));
+    let end = before.map(|l| l.len() + 1).sum::<usize>() + e.column();
+    let escape = text.as_bytes().get(..end.saturating_sub(4));
+    let unicode = escape.is_some_and(|s| s.ends_with(b"\\u"));
+    let ours = match what {
+        "recursion limit exceeded" => "nested too deeply",
+        "unexpected end of hex escape" | "lone leading surrogate in hex escape" => {
+            "unpaired surrogate"
+        }
+        // Such as 1e999: the old parser read infinity, then refused it as
+        // a limit.
+        "number out of range" => "number out of range (a \"limit\" must be a positive integer)",
+        "invalid escape" if unicode => "invalid \\u escape",
+        other => other,
+    };
+    format!("the record is not JSON: {ours}{}", &message[what.len()..])
 }
 
 /// A counting semaphore in the Consul design: at most `limit` sessions hold
@@ -174,6 +197,17 @@ struct Look {
     record: Option<(Record, Stat)>,
     live: HashSet<String>,
     watches: Vec<Watch>,
+}
+
+impl Look {
+    /// The record's holders that are alive, in the order they joined.
+    fn live_holders(&self) -> Vec<String> {
+        let holders = self.record.iter().flat_map(|(r, _)| &r.holders);
+        holders
+            .filter(|h| self.live.contains(*h))
+            .cloned()
+            .collect()
+    }
 }
 
 impl KvSemaphore {
@@ -220,15 +254,7 @@ impl KvSemaphore {
     /// The live holders in the record (those whose session still has its
     /// entry), in the order they joined.
     pub async fn holders(&self) -> Result<Vec<String>> {
-        let look = self.place.look(false).await?;
-        Ok(match look.record {
-            Some((record, _)) => record
-                .holders
-                .into_iter()
-                .filter(|h| look.live.contains(h))
-                .collect(),
-            None => Vec::new(),
-        })
+        Ok(self.place.look(false).await?.live_holders())
     }
 
     /// Waits as long as it takes for a slot.
@@ -255,7 +281,7 @@ impl KvSemaphore {
     }
 
     async fn acquire_until(&self, wait: Wait) -> Result<Option<KvLease>> {
-        let retry_policy = self.place.session.options().retry;
+        let max_retries = self.place.session.options().retry.max_retries;
         let mut retry = 0;
         'enter: loop {
             let entry = self.place.enter().await?;
@@ -274,7 +300,7 @@ impl KvSemaphore {
                     // Our entry is gone: the session was lost meanwhile.
                     // Start over in the new session, as the wait queue does.
                     drop(entry);
-                    if retry >= retry_policy.max_retries {
+                    if retry >= max_retries {
                         return Err(Error::Lost {
                             what: "semaphore entry",
                             path: self.place.dir.clone(),
@@ -283,75 +309,38 @@ impl KvSemaphore {
                     retry += 1;
                     continue 'enter;
                 }
-                let written = match look.record {
-                    None => {
-                        let record = Record {
-                            limit: self.limit,
-                            holders: vec![entry.id.clone()],
-                        };
-                        let opts = CreateOptions::new(CreateMode::Persistent);
-                        self.place
-                            .session
-                            .create(&self.place.record, record.to_json().as_bytes(), opts)
-                            .await
-                            .map(|created| created.stat)
+                let mut holders = look.live_holders();
+                let version = match &look.record {
+                    None => None,
+                    Some((record, _)) if record.limit != self.limit => {
+                        entry.delete().await?;
+                        return Err(Error::InvalidArgument(format!(
+                            "semaphore limit conflict at {}: its holders use a limit of {}, this contender {}",
+                            self.place.dir, record.limit, self.limit
+                        )));
                     }
-                    Some((record, stat)) => {
-                        if record.limit != self.limit {
-                            entry.delete().await?;
-                            return Err(Error::InvalidArgument(format!(
-                                "semaphore limit conflict at {}: its holders use a limit of {}, this contender {}",
-                                self.place.dir, record.limit, self.limit
-                            )));
-                        }
-                        let mut holders: Vec<String> = record
-                            .holders
-                            .into_iter()
-                            .filter(|h| look.live.contains(h))
-                            .collect();
-                        if holders.contains(&entry.id) {
-                            // Our join landed, though its reply was lost.
-                            Ok(stat)
-                        } else if holders.len() < self.limit as usize {
-                            holders.push(entry.id.clone());
-                            let record = Record {
-                                limit: self.limit,
-                                holders,
-                            };
-                            self.place
-                                .session
-                                .set_data(
-                                    &self.place.record,
-                                    record.to_json().as_bytes(),
-                                    Some(stat.version),
-                                )
-                                .await
-                        } else {
-                            // Full: wait for a release or a holder's death.
-                            match wait {
-                                Wait::No => {
-                                    entry.delete().await?;
-                                    return Ok(None);
-                                }
-                                Wait::Forever | Wait::Until(_) => {}
-                            }
-                            if !wait_any(look.watches, wait).await {
-                                entry.delete().await?;
-                                return Ok(None);
-                            }
-                            continue;
-                        }
+                    // Our join landed, though its reply was lost.
+                    Some((_, stat)) if holders.contains(&entry.id) => {
+                        return Ok(Some(entry.into_lease(FencingToken(stat.mzxid))));
                     }
+                    Some((_, stat)) => Some(stat.version),
                 };
-                match written {
+                if holders.len() >= self.limit as usize {
+                    // Full: wait for a release or a holder's death.
+                    if wait == Wait::No || !wait_any(look.watches, wait).await {
+                        entry.delete().await?;
+                        return Ok(None);
+                    }
+                    continue;
+                }
+                holders.push(entry.id.clone());
+                let record = Record {
+                    limit: self.limit,
+                    holders,
+                };
+                match self.place.write(&record, version).await {
                     Ok(stat) => return Ok(Some(entry.into_lease(FencingToken(stat.mzxid)))),
-                    // Someone wrote first (or the reply was lost): look again.
-                    Err(
-                        Error::BadVersion { .. }
-                        | Error::NodeExists { .. }
-                        | Error::NoNode { .. }
-                        | Error::ConnectionLoss,
-                    ) => {}
+                    Err(e) if raced(&e) => {}
                     Err(e) => {
                         let _ = entry.delete().await;
                         return Err(e);
@@ -360,6 +349,18 @@ impl KvSemaphore {
             }
         }
     }
+}
+
+/// Whether a write lost a race (someone wrote first, or our reply was lost):
+/// then look again.
+fn raced(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::BadVersion { .. }
+            | Error::NodeExists { .. }
+            | Error::NoNode { .. }
+            | Error::ConnectionLoss
+    )
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -391,6 +392,7 @@ impl Place {
     /// Creates our contender entry, named after the session that owns it.
     async fn enter(&self) -> Result<Entry> {
         let session = &self.session;
+        let max_retries = session.options().retry.max_retries;
         let token = uuid::Uuid::new_v4().to_string().into_bytes();
         let opts = CreateOptions::new(CreateMode::Ephemeral).with_parents();
         let mut retry = 0;
@@ -410,61 +412,52 @@ impl Place {
                 .retrying(|| session.create(&entry.path, &token, opts))
                 .await
             {
-                Ok(created) => created,
                 Err(Error::NodeExists { .. }) => {
-                    let (data, stat) =
-                        match session.retrying(|| session.get_data(&entry.path)).await {
-                            Ok(found) => found,
-                            // Gone meanwhile (an earlier entry of this session
-                            // being removed): nothing of ours is there; create
-                            // it again.
-                            Err(Error::NoNode { .. })
-                                if retry < session.options().retry.max_retries =>
-                            {
-                                retry += 1;
-                                entry.armed = false;
-                                continue;
-                            }
-                            Err(e) => return Err(e),
-                        };
-                    if data != token {
-                        return Err(Error::InvalidArgument(format!(
+                    match session.retrying(|| session.get_data(&entry.path)).await {
+                        // Our own create, whose reply was lost.
+                        Ok((data, stat)) if data == token => Ok(Created {
+                            path: entry.path.clone(),
+                            stat,
+                        }),
+                        Ok(_) => Err(Error::InvalidArgument(format!(
                             "session {} already holds or waits for the semaphore at {}: \
                              a KvSemaphore admits one lease per session (use another session)",
                             entry.id, self.dir
-                        )));
+                        ))),
+                        // NoNode: gone meanwhile (an earlier entry of this
+                        // session being removed), handled below.
+                        Err(e) => Err(e),
                     }
-                    // Our own create, whose reply was lost.
-                    Created {
-                        path: entry.path.clone(),
-                        stat,
+                }
+                created => created,
+            };
+            match created {
+                Ok(created) if holder_id(created.stat.ephemeral_owner) == entry.id => {
+                    entry.created = Some(created);
+                    return Ok(entry);
+                }
+                // The session was renewed between naming and creating: the
+                // entry belongs to the new session under the old name. Drop
+                // it (by its token) and redo.
+                Ok(_) => {
+                    drop(entry);
+                    retry += 1;
+                    if retry > max_retries {
+                        return Err(Error::Lost {
+                            what: "semaphore entry",
+                            path: self.dir.clone(),
+                        });
                     }
                 }
                 // The container reaper removed the empty directory between
-                // its creation and ours: go again. Nothing was created, and
-                // the entry must not be removed by its token in the
-                // background, which the next create reuses.
-                Err(Error::NoNode { .. }) if retry < session.options().retry.max_retries => {
+                // its creation and ours, or our earlier entry went: go again.
+                // Nothing was created, and the entry must not be removed by
+                // its token in the background, which the next create reuses.
+                Err(Error::NoNode { .. }) if retry < max_retries => {
                     retry += 1;
                     entry.armed = false;
-                    continue;
                 }
                 Err(e) => return Err(e),
-            };
-            if holder_id(created.stat.ephemeral_owner) == entry.id {
-                entry.created = Some(created);
-                return Ok(entry);
-            }
-            // The session was renewed between naming and creating: the entry
-            // belongs to the new session under the old name. Drop it (by its
-            // token) and redo.
-            drop(entry);
-            retry += 1;
-            if retry > session.options().retry.max_retries {
-                return Err(Error::Lost {
-                    what: "semaphore entry",
-                    path: self.dir.clone(),
-                });
             }
         }
     }
@@ -492,54 +485,64 @@ impl Place {
         let session = &self.session;
         let mut watches = Vec::new();
         let record = if watch {
-            match session
-                .retrying(|| session.get_data_watch(&self.record))
-                .await
-            {
-                Ok((data, stat, w)) => {
-                    watches.push(w);
-                    Some((data, stat))
-                }
-                Err(Error::NoNode { .. }) => None,
-                Err(e) => return Err(e),
-            }
+            let found = self.found(|| session.get_data_watch(&self.record)).await?;
+            found.map(|(data, stat, w)| {
+                watches.push(w);
+                (data, stat)
+            })
         } else {
-            match session.retrying(|| session.get_data(&self.record)).await {
-                Ok(found) => Some(found),
-                Err(Error::NoNode { .. }) => None,
-                Err(e) => return Err(e),
-            }
+            self.found(|| session.get_data(&self.record)).await?
         };
-        let record = match record {
-            Some((data, stat)) => Some((Record::parse(&self.record, &data)?, stat)),
-            None => None,
-        };
-        let children: Vec<Child> = if watch {
-            match session.retrying(|| session.children_watch(&self.dir)).await {
-                Ok((children, w)) => {
-                    watches.push(w);
-                    children
-                }
-                Err(Error::NoNode { .. }) => Vec::new(),
-                Err(e) => return Err(e),
-            }
+        let record = record
+            .map(|(data, stat)| Ok((Record::parse(&self.record, &data)?, stat)))
+            .transpose()?;
+        let children: Option<Vec<Child>> = if watch {
+            let found = self.found(|| session.children_watch(&self.dir)).await?;
+            found.map(|(children, w)| {
+                watches.push(w);
+                children
+            })
         } else {
-            match session.retrying(|| session.children(&self.dir)).await {
-                Ok(children) => children,
-                Err(Error::NoNode { .. }) => Vec::new(),
-                Err(e) => return Err(e),
-            }
+            self.found(|| session.children(&self.dir)).await?
         };
-        let live = children
-            .into_iter()
-            .map(|c| c.name)
-            .filter(|n| n != RECORD)
-            .collect();
+        let names = children.into_iter().flatten().map(|c| c.name);
         Ok(Look {
             record,
-            live,
+            live: names.filter(|n| n != RECORD).collect(),
             watches,
         })
+    }
+
+    /// Runs the read `op`, retried on a lost connection; `None` if the node
+    /// is not there.
+    async fn found<T, F, Fut>(&self, op: F) -> Result<Option<T>>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        match self.session.retrying(op).await {
+            Ok(found) => Ok(Some(found)),
+            Err(Error::NoNode { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes `record` by compare-and-set on `version`, or creates it.
+    async fn write(&self, record: &Record, version: Option<i32>) -> Result<Stat> {
+        let data = record.to_json();
+        match version {
+            Some(version) => {
+                let session = &self.session;
+                session
+                    .set_data(&self.record, data.as_bytes(), Some(version))
+                    .await
+            }
+            None => {
+                let opts = CreateOptions::new(CreateMode::Persistent);
+                let created = self.session.create(&self.record, data.as_bytes(), opts);
+                created.await.map(|created| created.stat)
+            }
+        }
     }
 
     /// Removes holder `id` from the record by compare-and-set, pruning dead
@@ -554,7 +557,6 @@ impl Place {
     }
 
     async fn leave_record(&self, id: &str) -> Result<()> {
-        let session = &self.session;
         loop {
             let look = match self.look(false).await {
                 Ok(look) => look,
@@ -562,38 +564,26 @@ impl Place {
                 Err(Error::MalformedData { .. }) => return Ok(()),
                 Err(e) => return Err(e),
             };
+            let mut holders = look.live_holders();
+            holders.retain(|h| h != id);
             let Some((record, stat)) = look.record else {
                 return Ok(());
             };
-            let holders: Vec<String> = record
-                .holders
-                .iter()
-                .filter(|h| h.as_str() != id && look.live.contains(h.as_str()))
-                .cloned()
-                .collect();
             if holders == record.holders && !holders.is_empty() {
                 return Ok(());
             }
             let written = if holders.is_empty() {
-                session.delete(&self.record, Some(stat.version)).await
+                self.session.delete(&self.record, Some(stat.version)).await
             } else {
                 let record = Record {
                     limit: record.limit,
                     holders,
                 };
-                session
-                    .set_data(
-                        &self.record,
-                        record.to_json().as_bytes(),
-                        Some(stat.version),
-                    )
-                    .await
-                    .map(|_| ())
+                self.write(&record, Some(stat.version)).await.map(|_| ())
             };
             match written {
                 Ok(()) => return Ok(()),
-                // Someone wrote first (or the reply was lost): look again.
-                Err(Error::BadVersion { .. } | Error::NoNode { .. } | Error::ConnectionLoss) => {}
+                Err(e) if raced(&e) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -735,320 +725,6 @@ impl Drop for KvLease {
     fn drop(&mut self) {
         if !self.released {
             leave_in_background(&self.place, self.id.clone(), self.node().to_string());
-        }
-    }
-}
-
-/// Just enough JSON for the record: a strict parser of RFC 8259 values and
-/// a string writer.
-mod json {
-    use std::fmt;
-
-    /// A JSON value.
-    #[derive(Debug, Clone, PartialEq)]
-    pub enum Value {
-        Null,
-        Bool(bool),
-        Number(f64),
-        String(String),
-        Array(Vec<Value>),
-        Object(Vec<(String, Value)>),
-    }
-
-    /// Where and why parsing failed.
-    #[derive(Debug)]
-    pub struct ParseError {
-        at: usize,
-        what: &'static str,
-    }
-
-    impl fmt::Display for ParseError {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            write!(f, "{} at byte {}", self.what, self.at)
-        }
-    }
-
-    /// Parses one JSON value (with surrounding whitespace).
-    pub fn parse(text: &str) -> Result<Value, ParseError> {
-        let mut p = Parser {
-            s: text.as_bytes(),
-            i: 0,
-            depth: 0,
-        };
-        let v = p.value()?;
-        p.ws();
-        if p.i != p.s.len() {
-            return Err(p.err("trailing characters"));
-        }
-        Ok(v)
-    }
-
-    /// Appends `s` as a JSON string.
-    pub fn write_string(out: &mut String, s: &str) {
-        out.push('"');
-        for c in s.chars() {
-            match c {
-                '"' => out.push_str("\\\""),
-                '\\' => out.push_str("\\\\"),
-                '\n' => out.push_str("\\n"),
-                '\r' => out.push_str("\\r"),
-                '\t' => out.push_str("\\t"),
-                c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-                c => out.push(c),
-            }
-        }
-        out.push('"');
-    }
-
-    struct Parser<'a> {
-        s: &'a [u8],
-        i: usize,
-        depth: usize,
-    }
-
-    impl Parser<'_> {
-        fn err(&self, what: &'static str) -> ParseError {
-            ParseError { at: self.i, what }
-        }
-
-        fn ws(&mut self) {
-            while matches!(self.s.get(self.i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-                self.i += 1;
-            }
-        }
-
-        fn eat(&mut self, b: u8) -> bool {
-            self.ws();
-            if self.s.get(self.i) == Some(&b) {
-                self.i += 1;
-                true
-            } else {
-                false
-            }
-        }
-
-        fn literal(&mut self, word: &str, v: Value) -> Result<Value, ParseError> {
-            if self.s[self.i..].starts_with(word.as_bytes()) {
-                self.i += word.len();
-                Ok(v)
-            } else {
-                Err(self.err("unknown literal"))
-            }
-        }
-
-        fn value(&mut self) -> Result<Value, ParseError> {
-            self.ws();
-            self.depth += 1;
-            if self.depth > 64 {
-                return Err(self.err("nested too deeply"));
-            }
-            let v = match self.s.get(self.i) {
-                None => Err(self.err("unexpected end")),
-                Some(b'{') => self.object(),
-                Some(b'[') => self.array(),
-                Some(b'"') => self.string().map(Value::String),
-                Some(b't') => self.literal("true", Value::Bool(true)),
-                Some(b'f') => self.literal("false", Value::Bool(false)),
-                Some(b'n') => self.literal("null", Value::Null),
-                Some(b'-' | b'0'..=b'9') => self.number(),
-                Some(_) => Err(self.err("unexpected character")),
-            };
-            self.depth -= 1;
-            v
-        }
-
-        fn object(&mut self) -> Result<Value, ParseError> {
-            self.i += 1;
-            let mut fields = Vec::new();
-            if self.eat(b'}') {
-                return Ok(Value::Object(fields));
-            }
-            loop {
-                self.ws();
-                if self.s.get(self.i) != Some(&b'"') {
-                    return Err(self.err("expected a key"));
-                }
-                let key = self.string()?;
-                if !self.eat(b':') {
-                    return Err(self.err("expected ':'"));
-                }
-                fields.push((key, self.value()?));
-                if self.eat(b',') {
-                    continue;
-                }
-                if self.eat(b'}') {
-                    return Ok(Value::Object(fields));
-                }
-                return Err(self.err("expected ',' or '}'"));
-            }
-        }
-
-        fn array(&mut self) -> Result<Value, ParseError> {
-            self.i += 1;
-            let mut items = Vec::new();
-            if self.eat(b']') {
-                return Ok(Value::Array(items));
-            }
-            loop {
-                items.push(self.value()?);
-                if self.eat(b',') {
-                    continue;
-                }
-                if self.eat(b']') {
-                    return Ok(Value::Array(items));
-                }
-                return Err(self.err("expected ',' or ']'"));
-            }
-        }
-
-        fn string(&mut self) -> Result<String, ParseError> {
-            self.i += 1;
-            let mut out = String::new();
-            loop {
-                let start = self.i;
-                while let Some(&b) = self.s.get(self.i) {
-                    if b == b'"' || b == b'\\' || b < 0x20 {
-                        break;
-                    }
-                    self.i += 1;
-                }
-                // The input is a &str, so this run is valid UTF-8.
-                out.push_str(
-                    std::str::from_utf8(&self.s[start..self.i])
-                        .map_err(|_| self.err("invalid UTF-8"))?,
-                );
-                match self.s.get(self.i) {
-                    Some(b'"') => {
-                        self.i += 1;
-                        return Ok(out);
-                    }
-                    Some(b'\\') => {
-                        self.i += 1;
-                        let c = match self.s.get(self.i) {
-                            Some(b'"') => '"',
-                            Some(b'\\') => '\\',
-                            Some(b'/') => '/',
-                            Some(b'b') => '\u{8}',
-                            Some(b'f') => '\u{c}',
-                            Some(b'n') => '\n',
-                            Some(b'r') => '\r',
-                            Some(b't') => '\t',
-                            Some(b'u') => {
-                                let hi = self.hex4()?;
-                                if (0xd800..0xdc00).contains(&hi) {
-                                    if self.s.get(self.i + 1..self.i + 3) != Some(b"\\u") {
-                                        return Err(self.err("unpaired surrogate"));
-                                    }
-                                    self.i += 2;
-                                    let lo = self.hex4()?;
-                                    if !(0xdc00..0xe000).contains(&lo) {
-                                        return Err(self.err("unpaired surrogate"));
-                                    }
-                                    char::from_u32(0x10000 + ((hi - 0xd800) << 10) + (lo - 0xdc00))
-                                        .ok_or_else(|| self.err("invalid escape"))?
-                                } else {
-                                    char::from_u32(hi)
-                                        .ok_or_else(|| self.err("unpaired surrogate"))?
-                                }
-                            }
-                            _ => return Err(self.err("invalid escape")),
-                        };
-                        out.push(c);
-                        self.i += 1;
-                    }
-                    Some(_) => return Err(self.err("control character in string")),
-                    None => return Err(self.err("unterminated string")),
-                }
-            }
-        }
-
-        /// Reads the 4 hex digits after `\u` (self.i at the `u`); leaves
-        /// self.i at the last digit.
-        fn hex4(&mut self) -> Result<u32, ParseError> {
-            let digits = self
-                .s
-                .get(self.i + 1..self.i + 5)
-                .ok_or_else(|| self.err("short \\u escape"))?;
-            // Exactly 4 hex digits (from_str_radix alone would take a sign).
-            if !digits.iter().all(u8::is_ascii_hexdigit) {
-                return Err(self.err("invalid \\u escape"));
-            }
-            let text = std::str::from_utf8(digits).map_err(|_| self.err("invalid \\u escape"))?;
-            let v = u32::from_str_radix(text, 16).map_err(|_| self.err("invalid \\u escape"))?;
-            self.i += 4;
-            Ok(v)
-        }
-
-        fn number(&mut self) -> Result<Value, ParseError> {
-            let start = self.i;
-            if self.s.get(self.i) == Some(&b'-') {
-                self.i += 1;
-            }
-            let digits = |p: &mut Self| {
-                let from = p.i;
-                while matches!(p.s.get(p.i), Some(b'0'..=b'9')) {
-                    p.i += 1;
-                }
-                p.i > from
-            };
-            if !digits(self) {
-                return Err(self.err("expected digits"));
-            }
-            if self.s.get(self.i) == Some(&b'.') {
-                self.i += 1;
-                if !digits(self) {
-                    return Err(self.err("expected digits"));
-                }
-            }
-            if matches!(self.s.get(self.i), Some(b'e' | b'E')) {
-                self.i += 1;
-                if matches!(self.s.get(self.i), Some(b'+' | b'-')) {
-                    self.i += 1;
-                }
-                if !digits(self) {
-                    return Err(self.err("expected digits"));
-                }
-            }
-            let text = std::str::from_utf8(&self.s[start..self.i]).expect("ASCII");
-            text.parse()
-                .map(Value::Number)
-                .map_err(|_| self.err("invalid number"))
-        }
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        #[test]
-        fn parses_and_rejects() {
-            let v = parse(r#" { "limit" : 3 , "holders" : [ "a\u00e9\"", "b" ], "x": [null, true, -1.5e2] } "#).unwrap();
-            let Value::Object(f) = v else { panic!() };
-            assert_eq!(f[0], ("limit".into(), Value::Number(3.0)));
-            assert_eq!(
-                f[1].1,
-                Value::Array(vec![
-                    Value::String("aé\"".into()),
-                    Value::String("b".into())
-                ])
-            );
-            for bad in [
-                "",
-                "{",
-                "{\"a\"}",
-                "[1,]",
-                "\"abc",
-                "01x",
-                "{\"a\":1} x",
-                "\"\\ud800\"",
-                "tru",
-            ] {
-                assert!(parse(bad).is_err(), "{bad:?}");
-            }
-            let mut out = String::new();
-            write_string(&mut out, "q\"\\\n\u{1}");
-            assert_eq!(out, r#""q\"\\\n\u0001""#);
-            assert_eq!(parse(&out).unwrap(), Value::String("q\"\\\n\u{1}".into()));
         }
     }
 }
