@@ -18,9 +18,10 @@ for arg in "$@"; do
   esac
 done
 
-# Debian packages the suite needs: the real servers, protoc for etcd-client,
-# and the peers (Curator's jars, kazoo) for the interoperability tests.
-packages=(zookeeper etcd-server etcd-client protobuf-compiler
+# Debian packages the suite needs: the real servers and the peers (Curator's
+# jars, kazoo) for the interoperability tests. (etcd-client's build takes
+# protoc from the crate protoc-bin-vendored: see .cargo/config.toml.)
+packages=(zookeeper etcd-server etcd-client
           libcurator-recipes-java libcurator-framework-java libcurator-client-java
           libslf4j-java python3-kazoo)
 missing=()
@@ -40,8 +41,8 @@ scripts/consul.sh get >/dev/null
 extra=()
 [ "$long" -eq 1 ] && extra=(-- --include-ignored)
 export DLOCK_LONG="$long"
-# --all-features: the etcd backend too (its build needs protoc, installed
-# above as protobuf-compiler; the default build leaves etcd out).
+# --all-features: every backend (etcd and ZooKeeper are also in the default
+# build).
 cargo test --workspace --all-features --all-targets "${extra[@]}"
 cargo test --workspace --all-features --doc
 # The docs build without a warning (a broken link is a doc bug), private

@@ -285,56 +285,47 @@ impl Session {
     /// policy when the connection drops (they are idempotent); writes are
     /// not, since a lost reply leaves their outcome unknown.
     pub async fn get_data(&self, path: &str) -> Result<(Vec<u8>, Stat)> {
-        path::validate(path)?;
-        let store = &self.inner.store;
-        let (data, stat, _) = self.retrying(|| store.get_data(path, false)).await?;
+        let (data, stat, _) = self.read(path, |s| s.get_data(path, false)).await?;
         Ok((data, stat))
     }
 
     /// Reads a node's data and arms a watch for its change or deletion.
     pub async fn get_data_watch(&self, path: &str) -> Result<(Vec<u8>, Stat, Watch)> {
-        path::validate(path)?;
-        let store = &self.inner.store;
-        let (data, stat, watch) = self.retrying(|| store.get_data(path, true)).await?;
-        Ok((
-            data,
-            stat,
-            watch.expect("the store armed the requested watch"),
-        ))
+        let (data, stat, watch) = self.read(path, |s| s.get_data(path, true)).await?;
+        Ok((data, stat, armed(watch)))
     }
 
     /// Reads a node's metadata, if it exists.
     pub async fn exists(&self, path: &str) -> Result<Option<Stat>> {
-        path::validate(path)?;
-        let store = &self.inner.store;
-        Ok(self.retrying(|| store.exists(path, false)).await?.0)
+        Ok(self.read(path, |s| s.exists(path, false)).await?.0)
     }
 
     /// Reads a node's metadata and arms a watch for its creation, change or
     /// deletion.
     pub async fn exists_watch(&self, path: &str) -> Result<(Option<Stat>, Watch)> {
-        path::validate(path)?;
-        let store = &self.inner.store;
-        let (stat, watch) = self.retrying(|| store.exists(path, true)).await?;
-        Ok((stat, watch.expect("the store armed the requested watch")))
+        let (stat, watch) = self.read(path, |s| s.exists(path, true)).await?;
+        Ok((stat, armed(watch)))
     }
 
     /// Lists a node's children (unordered).
     pub async fn children(&self, path: &str) -> Result<Vec<Child>> {
-        path::validate(path)?;
-        let store = &self.inner.store;
-        Ok(self.retrying(|| store.children(path, false)).await?.0)
+        Ok(self.read(path, |s| s.children(path, false)).await?.0)
     }
 
     /// Lists a node's children and arms a watch for a change among them.
     pub async fn children_watch(&self, path: &str) -> Result<(Vec<Child>, Watch)> {
+        let (children, watch) = self.read(path, |s| s.children(path, true)).await?;
+        Ok((children, armed(watch)))
+    }
+
+    /// A read of `path`, checked, and retried while the connection drops.
+    async fn read<'a, T, Fut>(&'a self, path: &str, op: impl Fn(&'a dyn Store) -> Fut) -> Result<T>
+    where
+        Fut: std::future::Future<Output = Result<T>>,
+    {
         path::validate(path)?;
-        let store = &self.inner.store;
-        let (children, watch) = self.retrying(|| store.children(path, true)).await?;
-        Ok((
-            children,
-            watch.expect("the store armed the requested watch"),
-        ))
+        let store = &*self.inner.store;
+        self.retrying(|| op(store)).await
     }
 
     /// Applies all operations atomically, or none.
@@ -650,6 +641,11 @@ fn count_state_changes(store: &dyn Store) {
                 .increment(1);
         }
     });
+}
+
+/// The watch a read was asked to arm (the contract says it always is).
+fn armed(watch: Option<Watch>) -> Watch {
+    watch.expect("the store armed the requested watch")
 }
 
 fn check_create_path(path: &str, mode: CreateMode) -> Result<()> {

@@ -1031,7 +1031,7 @@ impl Store for EtcdStore {
                 }
             }
         }
-        let first_path = ops.first().map_or("/", op_path).to_string();
+        let first_path = ops.first().map_or("/", Op::path).to_string();
         // Checks and deletes of implicit directories are learnt on failure:
         // the common multi (on keys) stays one round trip.
         let mut implicit: HashSet<String> = HashSet::new();
@@ -1117,15 +1117,6 @@ impl Store for EtcdStore {
     async fn close(&self) {
         self.hub.shutdown();
         self.lease.close().await;
-    }
-}
-
-fn op_path(op: &Op) -> &str {
-    match op {
-        Op::Check { path, .. }
-        | Op::Create { path, .. }
-        | Op::SetData { path, .. }
-        | Op::Delete { path, .. } => path,
     }
 }
 

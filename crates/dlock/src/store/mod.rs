@@ -391,6 +391,23 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// The node the operation acts on (for errors that name it).
+    ///
+    /// ```
+    /// use dlock::store::Op;
+    /// assert_eq!(Op::Delete { path: "/a".into(), version: None }.path(), "/a");
+    /// ```
+    pub fn path(&self) -> &str {
+        match self {
+            Op::Check { path, .. }
+            | Op::Create { path, .. }
+            | Op::SetData { path, .. }
+            | Op::Delete { path, .. } => path,
+        }
+    }
+}
+
 /// The result of one [`Op`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OpResult {

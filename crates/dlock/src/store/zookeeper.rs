@@ -380,7 +380,7 @@ impl Store for ZooKeeperStore {
             if let Err(e) = added {
                 return Err(Error::MultiFailed {
                     index,
-                    source: Box::new(self.inner.error(&client, e, op_path(op))),
+                    source: Box::new(self.inner.error(&client, e, op.path())),
                 });
             }
         }
@@ -389,7 +389,7 @@ impl Store for ZooKeeperStore {
             Err(zk::MultiWriteError::OperationFailed { index, source }) => {
                 let source = match ops.get(index) {
                     Some(Op::Create { path, .. }) => self.inner.create_error(&client, source, path),
-                    Some(op) => self.inner.error(&client, source, op_path(op)),
+                    Some(op) => self.inner.error(&client, source, op.path()),
                     None => self.inner.error(&client, source, ""),
                 };
                 return Err(Error::MultiFailed {
@@ -400,7 +400,7 @@ impl Store for ZooKeeperStore {
             Err(zk::MultiWriteError::RequestFailed { source }) => {
                 return Err(self
                     .inner
-                    .error(&client, source, ops.first().map_or("/", op_path)));
+                    .error(&client, source, ops.first().map_or("/", Op::path)));
             }
         };
         if results.len() != ops.len() {
@@ -434,15 +434,6 @@ impl Store for ZooKeeperStore {
 
     async fn close(&self) {
         self.inner.close().await;
-    }
-}
-
-fn op_path(op: &Op) -> &str {
-    match op {
-        Op::Check { path, .. }
-        | Op::Create { path, .. }
-        | Op::SetData { path, .. }
-        | Op::Delete { path, .. } => path,
     }
 }
 
