@@ -829,6 +829,10 @@ impl Store for ConsulStore {
 /// A node as a multi sees it while planning.
 #[derive(Debug, Clone, Default)]
 struct Planned {
+    /// It exists, as a key or an implicit directory (or will, by then).
+    /// An implicit directory emptied by the multi still exists until the
+    /// multi deletes it, as a ZooKeeper node would.
+    exists: bool,
     /// Its key exists (or will, by then).
     key: bool,
     /// Keys below it.
@@ -876,6 +880,7 @@ impl ConsulStore {
             .map(|(p, (own, below))| {
                 let planned = match own {
                     Some(e) => Planned {
+                        exists: true,
                         key: true,
                         below,
                         flags: e.flags,
@@ -884,6 +889,7 @@ impl ConsulStore {
                         touched: false,
                     },
                     None => Planned {
+                        exists: below > 0,
                         below,
                         ..Planned::default()
                     },
@@ -904,7 +910,7 @@ impl ConsulStore {
             match op {
                 Op::Check { path, version } => {
                     let n = view.get(path.as_str()).cloned().unwrap_or_default();
-                    if !n.key && n.below == 0 && path != "/" {
+                    if !n.exists && path != "/" {
                         return fail(i, no_node(path));
                     }
                     if version.is_some_and(|v| n.flags != v as u64) {
@@ -920,7 +926,7 @@ impl ConsulStore {
                     let parent = path::parent(path);
                     if parent != "/" {
                         let p = view.get(parent).cloned().unwrap_or_default();
-                        if !p.key && p.below == 0 {
+                        if !p.exists {
                             return fail(i, no_node(parent));
                         }
                         if p.ephemeral {
@@ -948,6 +954,7 @@ impl ConsulStore {
                     view.insert(
                         full.clone(),
                         Planned {
+                            exists: true,
                             key: true,
                             ephemeral: mode.is_ephemeral(),
                             touched: true,
@@ -956,6 +963,7 @@ impl ConsulStore {
                     );
                     if let Some(p) = view.get_mut(parent) {
                         p.below += 1;
+                        p.exists = true;
                     }
                     fulls.push(full);
                 }
@@ -986,7 +994,7 @@ impl ConsulStore {
                 }
                 Op::Delete { path, version } => {
                     let n = view.get(path.as_str()).cloned().unwrap_or_default();
-                    if !n.key && n.below == 0 {
+                    if !n.exists {
                         return fail(i, no_node(path));
                     }
                     if n.below > 0 {
@@ -999,7 +1007,10 @@ impl ConsulStore {
                     if let (Some(index), false) = (n.pinned, n.touched) {
                         txn.push(with(kv("check-index", &key), "Index", index.into()));
                     }
-                    txn.push(kv("delete", &key));
+                    // An emptied implicit directory has no key to delete.
+                    if n.key {
+                        txn.push(kv("delete", &key));
+                    }
                     if n.ephemeral {
                         txn.push(kv("delete-tree", &keys::markers(&key)));
                     }
@@ -1019,7 +1030,11 @@ impl ConsulStore {
             owner_of.extend(std::iter::repeat_n(i, txn.len() - before));
         }
         let first = fulls.first().cloned().unwrap_or_else(|| "/".into());
-        let entries = match self.txn(&txn, &first, session).await? {
+        let answered = match txn.is_empty() {
+            true => Ok(Vec::new()),
+            false => self.txn(&txn, &first, session).await?,
+        };
+        let entries = match answered {
             Ok(entries) => entries,
             Err(failure) => {
                 tracing::debug!(
