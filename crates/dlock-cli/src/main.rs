@@ -86,6 +86,7 @@ impl Global {
             Endpoint::Embedded => "embedded",
             Endpoint::ZooKeeper { .. } => "zookeeper",
             Endpoint::Etcd { .. } => "etcd",
+            Endpoint::Consul { .. } => "consul",
             _ => "unknown",
         })
     }

@@ -19,6 +19,14 @@ use crate::error::{Error, Result};
 ///   absent), `cert` and `key` (a client certificate, both or neither), and
 ///   `domain` (the name the members' certificates carry, if not the host).
 ///   File paths are taken literally (no percent-decoding).
+/// - `consul://host:port[,host:port...][/prefix][?token=...]` — Consul's
+///   HTTP API; every key lives below `prefix` (the store path `/shop/stock`
+///   is the Consul key `prefix/shop/stock`, or `shop/stock` without a
+///   prefix). `token` is the ACL token (else `CONSUL_HTTP_TOKEN` at connect
+///   time); it is never shown (`Display` masks it). `lock-delay` (`0s`,
+///   `15s`: whole seconds) is the lock delay of the sessions (default `0s`,
+///   see `dlock::store::consul`). TLS with `consuls://` or any of `cacert`,
+///   `cert`, `key`, `domain`, as for etcd.
 ///
 /// ```
 /// use dlock::Endpoint;
@@ -68,6 +76,21 @@ pub enum Endpoint {
         namespace: Option<String>,
         /// TLS to every member (`None`: plain HTTP/2).
         tls: Option<TlsFiles>,
+    },
+    /// A Consul datacenter, through the HTTP API of its agents or servers.
+    Consul {
+        /// `host:port` of each agent.
+        hosts: Vec<String>,
+        /// A path every key lives below (`None`: keys are the paths without
+        /// their leading `/`).
+        prefix: Option<String>,
+        /// The ACL token (`None`: `CONSUL_HTTP_TOKEN`, if set, at connect
+        /// time).
+        token: Option<String>,
+        /// TLS to every agent (`None`: plain HTTP).
+        tls: Option<TlsFiles>,
+        /// The sessions' lock delay (`None`: 0 s).
+        lock_delay: Option<std::time::Duration>,
     },
 }
 
@@ -187,6 +210,32 @@ impl fmt::Display for Endpoint {
                 namespace.as_deref().unwrap_or(""),
                 tls.as_ref().map(TlsFiles::query).unwrap_or_default()
             ),
+            Endpoint::Consul {
+                hosts,
+                prefix,
+                token,
+                tls,
+                lock_delay,
+            } => {
+                let mut query = tls.as_ref().map(TlsFiles::query).unwrap_or_default();
+                let mut add = |param: String| {
+                    query.push(if query.is_empty() { '?' } else { '&' });
+                    query.push_str(&param);
+                };
+                if token.is_some() {
+                    add("token=***".into());
+                }
+                if let Some(delay) = lock_delay {
+                    add(format!("lock-delay={}s", delay.as_secs()));
+                }
+                write!(
+                    f,
+                    "{}://{}{}{query}",
+                    if tls.is_some() { "consuls" } else { "consul" },
+                    hosts.join(","),
+                    prefix.as_deref().unwrap_or(""),
+                )
+            }
         }
     }
 }
@@ -196,7 +245,7 @@ impl FromStr for Endpoint {
 
     fn from_str(url: &str) -> Result<Self> {
         let fail = |reason: String| Error::InvalidEndpoint {
-            url: mask_password(url),
+            url: mask_token(&mask_password(url)),
             reason,
         };
         if url == "embedded" || url == "embedded://" {
@@ -205,9 +254,12 @@ impl FromStr for Endpoint {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| fail("expected embedded, zk://host:port or etcd://host:port".into()))?;
-        if !matches!(scheme, "zk" | "zookeeper" | "etcd" | "etcds") {
+        if !matches!(
+            scheme,
+            "zk" | "zookeeper" | "etcd" | "etcds" | "consul" | "consuls"
+        ) {
             return Err(fail(format!(
-                "unknown scheme {scheme:?}: use embedded, zk://, etcd:// or etcds://"
+                "unknown scheme {scheme:?}: use embedded, zk://, etcd://, etcds://, consul:// or consuls://"
             )));
         }
         let (rest, query) = match rest.split_once('?') {
@@ -287,9 +339,84 @@ impl FromStr for Endpoint {
                     tls,
                 })
             }
+            "consul" | "consuls" => {
+                if credentials.is_some() {
+                    return Err(fail(
+                        "consul:// endpoints take an ACL token (?token=...), not user:password"
+                            .into(),
+                    ));
+                }
+                let prefix = below("prefix")?;
+                let mut token = None;
+                let mut lock_delay = None;
+                let mut tls_params = Vec::new();
+                for param in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+                    match param.split_once('=') {
+                        Some(("token", value)) => {
+                            if value.is_empty() {
+                                return Err(fail("option \"token\" has an empty value".into()));
+                            }
+                            let value = percent_decode(value).map_err(&fail)?;
+                            if token.replace(value).is_some() {
+                                return Err(fail("option \"token\" is given twice".into()));
+                            }
+                        }
+                        Some(("lock-delay", value)) => {
+                            let secs = value.strip_suffix('s').unwrap_or(value);
+                            let secs: u64 = secs.parse().map_err(|_| {
+                                fail(format!(
+                                    "lock-delay {value:?} is not whole seconds (like 15s)"
+                                ))
+                            })?;
+                            if lock_delay
+                                .replace(std::time::Duration::from_secs(secs))
+                                .is_some()
+                            {
+                                return Err(fail("option \"lock-delay\" is given twice".into()));
+                            }
+                        }
+                        _ => tls_params.push(param),
+                    }
+                }
+                let tls = match tls_params.is_empty() {
+                    true => None,
+                    false => Some(parse_tls(&tls_params.join("&")).map_err(|e| {
+                        fail(e.replace(
+                            "etcd endpoints take cacert, cert, key and domain",
+                            "consul endpoints take token, lock-delay, cacert, cert, key and domain",
+                        ))
+                    })?),
+                };
+                let tls = match (scheme, tls) {
+                    ("consuls", None) => Some(TlsFiles::default()),
+                    (_, tls) => tls,
+                };
+                Ok(Endpoint::Consul {
+                    hosts,
+                    prefix,
+                    token,
+                    tls,
+                    lock_delay,
+                })
+            }
             _ => unreachable!("scheme checked above"),
         }
     }
+}
+
+/// `url` with the value of a `token=` option replaced by `***`.
+fn mask_token(url: &str) -> String {
+    let Some((head, query)) = url.split_once('?') else {
+        return url.to_string();
+    };
+    let params: Vec<String> = query
+        .split('&')
+        .map(|p| match p.split_once('=') {
+            Some(("token", _)) => "token=***".to_string(),
+            _ => p.to_string(),
+        })
+        .collect();
+    format!("{head}?{}", params.join("&"))
 }
 
 /// `url` with the password of its credentials, if any, replaced by `***`
@@ -436,6 +563,45 @@ mod tests {
         assert!(refused("etcdx://h:1").contains("unknown scheme"));
         assert!(refused("zk://h:+2181").contains("not a number 1-65535"));
         assert!(refused("zk://h:0").contains("not a number 1-65535"));
+    }
+
+    #[test]
+    fn consul_prefixes_tokens_and_tls() {
+        let e: Endpoint = "consul://h:8500,g:8500/app?token=s3cret&lock-delay=15s"
+            .parse()
+            .unwrap();
+        let Endpoint::Consul {
+            hosts,
+            prefix,
+            token,
+            tls,
+            lock_delay,
+        } = &e
+        else {
+            unreachable!()
+        };
+        assert_eq!(hosts, &["h:8500", "g:8500"]);
+        assert_eq!(prefix.as_deref(), Some("/app"));
+        assert_eq!(token.as_deref(), Some("s3cret"));
+        assert_eq!(tls, &None);
+        assert_eq!(*lock_delay, Some(std::time::Duration::from_secs(15)));
+        assert_eq!(
+            e.to_string(),
+            "consul://h:8500,g:8500/app?token=***&lock-delay=15s"
+        );
+        let e: Endpoint = "consuls://h:8501?cacert=/ca.pem".parse().unwrap();
+        assert_eq!(e.to_string(), "consuls://h:8501?cacert=/ca.pem");
+        assert_eq!(e.to_string().parse::<Endpoint>().unwrap(), e);
+        let e: Endpoint = "consuls://h:8501".parse().unwrap();
+        assert!(matches!(e, Endpoint::Consul { tls: Some(_), .. }));
+        let err = "consul://h:1?token=s3cret&x=1"
+            .parse::<Endpoint>()
+            .unwrap_err();
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+        assert!(err.to_string().contains("unknown option \"x\""), "{err}");
+        let err = "consul://u:p@h:1".parse::<Endpoint>().unwrap_err();
+        assert!(err.to_string().contains("ACL token"), "{err}");
+        assert!(refused("consul://h:1?lock-delay=soon").contains("whole seconds"));
     }
 
     #[test]

@@ -69,10 +69,13 @@ pub async fn connect_endpoint(endpoint: &Endpoint, options: SessionOptions) -> R
         Endpoint::ZooKeeper { .. } => crate::store::zookeeper::open(endpoint, &options).await?,
         #[cfg(feature = "etcd")]
         Endpoint::Etcd { .. } => crate::store::etcd::open(endpoint, &options).await?,
+        #[cfg(feature = "consul")]
+        Endpoint::Consul { .. } => crate::store::consul::open(endpoint, &options).await?,
         #[allow(unreachable_patterns)]
         other => {
             let feature = match other {
                 Endpoint::Etcd { .. } => "etcd feature (cargo build --features etcd; needs protoc)",
+                Endpoint::Consul { .. } => "consul feature",
                 _ => "zookeeper feature",
             };
             return Err(Error::InvalidEndpoint {

@@ -845,7 +845,14 @@ public class LatchPeer {
     }
 }
 
-per_backend!(every_backend {
+per_backend!({
+    embedded => crate::common::embedded(),
+    zookeeper => crate::common::zookeeper(),
+    #[cfg(feature = "etcd")]
+    etcd => crate::common::etcd(),
+    #[cfg(feature = "consul")]
+    consul => crate::common::consul(),
+} {
     the_earliest_candidate_leads,
     a_follower_leaving_changes_nothing,
     candidates_take_turns_alone,

@@ -438,6 +438,8 @@ per_backend!({
     etcd => crate::common::etcd(),
     #[cfg(feature = "etcd")]
     etcd_namespaced => crate::common::etcd_namespaced(),
+    #[cfg(feature = "consul")]
+    consul => crate::common::consul(),
 } {
     node_layout_is_curators,
     waiters_are_served_in_fifo_order,

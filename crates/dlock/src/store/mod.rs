@@ -3,8 +3,9 @@
 //! A [`Store`] is one client session of a coordination store with ZooKeeper's
 //! data model: a tree of nodes with data, versions and modes, one-shot
 //! watches, sessions whose ephemeral nodes vanish with them, and atomic
-//! multi-operations. Three backends implement it: [`embedded`] (in-process,
-//! with fault injection), `zookeeper` and `etcd` (feature `etcd`).
+//! multi-operations. Four backends implement it: [`embedded`] (in-process,
+//! with fault injection), `zookeeper`, `etcd` (feature `etcd`) and `consul`
+//! (feature `consul`).
 //!
 //! Recipes never name a backend: they use [`Session`](crate::Session), the
 //! cheap handle around an `Arc<dyn Store>`, which adds what is the same for
@@ -22,6 +23,8 @@
 //!   waiter never sleeps through a suspension or an expiry.
 //! - **Ordering** of sequential children follows [`sort_sequenced`].
 
+#[cfg(feature = "consul")]
+pub mod consul;
 pub mod embedded;
 #[cfg(feature = "etcd")]
 pub mod etcd;
@@ -430,6 +433,8 @@ pub enum BackendKind {
     ZooKeeper,
     /// etcd v3.
     Etcd,
+    /// HashiCorp Consul (its KV store and sessions).
+    Consul,
 }
 
 impl fmt::Display for BackendKind {
@@ -438,6 +443,7 @@ impl fmt::Display for BackendKind {
             BackendKind::Embedded => "embedded",
             BackendKind::ZooKeeper => "zookeeper",
             BackendKind::Etcd => "etcd",
+            BackendKind::Consul => "consul",
         })
     }
 }

@@ -22,6 +22,8 @@ pub enum Backend {
     /// A real etcd server shared by the test binary (`host:port`, and a
     /// namespace path if any).
     Etcd(String),
+    /// A real Consul dev agent shared by the test binary (`host:port`).
+    Consul(String),
 }
 
 /// A test's view of its backend.
@@ -59,6 +61,12 @@ pub fn etcd_namespaced() -> Harness {
     Harness::new(Backend::Etcd(format!("{}{namespace}", server.endpoint())))
 }
 
+/// The test binary's private Consul dev agent.
+pub fn consul() -> Harness {
+    let server = dlock_testkit::shared_consul();
+    Harness::new(Backend::Consul(server.endpoint()))
+}
+
 impl Harness {
     fn new(backend: Backend) -> Self {
         Harness {
@@ -81,6 +89,8 @@ impl Harness {
             Backend::ZooKeeper(_) => Duration::from_secs(2),
             // Lease TTLs are whole seconds; etcd 3.4's minimum is 2 s.
             Backend::Etcd(_) => Duration::from_secs(2),
+            // Consul refuses session TTLs below 10 s.
+            Backend::Consul(_) => Duration::from_secs(10),
         }
     }
 
@@ -98,6 +108,9 @@ impl Harness {
                 dlock::connect_with(&format!("zk://{hosts}"), options).await
             }
             Backend::Etcd(hosts) => dlock::connect_with(&format!("etcd://{hosts}"), options).await,
+            Backend::Consul(hosts) => {
+                dlock::connect_with(&format!("consul://{hosts}"), options).await
+            }
         }
         .expect("connect a session");
         self.sessions.lock().unwrap().push(session.clone());

@@ -1,0 +1,1126 @@
+//! The Consul backend: a [`Store`] on Consul's KV store and sessions
+//! (tested with Consul 1.8), through its HTTP API. Built with the `consul`
+//! feature (in the default build: it needs no system library).
+//!
+//! Connect with `consul://host:8500[,host:8500...][/prefix][?token=...]`
+//! (`consuls://...?cacert=...` for TLS; see [`Endpoint`]).
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+//! let session = dlock::connect("consul://127.0.0.1:8500/app").await?;
+//! println!("TTL {:?}", session.session_timeout());
+//! session.close().await;
+//! # Ok(()) }
+//! ```
+//!
+//! # Key layout (a compatibility contract)
+//!
+//! Clients of other versions, and operators with `consul kv`, rely on it:
+//! - **A node is the key of its path without the leading `/`**, below the
+//!   prefix if the endpoint has one: `/shop/stock` is the key `shop/stock`,
+//!   or `app/shop/stock` with `consul://host:8500/app`. The root (the
+//!   prefix) has no key. The node's data is the key's value, unchanged.
+//! - **The data version is the key's `Flags`**: 0 at creation, +1 by every
+//!   `set_data` (a compare-and-set on `ModifyIndex` that writes `Flags + 1`).
+//!   Writing a key by other means (`consul kv put` sets `Flags` to 0) resets
+//!   it. `czxid` is `CreateIndex` — Consul's Raft index, so it only grows,
+//!   store-wide: the fencing token — and `mzxid` is `ModifyIndex`.
+//! - **Ephemeral nodes** are keys acquired by the client's Consul session
+//!   (the `Session` field); `ephemeral_owner` is the session's id (the
+//!   first 63 bits of its UUID).
+//! - **Parents are implicit**, as on etcd (see `store::etcd`): a path
+//!   exists if it is a key or keys exist below `key/`; parents made by
+//!   `create_parents` write nothing and vanish with their last descendant
+//!   (a container reaped at once). A create without `create_parents` reads
+//!   its parent first (`NoNode` if it does not exist); a create below an
+//!   ephemeral key fails with `NoChildrenForEphemerals` (checked by a read
+//!   before the create: Consul's transactions cannot compare "absent or not
+//!   locked").
+//! - **Sequential nodes** get a 10-digit suffix, unique among this client's
+//!   nodes (a counter from a random start; the create is
+//!   `check-not-exists`, and another suffix is drawn if another client
+//!   drew the same). The digits carry no order: a queue is ordered by
+//!   `CreateIndex`, which listings report as [`Child::created`].
+//! - **Position markers** (the read-write lock's downgrade, as on etcd): a
+//!   non-sequential node named with the suffix of a sequential sibling this
+//!   session created takes that sibling's place: the create also writes
+//!   the key `<node>/\x01pos/<sibling's CreateIndex>` (acquired by the same
+//!   session), which listings read and never show, and deletes remove.
+//!
+//! # Sessions
+//!
+//! A store session is a Consul session with a TTL, `Behavior=delete` (its
+//! keys are deleted when it ends) and no health checks. The TTL is the
+//! session timeout rounded up to whole seconds, **at least 10 s**: Consul
+//! refuses shorter TTLs. [`session_timeout`](Store::session_timeout)
+//! reports the TTL asked for. Consul may keep a session up to twice its
+//! TTL; this client renews every third of it, reports `Suspended` when a
+//! renewal fails, and `Lost` when Consul answers 404 or no renewal was
+//! answered for a whole TTL (then it destroys the session, which may still
+//! live on the server). After `Lost` the next operation creates a new
+//! session.
+//!
+//! **Lock delay: 0 s by default** (`?lock-delay=15s` to change it). Consul's
+//! own default, 15 s, forbids acquiring the keys of an invalidated session
+//! for that long; this backend gives every node a new name anyway, and a
+//! node named again after a loss (an expiry retried) must be creatable at
+//! once. Fencing tokens, not lock delays, protect resources.
+//!
+//! # Operations
+//!
+//! - Creates are one transaction (`check-not-exists` + `set` or `lock`);
+//!   [`create_and_list`](Store::create_and_list) adds a `get-tree` of the
+//!   directory to it, so it is one round trip after the ancestor reads.
+//! - Listings read the directory recursively (`?recurse`): the create
+//!   indexes of the children are needed for the queue order, which
+//!   `?keys&separator=/` does not tell.
+//! - Versioned writes read the key and compare-and-set on its
+//!   `ModifyIndex`; a delete of one of this session's ephemeral nodes is
+//!   fenced by its `ModifyIndex`, so a retried delete never removes a
+//!   newer node of the same name (etcd#22082).
+//! - `num_children` counts every key below a node; `cversion` is 0.
+//! - Multi is one `/v1/txn` after reading the paths it touches:
+//!   preconditions are checked on the reads and pinned in the transaction
+//!   by `check-index`/`check-not-exists`; if the store moved meanwhile it
+//!   is tried again. At most 64 transaction operations (about 21 ops).
+//! - Watches are blocking queries on the watched key, or on the prefix of
+//!   the watched node's children (see the module `watch`).
+//!
+//! # Faults
+//!
+//! [`Faults::expire`] destroys the session (Consul deletes its keys at
+//! once); [`Faults::suspend`] stops renewals and holds operations for its
+//! duration; the lost-reply faults apply the operation and report
+//! `ConnectionLoss`.
+
+mod http;
+mod keeper;
+mod keys;
+mod watch;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use base64::Engine as _;
+use hyper::Method;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::watch as status_watch;
+
+use self::http::{encode_key, Http, Response};
+use self::keeper::{ttl_for, Keeper};
+use self::keys::{Entry, Layout};
+use self::watch::Kind;
+use super::{
+    BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId, SessionStatus,
+    Stat, Store, Watch,
+};
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Result};
+use crate::options::SessionOptions;
+use crate::path;
+
+/// Opens a client of the Consul agents of `endpoint` (an
+/// [`Endpoint::Consul`]) and creates its session.
+///
+/// # Errors
+///
+/// [`Error::Unreachable`] if no agent answers; [`Error::AuthFailed`] if the
+/// token may not create sessions; [`Error::InvalidEndpoint`] for another
+/// kind of endpoint or unreadable TLS files.
+pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<dyn Store>> {
+    let Endpoint::Consul {
+        prefix, lock_delay, ..
+    } = endpoint
+    else {
+        return Err(Error::InvalidEndpoint {
+            url: endpoint.to_string(),
+            reason: "not a Consul endpoint".into(),
+        });
+    };
+    let http = Http::new(endpoint)?;
+    let keeper = Keeper::open(
+        http.clone(),
+        ttl_for(options.session_timeout),
+        lock_delay.unwrap_or(Duration::ZERO),
+    )
+    .await?;
+    Ok(Arc::new(ConsulStore {
+        keeper,
+        http,
+        layout: Layout::new(prefix.as_deref()),
+        owned: StdMutex::new(Owned::default()),
+        sequence: AtomicU64::new(
+            (uuid::Uuid::new_v4().as_u128() % (SEQUENCE_SPACE as u128 / 2)) as u64,
+        ),
+    }))
+}
+
+/// How many distinct sequence suffixes there are (10 digits).
+const SEQUENCE_SPACE: u64 = 10_000_000_000;
+/// How often a sequential create draws another suffix after a collision.
+const SEQUENCE_ATTEMPTS: usize = 16;
+/// How often a compare-and-set is tried again when the key moved meanwhile.
+const CAS_ATTEMPTS: usize = 32;
+/// Consul's limit of operations in one transaction.
+const MAX_TXN_OPS: usize = 64;
+
+/// The ephemeral nodes this client created in the current session.
+#[derive(Debug, Default)]
+struct Owned {
+    session: SessionId,
+    /// Path → (create index, modify index).
+    nodes: HashMap<String, (u64, u64)>,
+    /// (directory, suffix) → path, for sequential nodes.
+    sequenced: HashMap<(String, String), String>,
+}
+
+struct ConsulStore {
+    keeper: Arc<Keeper>,
+    http: Arc<Http>,
+    layout: Layout,
+    owned: StdMutex<Owned>,
+    sequence: AtomicU64,
+}
+
+impl std::fmt::Debug for ConsulStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.keeper.fmt(f)
+    }
+}
+
+impl Drop for ConsulStore {
+    fn drop(&mut self) {
+        if let Some(uuid) = self.keeper.shut() {
+            self.keeper.destroy_in_background(uuid);
+        }
+    }
+}
+
+/// Why a transaction was refused: the first failing operation.
+#[derive(Debug)]
+struct TxnFailure {
+    index: usize,
+    what: String,
+}
+
+impl TxnFailure {
+    fn session_gone(&self) -> bool {
+        let what = self.what.to_ascii_lowercase();
+        what.contains("invalid session") || what.contains("session") && what.contains("not found")
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct TxnAnswer {
+    #[serde(default)]
+    results: Option<Vec<TxnResult>>,
+    #[serde(default)]
+    errors: Option<Vec<TxnError>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct TxnResult {
+    #[serde(rename = "KV")]
+    kv: Option<Entry>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct TxnError {
+    #[serde(default)]
+    op_index: usize,
+    #[serde(default)]
+    what: String,
+}
+
+/// One KV operation of a transaction.
+fn kv(verb: &str, key: &str) -> Value {
+    json!({ "KV": { "Verb": verb, "Key": key } })
+}
+
+fn with(mut op: Value, field: &str, value: Value) -> Value {
+    op["KV"][field] = value;
+    op
+}
+
+fn write(verb: &str, key: &str, data: &[u8], flags: u64) -> Value {
+    let op = with(
+        kv(verb, key),
+        "Value",
+        base64::engine::general_purpose::STANDARD
+            .encode(data)
+            .into(),
+    );
+    with(op, "Flags", flags.into())
+}
+
+/// Deletes `key` (and its position markers) if its modify index is still
+/// `index`. Not `delete-cas`: Consul takes that as done when the key is
+/// gone, and a fenced delete must tell that it found nothing.
+fn fenced_delete(key: &str, index: u64) -> [Value; 3] {
+    [
+        with(kv("check-index", key), "Index", index.into()),
+        kv("delete", key),
+        kv("delete-tree", &keys::markers(key)),
+    ]
+}
+
+fn first_entry<'e>(entries: &'e [Entry], key: &str) -> Option<&'e Entry> {
+    entries.iter().find(|e| e.key == key)
+}
+
+impl ConsulStore {
+    fn op_timeout(&self) -> Duration {
+        self.keeper.op_timeout()
+    }
+
+    /// An answer that is no success, as an error about `path`.
+    fn refused(&self, resp: &Response, path: &str) -> Error {
+        match resp.status {
+            403 => Error::NoAuth {
+                path: path.to_string(),
+            },
+            500..=599 => {
+                tracing::debug!(endpoint = %self.http.endpoint, "Consul answered {}: {}", resp.status, resp.text());
+                Error::ConnectionLoss
+            }
+            status => Error::Backend(format!(
+                "Consul at {} answered {status} about {path}: {}",
+                self.http.endpoint,
+                resp.text()
+            )),
+        }
+    }
+
+    /// Reads the entries at and below `key` (`?recurse`: siblings whose
+    /// key extends `key` come along, and callers filter them).
+    async fn recurse(&self, key: &str, path: &str) -> Result<Vec<Entry>> {
+        let resp = self
+            .http
+            .send(
+                Method::GET,
+                &format!("/v1/kv/{}?recurse", encode_key(key)),
+                None,
+                self.op_timeout(),
+            )
+            .await?;
+        match resp.status {
+            200 => resp.json("a read"),
+            404 => Ok(Vec::new()),
+            _ => Err(self.refused(&resp, path)),
+        }
+    }
+
+    /// `path`'s own entry, if it has a key.
+    async fn entry(&self, path: &str) -> Result<Option<Entry>> {
+        let key = self.layout.key(path);
+        let resp = self
+            .http
+            .send(
+                Method::GET,
+                &format!("/v1/kv/{}", encode_key(&key)),
+                None,
+                self.op_timeout(),
+            )
+            .await?;
+        match resp.status {
+            200 => Ok(resp
+                .json::<Vec<Entry>>("a read")?
+                .into_iter()
+                .find(|e| e.key == key)),
+            404 => Ok(None),
+            _ => Err(self.refused(&resp, path)),
+        }
+    }
+
+    /// `path`'s own entry and how many keys are below it.
+    async fn read(&self, path: &str) -> Result<(Option<Entry>, usize)> {
+        if path == "/" {
+            let below = self.layout.below(path);
+            let entries = self.recurse(&below, path).await?;
+            let n = entries
+                .iter()
+                .filter(|e| keys::is_descendant(&below, &e.key))
+                .count();
+            return Ok((None, n));
+        }
+        let key = self.layout.key(path);
+        let below = self.layout.below(path);
+        let entries = self.recurse(&key, path).await?;
+        let n = entries
+            .iter()
+            .filter(|e| keys::is_descendant(&below, &e.key))
+            .count();
+        Ok((entries.into_iter().find(|e| e.key == key), n))
+    }
+
+    /// Runs a transaction: the entries it returned, or its first failure.
+    /// A failure because the session is gone makes it `Lost` and is
+    /// `SessionExpired`.
+    async fn txn(
+        &self,
+        ops: &[Value],
+        path: &str,
+        session: SessionId,
+    ) -> Result<std::result::Result<Vec<Entry>, TxnFailure>> {
+        if ops.len() > MAX_TXN_OPS {
+            return Err(Error::InvalidArgument(format!(
+                "a Consul transaction holds at most {MAX_TXN_OPS} operations, this one needs {}",
+                ops.len()
+            )));
+        }
+        let body = serde_json::to_vec(ops)
+            .map_err(|e| Error::Backend(format!("cannot encode a transaction: {e}")))?;
+        let resp = self
+            .http
+            .send(Method::PUT, "/v1/txn", Some(body), self.op_timeout())
+            .await?;
+        match resp.status {
+            200 => {
+                let answer: TxnAnswer = resp.json("a transaction")?;
+                Ok(Ok(answer
+                    .results
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|r| r.kv)
+                    .collect()))
+            }
+            409 => {
+                let answer: TxnAnswer = resp.json("a refused transaction")?;
+                let failure = answer
+                    .errors
+                    .unwrap_or_default()
+                    .into_iter()
+                    .next()
+                    .map(|e| TxnFailure {
+                        index: e.op_index,
+                        what: e.what,
+                    })
+                    .ok_or_else(|| {
+                        Error::Backend(format!(
+                            "Consul refused a transaction on {path} without saying why"
+                        ))
+                    })?;
+                if failure.session_gone() {
+                    self.keeper.lose(session);
+                    return Err(Error::SessionExpired);
+                }
+                Ok(Err(failure))
+            }
+            _ => Err(self.refused(&resp, path)),
+        }
+    }
+
+    fn owned(&self, session: SessionId) -> std::sync::MutexGuard<'_, Owned> {
+        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        if owned.session != session {
+            *owned = Owned {
+                session,
+                ..Owned::default()
+            };
+        }
+        owned
+    }
+
+    fn remember(&self, session: SessionId, path: &str, e: &Entry, suffix: Option<&str>) {
+        let mut owned = self.owned(session);
+        owned
+            .nodes
+            .insert(path.to_string(), (e.create_index, e.modify_index));
+        if let Some(suffix) = suffix {
+            owned.sequenced.insert(
+                (path::parent(path).to_string(), suffix.to_string()),
+                path.to_string(),
+            );
+        }
+    }
+
+    fn forget(&self, session: SessionId, path: &str) {
+        let mut owned = self.owned(session);
+        if owned.nodes.remove(path).is_some() {
+            if let Some(suffix) = keys::sequence_suffix(path::node_name(path)) {
+                let key = (path::parent(path).to_string(), suffix.to_string());
+                if owned.sequenced.get(&key).is_some_and(|p| p == path) {
+                    owned.sequenced.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// The sequential sibling whose place a non-sequential create of
+    /// `full` takes, and its create index.
+    fn position_of(&self, session: SessionId, full: &str) -> Option<(String, u64)> {
+        let suffix = keys::sequence_suffix(path::node_name(full))?;
+        let owned = self.owned(session);
+        let sibling = owned
+            .sequenced
+            .get(&(path::parent(full).to_string(), suffix.to_string()))?;
+        if sibling == full {
+            return None;
+        }
+        let (created, _) = *owned.nodes.get(sibling)?;
+        Some((sibling.clone(), created))
+    }
+
+    fn next_suffix(&self) -> String {
+        let n = self.sequence.fetch_add(1, Ordering::Relaxed) % SEQUENCE_SPACE;
+        format!("{n:0width$}", width = keys::SEQUENCE_DIGITS)
+    }
+
+    fn arm(&self, kind: Kind) -> Watch {
+        Watch::new(watch::spawn(self.http.clone(), kind), self.keeper.status())
+    }
+
+    /// Creates `path` and, with `list`, lists that directory in the same
+    /// transaction.
+    async fn create_in(
+        &self,
+        path: &str,
+        data: &[u8],
+        opts: CreateOptions,
+        list: Option<&str>,
+    ) -> Result<(Created, Option<Vec<Child>>)> {
+        let (session, uuid) = self.keeper.current().await?;
+        let parent = path::parent(path);
+        let ancestors: Vec<&str> = path::ancestors(path).collect();
+        let found = futures::future::try_join_all(ancestors.iter().map(|a| self.entry(a))).await?;
+        for (ancestor, entry) in ancestors.iter().zip(&found) {
+            if entry.as_ref().is_some_and(|e| e.session.is_some()) {
+                return Err(Error::NoChildrenForEphemerals {
+                    path: ancestor.to_string(),
+                });
+            }
+        }
+        if !opts.create_parents && parent != "/" && found.last().is_none_or(Option::is_none) {
+            let below = self.layout.below(parent);
+            let entries = self.recurse(&below, parent).await?;
+            if !entries.iter().any(|e| keys::is_descendant(&below, &e.key)) {
+                return Err(Error::NoNode {
+                    path: parent.to_string(),
+                });
+            }
+        }
+        let ephemeral = opts.mode.is_ephemeral();
+        let sequential = opts.mode.is_sequential();
+        for attempt in 1.. {
+            let suffix = sequential.then(|| self.next_suffix());
+            let full = format!("{path}{}", suffix.as_deref().unwrap_or(""));
+            let key = self.layout.key(&full);
+            let position = (!sequential)
+                .then(|| self.position_of(session, &full))
+                .flatten();
+            let mut ops = vec![kv("check-not-exists", &key)];
+            ops.push(match ephemeral {
+                true => with(write("lock", &key, data, 0), "Session", uuid.clone().into()),
+                false => write("set", &key, data, 0),
+            });
+            if let Some((sibling, created)) = &position {
+                ops.push(with(
+                    kv("check-session", &self.layout.key(sibling)),
+                    "Session",
+                    uuid.clone().into(),
+                ));
+                ops.push(with(
+                    write("lock", &keys::marker(&key, *created), b"", 0),
+                    "Session",
+                    uuid.clone().into(),
+                ));
+            }
+            let below = list.map(|l| self.layout.below(l));
+            if let Some(below) = &below {
+                ops.push(kv("get-tree", below));
+            }
+            match self.txn(&ops, &full, session).await? {
+                Ok(entries) => {
+                    let Some(entry) = first_entry(&entries, &key) else {
+                        return Err(Error::Backend(format!(
+                            "Consul created {full} but did not return its entry"
+                        )));
+                    };
+                    if ephemeral {
+                        self.remember(session, &full, entry, suffix.as_deref());
+                    }
+                    let mut stat = keys::stat(entry, 0);
+                    stat.ephemeral_owner = if ephemeral { session } else { 0 };
+                    stat.data_length = data.len().min(i32::MAX as usize) as i32;
+                    let children = below.map(|b| keys::children(&b, &entries));
+                    return Ok((Created { path: full, stat }, children));
+                }
+                Err(failure) if failure.index == 0 => {
+                    if sequential && attempt < SEQUENCE_ATTEMPTS {
+                        continue;
+                    }
+                    return Err(Error::NodeExists { path: full });
+                }
+                Err(failure) if failure.index == 2 && position.is_some() => {
+                    return Err(Error::NoNode {
+                        path: position.map(|p| p.0).unwrap_or_default(),
+                    });
+                }
+                Err(failure) => {
+                    return Err(Error::Backend(format!(
+                        "Consul refused to create {full}: {}",
+                        failure.what
+                    )))
+                }
+            }
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// Deletes one of this session's ephemeral nodes, fenced by its modify
+    /// index: a newer node of that name is never removed.
+    async fn delete_owned(
+        &self,
+        path: &str,
+        session: SessionId,
+        (created, mut modified): (u64, u64),
+    ) -> Result<()> {
+        let key = self.layout.key(path);
+        for _ in 0..CAS_ATTEMPTS {
+            let ops = fenced_delete(&key, modified);
+            match self.txn(&ops, path, session).await? {
+                Ok(_) => {
+                    self.keeper.machine.lost_delete_reply()?;
+                    self.forget(session, path);
+                    return Ok(());
+                }
+                Err(_) => match self.entry(path).await? {
+                    // Ours, but its data was set by someone: fenced again.
+                    Some(e) if e.create_index == created => modified = e.modify_index,
+                    _ => {
+                        return Err(Error::NoNode {
+                            path: path.to_string(),
+                        })
+                    }
+                },
+            }
+        }
+        Err(Error::Backend(format!(
+            "{path} kept changing while it was deleted"
+        )))
+    }
+}
+
+#[async_trait]
+impl Store for ConsulStore {
+    fn backend(&self) -> BackendKind {
+        BackendKind::Consul
+    }
+
+    fn status(&self) -> status_watch::Receiver<SessionStatus> {
+        self.keeper.status()
+    }
+
+    fn session_timeout(&self) -> Duration {
+        self.keeper.ttl
+    }
+
+    async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
+        let (created, _) = self.create_in(path, data, opts, None).await?;
+        self.keeper.machine.lost_create_reply()?;
+        Ok(created)
+    }
+
+    async fn create_and_list(
+        &self,
+        path: &str,
+        data: &[u8],
+        opts: CreateOptions,
+        list: &str,
+    ) -> Result<(Created, Vec<Child>)> {
+        let (created, children) = self.create_in(path, data, opts, Some(list)).await?;
+        self.keeper.machine.lost_create_reply()?;
+        Ok((created, children.unwrap_or_default()))
+    }
+
+    async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
+        if path == "/" {
+            return Err(Error::InvalidArgument("the root cannot be deleted".into()));
+        }
+        let (session, _) = self.keeper.current().await?;
+        let fence = self.owned(session).nodes.get(path).copied();
+        if let (None, Some(fence)) = (version, fence) {
+            return self.delete_owned(path, session, fence).await;
+        }
+        let key = self.layout.key(path);
+        for _ in 0..CAS_ATTEMPTS {
+            let (own, below) = self.read(path).await?;
+            let entry = match own {
+                None if below > 0 => {
+                    return Err(Error::NotEmpty {
+                        path: path.to_string(),
+                    })
+                }
+                None => {
+                    return Err(Error::NoNode {
+                        path: path.to_string(),
+                    })
+                }
+                Some(_) if below > 0 => {
+                    return Err(Error::NotEmpty {
+                        path: path.to_string(),
+                    })
+                }
+                Some(e) if version.is_some_and(|v| e.flags != v as u64) => {
+                    return Err(Error::BadVersion {
+                        path: path.to_string(),
+                    })
+                }
+                Some(e) => e,
+            };
+            let ops = fenced_delete(&key, entry.modify_index);
+            if self.txn(&ops, path, session).await?.is_ok() {
+                self.keeper.machine.lost_delete_reply()?;
+                self.forget(session, path);
+                return Ok(());
+            }
+        }
+        Err(Error::Backend(format!(
+            "{path} kept changing while it was deleted"
+        )))
+    }
+
+    async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
+        let (session, _) = self.keeper.current().await?;
+        let key = self.layout.key(path);
+        for _ in 0..CAS_ATTEMPTS {
+            let Some(entry) = self.entry(path).await? else {
+                return Err(Error::NoNode {
+                    path: path.to_string(),
+                });
+            };
+            if version.is_some_and(|v| entry.flags != v as u64) {
+                return Err(Error::BadVersion {
+                    path: path.to_string(),
+                });
+            }
+            let op = with(
+                write("cas", &key, data, entry.flags + 1),
+                "Index",
+                entry.modify_index.into(),
+            );
+            if let Ok(entries) = self.txn(&[op], path, session).await? {
+                let Some(set) = first_entry(&entries, &key) else {
+                    return Err(Error::Backend(format!(
+                        "Consul set {path} but did not return its entry"
+                    )));
+                };
+                let mut owned = self.owned(session);
+                if let Some(node) = owned.nodes.get_mut(path) {
+                    node.1 = set.modify_index;
+                }
+                let mut stat = keys::stat(set, 0);
+                stat.data_length = data.len().min(i32::MAX as usize) as i32;
+                return Ok(stat);
+            }
+        }
+        Err(Error::Backend(format!(
+            "{path} kept changing while its data was set"
+        )))
+    }
+
+    async fn get_data(&self, path: &str, watch: bool) -> Result<(Vec<u8>, Stat, Option<Watch>)> {
+        self.keeper.current().await?;
+        let (own, below) = self.read(path).await?;
+        let key = self.layout.key(path);
+        match own {
+            Some(e) => {
+                let w = watch.then(|| {
+                    self.arm(Kind::Data {
+                        key,
+                        created: e.create_index,
+                        modified: e.modify_index,
+                    })
+                });
+                Ok((e.data(), keys::stat(&e, below), w))
+            }
+            None if below > 0 || path == "/" => {
+                let w = watch.then(|| self.arm(Kind::Implicit { key }));
+                Ok((Vec::new(), keys::implicit_stat(below), w))
+            }
+            None => Err(Error::NoNode {
+                path: path.to_string(),
+            }),
+        }
+    }
+
+    async fn exists(&self, path: &str, watch: bool) -> Result<(Option<Stat>, Option<Watch>)> {
+        self.keeper.current().await?;
+        let (own, below) = self.read(path).await?;
+        let key = self.layout.key(path);
+        let (stat, kind) = match own {
+            Some(e) => (
+                Some(keys::stat(&e, below)),
+                Kind::Data {
+                    key,
+                    created: e.create_index,
+                    modified: e.modify_index,
+                },
+            ),
+            None if below > 0 || path == "/" => {
+                (Some(keys::implicit_stat(below)), Kind::Implicit { key })
+            }
+            None => (None, Kind::Absent { key }),
+        };
+        Ok((stat, watch.then(|| self.arm(kind))))
+    }
+
+    async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
+        self.keeper.current().await?;
+        let below = self.layout.below(path);
+        let entries = self.recurse(&below, path).await?;
+        let children = keys::children(&below, &entries);
+        if children.is_empty() && path != "/" && self.entry(path).await?.is_none() {
+            return Err(Error::NoNode {
+                path: path.to_string(),
+            });
+        }
+        let w = watch.then(|| {
+            self.arm(Kind::Children {
+                key: (path != "/").then(|| self.layout.key(path)),
+                below,
+                digest: keys::digest(&children),
+            })
+        });
+        Ok((children, w))
+    }
+
+    async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
+        if ops.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (session, uuid) = self.keeper.current().await?;
+        let mut last = None;
+        for _ in 0..CAS_ATTEMPTS {
+            match self.multi_once(ops, session, &uuid).await? {
+                Ok(results) => return Ok(results),
+                Err(Some((index, error))) => {
+                    return Err(Error::MultiFailed {
+                        index,
+                        source: Box::new(error),
+                    })
+                }
+                // The store moved between the reads and the transaction.
+                Err(None) => last = Some(()),
+            }
+        }
+        let _ = last;
+        Err(Error::Backend(
+            "the nodes of a multi kept changing while it was applied".into(),
+        ))
+    }
+
+    fn faults(&self) -> Option<&dyn Faults> {
+        Some(self)
+    }
+
+    async fn close(&self) {
+        self.keeper.close().await;
+    }
+}
+
+/// A node as a multi sees it while planning.
+#[derive(Debug, Clone, Default)]
+struct Planned {
+    /// It exists, as a key or an implicit directory (or will, by then).
+    /// An implicit directory emptied by the multi still exists until the
+    /// multi deletes it, as a ZooKeeper node would.
+    exists: bool,
+    /// Its key exists (or will, by then).
+    key: bool,
+    /// Keys below it.
+    below: usize,
+    flags: u64,
+    ephemeral: bool,
+    /// The modify index read, while the multi has not touched it yet.
+    pinned: Option<u64>,
+    /// Touched by an earlier operation of the multi.
+    touched: bool,
+}
+
+impl ConsulStore {
+    /// One attempt at a multi: the results, or the failing operation, or
+    /// `Err(None)` if the store moved since the reads (try again).
+    async fn multi_once(
+        &self,
+        ops: &[Op],
+        session: SessionId,
+        uuid: &str,
+    ) -> Result<std::result::Result<Vec<OpResult>, Option<(usize, Error)>>> {
+        let mut paths: Vec<String> = Vec::new();
+        for op in ops {
+            let p = match op {
+                Op::Check { path, .. } | Op::SetData { path, .. } | Op::Delete { path, .. } => path,
+                Op::Create { path, mode, .. } => {
+                    if !mode.is_sequential() {
+                        paths.push(path.clone());
+                    }
+                    let parent = path::parent(path);
+                    if parent == "/" {
+                        continue;
+                    }
+                    parent
+                }
+            };
+            paths.push(p.to_string());
+        }
+        paths.sort();
+        paths.dedup();
+        let reads = futures::future::try_join_all(paths.iter().map(|p| self.read(p))).await?;
+        let mut view: HashMap<String, Planned> = paths
+            .iter()
+            .zip(reads)
+            .map(|(p, (own, below))| {
+                let planned = match own {
+                    Some(e) => Planned {
+                        exists: true,
+                        key: true,
+                        below,
+                        flags: e.flags,
+                        ephemeral: e.session.is_some(),
+                        pinned: Some(e.modify_index),
+                        touched: false,
+                    },
+                    None => Planned {
+                        exists: below > 0,
+                        below,
+                        ..Planned::default()
+                    },
+                };
+                (p.clone(), planned)
+            })
+            .collect();
+        let fail = |index: usize, error: Error| Ok(Err(Some((index, error))));
+        let no_node = |p: &str| Error::NoNode {
+            path: p.to_string(),
+        };
+        let mut txn: Vec<Value> = Vec::new();
+        // For each transaction operation, the multi operation it serves.
+        let mut owner_of: Vec<usize> = Vec::new();
+        let mut fulls: Vec<String> = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            let before = txn.len();
+            match op {
+                Op::Check { path, version } => {
+                    let n = view.get(path.as_str()).cloned().unwrap_or_default();
+                    if !n.exists && path != "/" {
+                        return fail(i, no_node(path));
+                    }
+                    if version.is_some_and(|v| n.flags != v as u64) {
+                        return fail(i, Error::BadVersion { path: path.clone() });
+                    }
+                    if let (Some(index), false) = (n.pinned, n.touched) {
+                        let key = self.layout.key(path);
+                        txn.push(with(kv("check-index", &key), "Index", index.into()));
+                    }
+                    fulls.push(path.clone());
+                }
+                Op::Create { path, data, mode } => {
+                    let parent = path::parent(path);
+                    if parent != "/" {
+                        let p = view.get(parent).cloned().unwrap_or_default();
+                        if !p.exists {
+                            return fail(i, no_node(parent));
+                        }
+                        if p.ephemeral {
+                            return fail(
+                                i,
+                                Error::NoChildrenForEphemerals {
+                                    path: parent.to_string(),
+                                },
+                            );
+                        }
+                    }
+                    let full = match mode.is_sequential() {
+                        true => format!("{path}{}", self.next_suffix()),
+                        false => path.clone(),
+                    };
+                    if view.get(&full).is_some_and(|n| n.key) {
+                        return fail(i, Error::NodeExists { path: full });
+                    }
+                    let key = self.layout.key(&full);
+                    txn.push(kv("check-not-exists", &key));
+                    txn.push(match mode.is_ephemeral() {
+                        true => with(write("lock", &key, data, 0), "Session", uuid.into()),
+                        false => write("set", &key, data, 0),
+                    });
+                    view.insert(
+                        full.clone(),
+                        Planned {
+                            exists: true,
+                            key: true,
+                            ephemeral: mode.is_ephemeral(),
+                            touched: true,
+                            ..Planned::default()
+                        },
+                    );
+                    if let Some(p) = view.get_mut(parent) {
+                        p.below += 1;
+                        p.exists = true;
+                    }
+                    fulls.push(full);
+                }
+                Op::SetData {
+                    path,
+                    data,
+                    version,
+                } => {
+                    let n = view.get(path.as_str()).cloned().unwrap_or_default();
+                    if !n.key {
+                        return fail(i, no_node(path));
+                    }
+                    if version.is_some_and(|v| n.flags != v as u64) {
+                        return fail(i, Error::BadVersion { path: path.clone() });
+                    }
+                    let key = self.layout.key(path);
+                    txn.push(match (n.pinned, n.touched) {
+                        (Some(index), false) => {
+                            with(write("cas", &key, data, n.flags + 1), "Index", index.into())
+                        }
+                        _ => write("set", &key, data, n.flags + 1),
+                    });
+                    if let Some(n) = view.get_mut(path.as_str()) {
+                        n.flags += 1;
+                        n.touched = true;
+                    }
+                    fulls.push(path.clone());
+                }
+                Op::Delete { path, version } => {
+                    let n = view.get(path.as_str()).cloned().unwrap_or_default();
+                    if !n.exists {
+                        return fail(i, no_node(path));
+                    }
+                    if n.below > 0 {
+                        return fail(i, Error::NotEmpty { path: path.clone() });
+                    }
+                    if version.is_some_and(|v| n.flags != v as u64) {
+                        return fail(i, Error::BadVersion { path: path.clone() });
+                    }
+                    let key = self.layout.key(path);
+                    if let (Some(index), false) = (n.pinned, n.touched) {
+                        txn.push(with(kv("check-index", &key), "Index", index.into()));
+                    }
+                    // An emptied implicit directory has no key to delete.
+                    if n.key {
+                        txn.push(kv("delete", &key));
+                    }
+                    if n.ephemeral {
+                        txn.push(kv("delete-tree", &keys::markers(&key)));
+                    }
+                    view.insert(
+                        path.clone(),
+                        Planned {
+                            touched: true,
+                            ..Planned::default()
+                        },
+                    );
+                    if let Some(p) = view.get_mut(path::parent(path)) {
+                        p.below = p.below.saturating_sub(1);
+                    }
+                    fulls.push(path.clone());
+                }
+            }
+            owner_of.extend(std::iter::repeat_n(i, txn.len() - before));
+        }
+        let first = fulls.first().cloned().unwrap_or_else(|| "/".into());
+        let answered = match txn.is_empty() {
+            true => Ok(Vec::new()),
+            false => self.txn(&txn, &first, session).await?,
+        };
+        let entries = match answered {
+            Ok(entries) => entries,
+            Err(failure) => {
+                tracing::debug!(
+                    "a multi failed at transaction operation {} (operation {:?}): {}; trying again",
+                    failure.index,
+                    owner_of.get(failure.index),
+                    failure.what
+                );
+                return Ok(Err(None));
+            }
+        };
+        let mut results = Vec::with_capacity(ops.len());
+        for (op, full) in ops.iter().zip(&fulls) {
+            let key = self.layout.key(full);
+            let stat = || {
+                first_entry(&entries, &key)
+                    .map(|e| keys::stat(e, 0))
+                    .unwrap_or_default()
+            };
+            results.push(match op {
+                Op::Check { .. } => OpResult::Checked,
+                Op::Create { mode, data, .. } => {
+                    let mut stat = stat();
+                    stat.data_length = data.len().min(i32::MAX as usize) as i32;
+                    if mode.is_ephemeral() {
+                        stat.ephemeral_owner = session;
+                        if let Some(e) = first_entry(&entries, &key) {
+                            let suffix = mode
+                                .is_sequential()
+                                .then(|| keys::sequence_suffix(path::node_name(full)))
+                                .flatten();
+                            self.remember(session, full, e, suffix);
+                        }
+                    }
+                    OpResult::Created(Created {
+                        path: full.clone(),
+                        stat,
+                    })
+                }
+                Op::SetData { data, .. } => {
+                    let mut stat = stat();
+                    stat.data_length = data.len().min(i32::MAX as usize) as i32;
+                    OpResult::Set(stat)
+                }
+                Op::Delete { .. } => {
+                    self.forget(session, full);
+                    OpResult::Deleted
+                }
+            });
+        }
+        Ok(Ok(results))
+    }
+}
+
+/// Faults act on this client's session (see the module docs).
+#[async_trait]
+impl Faults for ConsulStore {
+    /// Publishes `Suspended`, holds operations and stops renewals for
+    /// `duration`, then renews at once. If `duration` reaches the TTL, the
+    /// session is `Lost` (and destroyed) once a TTL passed since the last
+    /// answered renewal.
+    fn suspend(&self, duration: Duration) {
+        self.keeper.suspend(duration);
+    }
+
+    /// Destroys the session (Consul deletes its keys at once) and returns
+    /// with the status `Lost`.
+    async fn expire(&self) -> Result<()> {
+        let status = self.keeper.machine.snapshot();
+        match status.state {
+            crate::store::SessionState::Closed => Err(Error::Closed),
+            crate::store::SessionState::Lost => Ok(()),
+            _ => {
+                let uuid = self.keeper.machine.lock().backend.uuid.clone();
+                let destroyed = self.keeper.destroy(&uuid).await;
+                self.keeper.lose(status.session_id);
+                destroyed
+            }
+        }
+    }
+
+    fn lose_next_create_reply(&self) {
+        self.keeper.machine.lost_replies.create.arm();
+    }
+
+    fn lose_next_delete_reply(&self) {
+        self.keeper.machine.lost_replies.delete.arm();
+    }
+}

@@ -1,0 +1,338 @@
+//! The session side of the Consul backend: a Consul session, our renewal
+//! loop, and Curator's connection states on the one status machine.
+//!
+//! - The first session is `Connected`.
+//! - A renewal that fails or goes unanswered (within a third of the TTL)
+//!   makes it `Suspended`; the next answered one, `Reconnected`.
+//! - A renewal answered 404 (Consul no longer has the session), or no
+//!   answered renewal for a whole TTL (counted from when the last answered
+//!   one was sent), makes it `Lost`; in the second case the session is
+//!   destroyed in the background, as it may still live on the server (Consul
+//!   keeps a session up to twice its TTL).
+//! - After `Lost` the next operation creates a new session: `Reconnected`,
+//!   with the new session's id.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::Method;
+use serde::Deserialize;
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use super::http::Http;
+use super::keys::session_id;
+use crate::error::{Error, Result};
+use crate::store::status::{Renewal, StatusMachine};
+use crate::store::{SessionId, SessionStatus};
+
+/// Consul refuses session TTLs below this.
+pub(super) const MIN_TTL: Duration = Duration::from_secs(10);
+/// ... and above this.
+pub(super) const MAX_TTL: Duration = Duration::from_secs(86_400);
+
+/// The TTL asked for: the session timeout rounded up to whole seconds,
+/// within Consul's bounds (10 s to 24 h).
+pub(super) fn ttl_for(timeout: Duration) -> Duration {
+    let secs = timeout.as_millis().div_ceil(1000).min(u64::MAX as u128) as u64;
+    Duration::from_secs(secs).clamp(MIN_TTL, MAX_TTL)
+}
+
+/// What the backend keeps per session, in the status machine's slot.
+pub(super) struct SessionSlot {
+    /// The session's UUID (empty once closed).
+    pub uuid: String,
+}
+
+/// The session state shared by the store, its renewal loop and its fault
+/// timers.
+pub(super) struct Keeper {
+    pub http: Arc<Http>,
+    pub machine: StatusMachine<SessionSlot>,
+    pub ttl: Duration,
+    pub lock_delay: Duration,
+    runtime: tokio::runtime::Handle,
+    /// Wakes the renewal loop (the end of a suspension, a close).
+    kick: Notify,
+}
+
+impl std::fmt::Debug for Keeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsulStore")
+            .field("endpoint", &self.http.endpoint)
+            .field("status", &self.machine)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Created {
+    #[serde(rename = "ID")]
+    id: String,
+}
+
+impl Keeper {
+    /// Creates the first session (status `Connected`) and starts renewing it.
+    pub async fn open(http: Arc<Http>, ttl: Duration, lock_delay: Duration) -> Result<Arc<Keeper>> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::Backend("the Consul backend needs a tokio runtime".into()))?;
+        let uuid = create(&http, ttl, lock_delay, true).await?;
+        let id = session_id(&uuid);
+        let keeper = Arc::new(Keeper {
+            http,
+            machine: StatusMachine::new(id, SessionSlot { uuid: uuid.clone() }),
+            ttl,
+            lock_delay,
+            runtime,
+            kick: Notify::new(),
+        });
+        keeper.spawn_renewals(id, uuid);
+        Ok(keeper)
+    }
+
+    pub fn status(&self) -> watch::Receiver<SessionStatus> {
+        self.machine.subscribe()
+    }
+
+    /// How long one ordinary request may take before it counts as a lost
+    /// connection.
+    pub fn op_timeout(&self) -> Duration {
+        (self.ttl / 2).max(Duration::from_secs(5))
+    }
+
+    /// The session to run an operation in (its id and UUID): waits out a
+    /// suspension, creates a new session after a loss, fails once closed.
+    pub async fn current(self: &Arc<Self>) -> Result<(SessionId, String)> {
+        self.machine
+            .ready(
+                |slot, id| Some((id, slot.uuid.clone())),
+                |lost| self.renew(lost),
+            )
+            .await
+    }
+
+    /// Replaces the lost session `lost` by a new one.
+    async fn renew(self: &Arc<Self>, lost: SessionId) -> Result<()> {
+        let open = || async {
+            let uuid = create(&self.http, self.ttl, self.lock_delay, false).await?;
+            Ok((session_id(&uuid), SessionSlot { uuid }))
+        };
+        match self.machine.renew(lost, open).await? {
+            Renewal::Installed(id) => {
+                let uuid = self.machine.lock().backend.uuid.clone();
+                tracing::debug!(endpoint = %self.http.endpoint, session = %uuid, "new Consul session after a loss");
+                self.spawn_renewals(id, uuid);
+            }
+            Renewal::Abandoned(slot) => self.destroy_in_background(slot.uuid),
+            Renewal::NotNeeded => {}
+        }
+        Ok(())
+    }
+
+    /// Declares `id` lost (if it is current).
+    pub fn lose(&self, id: SessionId) -> bool {
+        self.machine.lose(id)
+    }
+
+    /// Marks the store closed and returns the session to destroy.
+    pub fn shut(&self) -> Option<String> {
+        let (was_open, uuid) = self.machine.shut(|slot| std::mem::take(&mut slot.uuid));
+        self.kick.notify_one();
+        (was_open && !uuid.is_empty()).then_some(uuid)
+    }
+
+    /// Destroys the session `uuid`: Consul deletes its keys at once.
+    pub async fn destroy(&self, uuid: &str) -> Result<()> {
+        let resp = self
+            .http
+            .send(
+                Method::PUT,
+                &format!("/v1/session/destroy/{uuid}"),
+                None,
+                self.op_timeout(),
+            )
+            .await?;
+        match resp.status {
+            200 => Ok(()),
+            403 => Err(Error::NoAuth {
+                path: format!("session {uuid}"),
+            }),
+            _ => Err(Error::Backend(format!(
+                "Consul refused to destroy session {uuid}: {} {}",
+                resp.status,
+                resp.text()
+            ))),
+        }
+    }
+
+    pub fn destroy_in_background(self: &Arc<Self>, uuid: String) {
+        let this = self.clone();
+        self.runtime.spawn(async move {
+            if let Err(e) = this.destroy(&uuid).await {
+                tracing::debug!(session = %uuid, "destroying a Consul session failed: {e}");
+            }
+        });
+    }
+
+    /// Closes: `Closed` at once, then destroys the session (its keys go).
+    pub async fn close(&self) {
+        if let Some(uuid) = self.shut() {
+            if let Err(e) = self.destroy(&uuid).await {
+                tracing::debug!(session = %uuid, "destroying the Consul session on close failed: {e}; it expires by itself");
+            }
+        }
+        self.http.clear();
+    }
+
+    /// `Faults::suspend`: `Suspended` at once, no renewals for `duration`,
+    /// then one at once.
+    pub fn suspend(self: &Arc<Self>, duration: Duration) {
+        let Some(suspension) = self.machine.begin_suspension() else {
+            return;
+        };
+        let this = Arc::downgrade(self);
+        self.runtime.spawn(async move {
+            tokio::time::sleep(duration).await;
+            if let Some(this) = this.upgrade() {
+                if this.machine.end_suspension(suspension) {
+                    this.kick.notify_one();
+                }
+            }
+        });
+    }
+
+    fn spawn_renewals(self: &Arc<Self>, id: SessionId, uuid: String) {
+        let this = Arc::downgrade(self);
+        let ttl = self.ttl;
+        self.runtime.spawn(async move {
+            renewals(this, id, uuid, ttl).await;
+        });
+    }
+
+    /// One renewal: `Ok(true)` if Consul still has the session.
+    async fn renew_once(&self, uuid: &str, timeout: Duration) -> Result<bool> {
+        let resp = self
+            .http
+            .send(
+                Method::PUT,
+                &format!("/v1/session/renew/{uuid}"),
+                None,
+                timeout,
+            )
+            .await?;
+        match resp.status {
+            200 => Ok(true),
+            404 => Ok(false),
+            _ => Err(Error::Backend(format!(
+                "session renewal answered {} {}",
+                resp.status,
+                resp.text()
+            ))),
+        }
+    }
+}
+
+/// The renewal loop of session `id`: every third of the TTL, until the
+/// session is lost, replaced or closed.
+async fn renewals(keeper: std::sync::Weak<Keeper>, id: SessionId, uuid: String, ttl: Duration) {
+    let interval = ttl / 3;
+    let retry = (ttl / 10).max(Duration::from_millis(200));
+    let mut confirmed = Instant::now();
+    let mut next = confirmed + interval;
+    loop {
+        let Some(this) = keeper.upgrade() else {
+            return;
+        };
+        if !this.machine.is_current(id) {
+            return;
+        }
+        let now = Instant::now();
+        if now >= confirmed + ttl {
+            if this.lose(id) {
+                this.destroy_in_background(uuid);
+            }
+            return;
+        }
+        let suspended = this.machine.fault_suspended();
+        if now >= next && !suspended {
+            let sent = Instant::now();
+            match this.renew_once(&uuid, interval).await {
+                Ok(true) => {
+                    confirmed = sent;
+                    next = sent + interval;
+                    this.machine.connected(id);
+                }
+                Ok(false) => {
+                    this.lose(id);
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(session = %uuid, "Consul session renewal failed: {e}");
+                    next = Instant::now() + retry;
+                    this.machine.disconnected(id);
+                }
+            }
+            continue;
+        }
+        let expiry = confirmed + ttl;
+        let wake = if suspended { expiry } else { next.min(expiry) };
+        // Holding `this` meanwhile is fine: a close kicks the loop.
+        tokio::select! {
+            () = tokio::time::sleep_until(wake) => {}
+            () = this.kick.notified() => next = Instant::now(),
+        }
+    }
+}
+
+/// Creates a session: TTL, delete its keys when it ends, the lock delay, no
+/// health checks (only the TTL decides).
+async fn create(http: &Http, ttl: Duration, lock_delay: Duration, first: bool) -> Result<String> {
+    let body = serde_json::json!({
+        "Name": "dlock",
+        "TTL": format!("{}s", ttl.as_secs()),
+        "Behavior": "delete",
+        "LockDelay": format!("{}s", lock_delay.as_secs()),
+        "Checks": [],
+    });
+    let timeout = Duration::from_secs(10);
+    let path = "/v1/session/create";
+    let body = Some(body.to_string().into_bytes());
+    let resp = if first {
+        http.send_or_unreachable(Method::PUT, path, body, timeout)
+            .await?
+    } else {
+        http.send(Method::PUT, path, body, timeout).await?
+    };
+    match resp.status {
+        200 => Ok(resp.json::<Created>("a session create")?.id),
+        403 => Err(Error::AuthFailed(format!(
+            "Consul at {} refused to create a session (ACL token lacks session:write?): {}",
+            http.endpoint,
+            resp.text()
+        ))),
+        500..=599 if !first => Err(Error::ConnectionLoss),
+        _ => Err(Error::Unreachable(format!(
+            "Consul at {} created no session: {} {}",
+            http.endpoint,
+            resp.status,
+            resp.text()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_are_whole_seconds_within_consuls_bounds() {
+        assert_eq!(ttl_for(Duration::from_millis(500)), MIN_TTL);
+        assert_eq!(
+            ttl_for(Duration::from_millis(10_001)),
+            Duration::from_secs(11)
+        );
+        assert_eq!(ttl_for(Duration::from_secs(30)), Duration::from_secs(30));
+        assert_eq!(ttl_for(Duration::from_secs(100_000)), MAX_TTL);
+    }
+}

@@ -1,0 +1,266 @@
+//! How store paths map onto Consul keys, and Consul's KV entries back
+//! onto nodes (the layout is described in `store::consul`'s module docs).
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use serde::Deserialize;
+
+use crate::store::{Child, SessionId, Stat};
+
+/// What a position marker's key looks like below its node:
+/// `<node>/\x01pos/<create index>`. Paths cannot hold control characters,
+/// so no node can collide with one.
+pub const MARKER: &str = "/\u{1}pos/";
+
+/// How many digits a sequence suffix has (as ZooKeeper's `%010d`).
+pub const SEQUENCE_DIGITS: usize = 10;
+
+/// A KV entry, as Consul's API returns it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Entry {
+    pub key: String,
+    #[serde(default)]
+    pub create_index: u64,
+    #[serde(default)]
+    pub modify_index: u64,
+    #[serde(default)]
+    pub flags: u64,
+    #[serde(default)]
+    pub session: Option<String>,
+    #[serde(default)]
+    pub value: Option<String>,
+}
+
+impl Entry {
+    /// The value, decoded (Consul sends it in base64).
+    pub fn data(&self) -> Vec<u8> {
+        self.value
+            .as_deref()
+            .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
+            .unwrap_or_default()
+    }
+
+    /// The owning session, as a session id (0: none).
+    pub fn owner(&self) -> SessionId {
+        self.session.as_deref().map_or(0, session_id)
+    }
+}
+
+/// A Consul session's UUID as a [`SessionId`]: its first 63 bits (never
+/// 0). Unique enough to tell sessions apart; the UUID stays the identity.
+pub fn session_id(uuid: &str) -> SessionId {
+    let hex: String = uuid
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(16)
+        .collect();
+    let n = u64::from_str_radix(&hex, 16).unwrap_or(0) & (i64::MAX as u64);
+    n.max(1) as i64
+}
+
+/// Maps paths to keys below a prefix.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// `""`, or the prefix's key with a trailing `/` (`app/`).
+    prefix: String,
+}
+
+impl Layout {
+    /// The layout below `prefix` (a store path such as `/app`, or none).
+    pub fn new(prefix: Option<&str>) -> Layout {
+        Layout {
+            prefix: match prefix {
+                None | Some("/") => String::new(),
+                Some(p) => format!("{}/", p.trim_start_matches('/')),
+            },
+        }
+    }
+
+    /// The key of `path` (not the root, which has none).
+    pub fn key(&self, path: &str) -> String {
+        format!("{}{}", self.prefix, path.trim_start_matches('/'))
+    }
+
+    /// The prefix of `path`'s descendants' keys.
+    pub fn below(&self, path: &str) -> String {
+        if path == "/" {
+            self.prefix.clone()
+        } else {
+            format!("{}/", self.key(path))
+        }
+    }
+}
+
+/// The key of `node`'s position marker: it sorts as if created at `index`.
+pub fn marker(node_key: &str, index: u64) -> String {
+    format!("{node_key}{MARKER}{index}")
+}
+
+/// The prefix of all markers of `node_key`.
+pub fn markers(node_key: &str) -> String {
+    format!("{node_key}/\u{1}")
+}
+
+/// The direct children of the node whose descendants' keys start with
+/// `below`, from entries of a recursive read of it: child keys, and
+/// implicit child directories made by deeper keys. `created` is a child's
+/// create index (a marker's, if it has one; an implicit directory's
+/// smallest below it); `czxid` its own key's create index.
+pub fn children<'e>(below: &str, entries: impl IntoIterator<Item = &'e Entry>) -> Vec<Child> {
+    #[derive(Default)]
+    struct Found {
+        key: Option<i64>,
+        marker: Option<i64>,
+        deepest: Option<i64>,
+    }
+    let mut found: BTreeMap<&str, Found> = BTreeMap::new();
+    for e in entries {
+        let Some(rest) = e.key.strip_prefix(below) else {
+            continue;
+        };
+        if rest.is_empty() || rest.starts_with('\u{1}') {
+            continue;
+        }
+        let index = e.create_index as i64;
+        match rest.split_once('/') {
+            None => found.entry(rest).or_default().key = Some(index),
+            Some((name, _)) => {
+                let f = found.entry(name).or_default();
+                match rest[name.len()..].strip_prefix(MARKER) {
+                    Some(at) => f.marker = at.parse().ok(),
+                    None => f.deepest = Some(f.deepest.map_or(index, |d| d.min(index))),
+                }
+            }
+        }
+    }
+    found
+        .into_iter()
+        .filter_map(|(name, f)| {
+            let created = match f.key {
+                Some(index) => f.marker.unwrap_or(index),
+                None => f.deepest?,
+            };
+            Some(Child {
+                name: name.to_string(),
+                created: Some(created),
+                czxid: f.key,
+            })
+        })
+        .collect()
+}
+
+/// Whether `key` is a real descendant (not a marker) of the node whose
+/// descendants start with `below`.
+pub fn is_descendant(below: &str, key: &str) -> bool {
+    key.strip_prefix(below).is_some_and(|rest| {
+        !rest.is_empty() && !rest.starts_with('\u{1}') && !rest.contains(MARKER)
+    })
+}
+
+/// A digest of a listing: equal digests, same children (a child deleted
+/// and created again under its name counts as a change).
+pub fn digest(children: &[Child]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut names: Vec<(&str, Option<i64>)> = children
+        .iter()
+        .map(|c| (c.name.as_str(), c.czxid))
+        .collect();
+    names.sort_unstable();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    names.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// An entry's metadata in ZooKeeper's terms.
+pub fn stat(e: &Entry, descendants: usize) -> Stat {
+    Stat {
+        czxid: e.create_index as i64,
+        mzxid: e.modify_index as i64,
+        version: e.flags.min(i32::MAX as u64) as i32,
+        cversion: 0,
+        ephemeral_owner: e.owner(),
+        num_children: descendants.min(i32::MAX as usize) as i32,
+        data_length: e.data().len().min(i32::MAX as usize) as i32,
+    }
+}
+
+/// The metadata of an implicit directory: no key, no indexes, no data.
+pub fn implicit_stat(descendants: usize) -> Stat {
+    Stat {
+        num_children: descendants.min(i32::MAX as usize) as i32,
+        ..Stat::default()
+    }
+}
+
+/// The trailing [`SEQUENCE_DIGITS`] digits of a node name, if it ends with
+/// at least that many.
+pub fn sequence_suffix(name: &str) -> Option<&str> {
+    let digits = name.bytes().rev().take_while(u8::is_ascii_digit).count();
+    (digits >= SEQUENCE_DIGITS).then(|| &name[name.len() - SEQUENCE_DIGITS..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key: &str, index: u64) -> Entry {
+        Entry {
+            key: key.into(),
+            create_index: index,
+            modify_index: index,
+            flags: 0,
+            session: None,
+            value: None,
+        }
+    }
+
+    #[test]
+    fn layout() {
+        let root = Layout::new(None);
+        assert_eq!(root.key("/a/b"), "a/b");
+        assert_eq!(root.below("/"), "");
+        assert_eq!(root.below("/a"), "a/");
+        let app = Layout::new(Some("/app"));
+        assert_eq!(app.key("/a/b"), "app/a/b");
+        assert_eq!(app.below("/"), "app/");
+    }
+
+    #[test]
+    fn children_merge_keys_markers_and_implicit_directories() {
+        let entries = [
+            entry("d/a", 5),
+            entry("d/b/c", 7),
+            entry("d/b/e", 6),
+            entry("d/r", 9),
+            entry(&marker("d/r", 3), 9),
+            entry("d/\u{1}x", 1),
+        ];
+        let kids = children("d/", &entries);
+        let got: Vec<_> = kids
+            .iter()
+            .map(|c| (c.name.as_str(), c.created, c.czxid))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a", Some(5), Some(5)),
+                ("b", Some(6), None),
+                ("r", Some(3), Some(9))
+            ]
+        );
+        assert!(is_descendant("d/", "d/b/c"));
+        assert!(!is_descendant("d/", &marker("d/r", 3)));
+        assert!(!is_descendant("d/", "d/"));
+    }
+
+    #[test]
+    fn session_ids_come_from_the_uuid() {
+        assert_eq!(
+            session_id("9a2aef2d-ec29-bf90-d2ae-ab04937b1019"),
+            0x1a2aef2dec29bf90
+        );
+        assert_eq!(session_id(""), 1);
+    }
+}
