@@ -76,6 +76,16 @@ impl Deadline {
     pub fn or_timed_out<T>(&self, got: Option<T>) -> Result<T> {
         got.ok_or_else(|| self.timed_out_error())
     }
+
+    /// Runs `until` by a deadline `timeout` from now (none: forever); the
+    /// `None` it returns when that passes becomes the timed-out error.
+    pub async fn within<T, F>(timeout: Option<Duration>, until: impl FnOnce(Self) -> F) -> Result<T>
+    where
+        F: Future<Output = Result<Option<T>>>,
+    {
+        let deadline = Deadline::after(timeout);
+        deadline.or_timed_out(until(deadline).await?)
+    }
 }
 
 #[cfg(test)]

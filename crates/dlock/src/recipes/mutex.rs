@@ -90,18 +90,13 @@ impl Mutex {
     ///
     /// Cancellation-safe: dropping the future removes our queue node.
     pub async fn acquire(&self) -> Result<MutexGuard> {
-        self.acquire_within(None).await
+        Deadline::within(None, |d| self.acquire_until(d)).await
     }
 
     /// Waits at most `timeout`; fails with [`Error::Timeout`] (leaving no node
     /// behind) if the lock could not be had in time.
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
-        self.acquire_within(Some(timeout)).await
-    }
-
-    async fn acquire_within(&self, timeout: Option<Duration>) -> Result<MutexGuard> {
-        let deadline = Deadline::after(timeout);
-        deadline.or_timed_out(self.acquire_until(deadline).await?)
+        Deadline::within(Some(timeout), |d| self.acquire_until(d)).await
     }
 
     /// Acquires only if the lock is free now.

@@ -129,17 +129,12 @@ impl ReadWriteLock {
 
     /// Waits as long as it takes to acquire the write lock.
     pub async fn write(&self) -> Result<WriteGuard> {
-        self.write_within(None).await
+        Deadline::within(None, |d| self.write_until(d)).await
     }
 
     /// Waits at most `timeout` for the write lock.
     pub async fn write_timeout(&self, timeout: Duration) -> Result<WriteGuard> {
-        self.write_within(Some(timeout)).await
-    }
-
-    async fn write_within(&self, timeout: Option<Duration>) -> Result<WriteGuard> {
-        let deadline = Deadline::after(timeout);
-        deadline.or_timed_out(self.write_until(deadline).await?)
+        Deadline::within(Some(timeout), |d| self.write_until(d)).await
     }
 
     /// Takes the write lock only if it is free now.
@@ -183,17 +178,12 @@ impl ReadWriteLock {
 
     /// Waits as long as it takes to acquire the read lock.
     pub async fn read(&self) -> Result<ReadGuard> {
-        self.read_within(None).await
+        Deadline::within(None, |d| self.read_until(d)).await
     }
 
     /// Waits at most `timeout` for the read lock.
     pub async fn read_timeout(&self, timeout: Duration) -> Result<ReadGuard> {
-        self.read_within(Some(timeout)).await
-    }
-
-    async fn read_within(&self, timeout: Option<Duration>) -> Result<ReadGuard> {
-        let deadline = Deadline::after(timeout);
-        deadline.or_timed_out(self.read_until(deadline).await?)
+        Deadline::within(Some(timeout), |d| self.read_until(d)).await
     }
 
     /// Takes the read lock only if no writer holds or waits now.

@@ -123,24 +123,19 @@ impl KvSemaphore {
     /// Cancellation-safe: dropping the future removes our entry (and our
     /// place in the record, if the join had landed).
     pub async fn acquire(&self) -> Result<KvLease> {
-        self.acquire_within(None).await
+        Deadline::within(None, |d| self.acquire_until(d)).await
     }
 
     /// Waits at most `timeout`; fails with [`Error::Timeout`] (leaving no
     /// entry behind) if no slot came free in time.
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<KvLease> {
-        self.acquire_within(Some(timeout)).await
+        Deadline::within(Some(timeout), |d| self.acquire_until(d)).await
     }
 
     /// Takes a slot only if one is free now.
     pub async fn try_acquire(&self) -> Result<Option<KvLease>> {
         self.acquire_until(Deadline::after(Some(Duration::ZERO)))
             .await
-    }
-
-    async fn acquire_within(&self, timeout: Option<Duration>) -> Result<KvLease> {
-        let deadline = Deadline::after(timeout);
-        deadline.or_timed_out(self.acquire_until(deadline).await?)
     }
 
     /// Attempts until one ends other than "our entry is gone" (see

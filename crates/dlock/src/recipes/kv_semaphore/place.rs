@@ -9,10 +9,10 @@ use crate::path;
 use crate::recipes::guard::Acquisition;
 use crate::recipes::queue::HeldNode;
 use crate::session::Session;
-use crate::store::{Child, CreateMode, CreateOptions, Created, FencingToken, Stat, Watch};
+use crate::store::{CreateMode, CreateOptions, Created, FencingToken, Stat, Watch};
 
 /// Where a semaphore lives.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub(super) struct Place {
     pub(super) session: Session,
     pub(super) dir: String,
@@ -34,14 +34,6 @@ impl Look {
             .filter(|h| self.live.contains(*h))
             .cloned()
             .collect()
-    }
-}
-
-impl std::fmt::Debug for Place {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Place")
-            .field("dir", &self.dir)
-            .finish_non_exhaustive()
     }
 }
 
@@ -121,29 +113,20 @@ impl Place {
     /// holder missing from the entries really is gone (it had its entry
     /// before it joined). With `watch`, arms a watch on both.
     pub(super) async fn look(&self, watch: bool) -> Result<Look> {
-        let session = &self.session;
+        let store = self.session.store();
         let mut watches = Vec::new();
-        let record = if watch {
-            let found = self.found(|| session.get_data_watch(&self.record)).await?;
-            found.map(|(data, stat, w)| {
-                watches.push(w);
-                (data, stat)
-            })
-        } else {
-            self.found(|| session.get_data(&self.record)).await?
+        let record = match self.found(|| store.get_data(&self.record, watch)).await? {
+            Some((data, stat, w)) => {
+                watches.extend(w);
+                Some((Record::parse(&self.record, &data)?, stat))
+            }
+            None => None,
         };
-        let record = record
-            .map(|(data, stat)| Ok((Record::parse(&self.record, &data)?, stat)))
-            .transpose()?;
-        let children: Option<Vec<Child>> = if watch {
-            let found = self.found(|| session.children_watch(&self.dir)).await?;
-            found.map(|(children, w)| {
-                watches.push(w);
-                children
-            })
-        } else {
-            self.found(|| session.children(&self.dir)).await?
-        };
+        let (children, w) = self
+            .found(|| store.children(&self.dir, watch))
+            .await?
+            .unzip();
+        watches.extend(w.flatten());
         let names = children.into_iter().flatten().map(|c| c.name);
         Ok(Look {
             record,
@@ -168,18 +151,12 @@ impl Place {
 
     /// Writes `record` by compare-and-set on `version`, or creates it.
     pub(super) async fn write(&self, record: &Record, version: Option<i32>) -> Result<Stat> {
-        let data = record.to_json();
+        let (session, data) = (&self.session, record.to_json().into_bytes());
         match version {
-            Some(version) => {
-                let session = &self.session;
-                session
-                    .set_data(&self.record, data.as_bytes(), Some(version))
-                    .await
-            }
+            Some(_) => session.set_data(&self.record, &data, version).await,
             None => {
                 let opts = CreateOptions::new(CreateMode::Persistent);
-                let created = self.session.create(&self.record, data.as_bytes(), opts);
-                created.await.map(|created| created.stat)
+                Ok(session.create(&self.record, &data, opts).await?.stat)
             }
         }
     }
@@ -290,12 +267,9 @@ impl Drop for Entry {
             leave_in_background(&self.place, id, path);
         } else {
             let (place, token) = (self.place.clone(), std::mem::take(&mut self.token));
-            self.place.session.spawn_background(async move {
-                if let Err(e) = place.delete_if_ours(&path, &token).await {
-                    if !matches!(e, Error::Closed) {
-                        tracing::warn!(%path, error = %e, "removing a semaphore entry failed");
-                    }
-                }
+            let what = format!("removing the semaphore entry {path}");
+            in_background(&self.place, what, async move {
+                place.delete_if_ours(&path, &token).await
             });
         }
     }
@@ -303,11 +277,21 @@ impl Drop for Entry {
 
 pub(super) fn leave_in_background(place: &Place, id: String, entry: String) {
     let place2 = place.clone();
+    let what = format!("giving back the semaphore slot of {entry}");
+    in_background(place, what, async move { place2.leave(&id, &entry).await });
+}
+
+/// Runs a clean-up in the background; a closed session took its nodes
+/// already, anything else is worth a warning.
+fn in_background(
+    place: &Place,
+    what: String,
+    cleanup: impl std::future::Future<Output = Result<()>> + Send + 'static,
+) {
     place.session.spawn_background(async move {
-        if let Err(e) = place2.leave(&id, &entry).await {
-            if !matches!(e, Error::Closed) {
-                tracing::warn!(%entry, error = %e, "giving back a semaphore slot failed");
-            }
+        match cleanup.await {
+            Ok(()) | Err(Error::Closed) => {}
+            Err(e) => tracing::warn!(error = %e, "{what} failed"),
         }
     });
 }

@@ -180,10 +180,44 @@ impl WaitQueue {
             ("recipe", metrics::SharedString::const_str(self.recipe())),
             ("path", self.path_label.clone()),
         ];
-        let result = self
-            .acquire_inner(data, mode, predicate, deadline, wake, &labels)
-            .instrument(span.clone())
-            .await;
+        // Attempts until one ends other than "our node is gone": the parent
+        // reaped before our create, or our node with a lost session while we
+        // waited. Then we go again with a new node, as Curator does.
+        let attempt = || async {
+            let (pending, created, children) = self.enter(data, mode).await?;
+            let at_once =
+                predicate.check(&children, created.name()).ok() == Some(Verdict::Acquired);
+            let queued = Instant::now();
+            let waited = self.wait(&created, children, predicate, deadline, wake);
+            match waited.await {
+                Ok(()) => {
+                    pending.disarm();
+                    if !at_once {
+                        metrics::counter!("dlock_handoffs_total", &labels).increment(1);
+                        metrics::histogram!("dlock_wait_seconds", &labels)
+                            .record(queued.elapsed().as_secs_f64());
+                    }
+                    Ok(Some(created))
+                }
+                Err(Stop::TimedOut) => {
+                    pending.delete().await?;
+                    Ok(None)
+                }
+                // Our node went with its session or its directory; the
+                // store removes whatever is left of it.
+                Err(Stop::Failed(gone @ Error::NoNode { .. })) => {
+                    pending.disarm();
+                    Err(gone)
+                }
+                Err(Stop::Failed(e)) => {
+                    // Keep the primary error; the node goes in the background.
+                    drop(pending);
+                    Err(e)
+                }
+            }
+        };
+        let attempts = self.session.retrying_reaped(attempt);
+        let result = attempts.instrument(span.clone()).await;
         match &result {
             Ok(Some(created)) => {
                 span.record("node", created.path.as_str());
@@ -210,55 +244,6 @@ impl WaitQueue {
             "latch-" => "latch",
             _ => "other",
         }
-    }
-
-    /// Attempts until one ends other than "our node is gone": the parent
-    /// reaped before our create, or our node with a lost session while we
-    /// waited. Then we go again with a new node, as Curator does.
-    async fn acquire_inner(
-        &self,
-        data: &[u8],
-        mode: CreateMode,
-        predicate: &dyn Predicate,
-        deadline: Deadline,
-        wake: Option<&Notify>,
-        labels: &[(&'static str, metrics::SharedString); 2],
-    ) -> Result<Option<Created>> {
-        self.session
-            .retrying_reaped(|| async {
-                let (pending, created, children) = self.enter(data, mode).await?;
-                let at_once =
-                    predicate.check(&children, created.name()).ok() == Some(Verdict::Acquired);
-                let queued = Instant::now();
-                let waited = self.wait(&created, children, predicate, deadline, wake);
-                match waited.await {
-                    Ok(()) => {
-                        pending.disarm();
-                        if !at_once {
-                            metrics::counter!("dlock_handoffs_total", labels).increment(1);
-                            metrics::histogram!("dlock_wait_seconds", labels)
-                                .record(queued.elapsed().as_secs_f64());
-                        }
-                        Ok(Some(created))
-                    }
-                    Err(Stop::TimedOut) => {
-                        pending.delete().await?;
-                        Ok(None)
-                    }
-                    // Our node went with its session or its directory; the
-                    // store removes whatever is left of it.
-                    Err(Stop::Failed(gone @ Error::NoNode { .. })) => {
-                        pending.disarm();
-                        Err(gone)
-                    }
-                    Err(Stop::Failed(e)) => {
-                        // Keep the primary error; the node goes in the background.
-                        drop(pending);
-                        Err(e)
-                    }
-                }
-            })
-            .await
     }
 
     /// Creates our node (protected, parents as containers) and lists the

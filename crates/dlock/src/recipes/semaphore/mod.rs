@@ -154,7 +154,7 @@ impl Semaphore {
     /// far and removes every node it made. Fails at once with
     /// [`Error::InvalidArgument`] if `qty` is 0 or more than the maximum.
     pub async fn acquire(&self, qty: u32) -> Result<Vec<Lease>> {
-        self.acquire_within(qty, None).await
+        Deadline::within(None, |d| self.acquire_until(qty, d)).await
     }
 
     /// Acquires one lease, waiting as long as it takes.
@@ -167,18 +167,13 @@ impl Semaphore {
     /// [`Error::Timeout`] if they could not be had in time, giving back those
     /// already taken and leaving no node behind.
     pub async fn acquire_timeout(&self, qty: u32, timeout: Duration) -> Result<Vec<Lease>> {
-        self.acquire_within(qty, Some(timeout)).await
+        Deadline::within(Some(timeout), |d| self.acquire_until(qty, d)).await
     }
 
     /// Acquires `qty` leases only if they can be had without waiting.
     pub async fn try_acquire(&self, qty: u32) -> Result<Option<Vec<Lease>>> {
         self.acquire_until(qty, Deadline::after(Some(Duration::ZERO)))
             .await
-    }
-
-    async fn acquire_within(&self, qty: u32, timeout: Option<Duration>) -> Result<Vec<Lease>> {
-        let deadline = Deadline::after(timeout);
-        deadline.or_timed_out(self.acquire_until(qty, deadline).await?)
     }
 
     fn check_qty(&self, qty: u32) -> Result<()> {

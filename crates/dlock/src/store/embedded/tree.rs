@@ -256,15 +256,7 @@ impl Tree {
         if path == "/" {
             return Err(Error::InvalidArgument("the root cannot be deleted".into()));
         }
-        let node = self.nodes.get(path).ok_or_else(|| Error::NoNode {
-            path: path.to_string(),
-        })?;
-        if version.is_some_and(|v| v != node.stat.version) {
-            return Err(Error::BadVersion {
-                path: path.to_string(),
-            });
-        }
-        if !node.children.is_empty() {
+        if !self.versioned(path, version)?.children.is_empty() {
             return Err(Error::NotEmpty {
                 path: path.to_string(),
             });
@@ -300,6 +292,19 @@ impl Tree {
         Ok(())
     }
 
+    /// The node at `path`, if it is at `version` (any, without one).
+    fn versioned(&self, path: &str, version: Option<i32>) -> Result<&Node> {
+        let node = self.nodes.get(path).ok_or_else(|| Error::NoNode {
+            path: path.to_string(),
+        })?;
+        if version.is_some_and(|v| v != node.stat.version) {
+            return Err(Error::BadVersion {
+                path: path.to_string(),
+            });
+        }
+        Ok(node)
+    }
+
     pub(super) fn set_data(
         &mut self,
         path: &str,
@@ -308,14 +313,8 @@ impl Tree {
         fired: &mut Vec<Fired>,
         undo: Option<&mut Vec<Undo>>,
     ) -> Result<Stat> {
-        let node = self.nodes.get_mut(path).ok_or_else(|| Error::NoNode {
-            path: path.to_string(),
-        })?;
-        if version.is_some_and(|v| v != node.stat.version) {
-            return Err(Error::BadVersion {
-                path: path.to_string(),
-            });
-        }
+        self.versioned(path, version)?;
+        let node = self.nodes.get_mut(path).expect("checked above");
         self.zxid += 1;
         if let Some(undo) = undo {
             undo.push(Undo::DataSet {
@@ -390,13 +389,9 @@ impl Tree {
         let mut results = Vec::with_capacity(ops.len());
         for (index, op) in ops.iter().enumerate() {
             let result = match op {
-                Op::Check { path, version } => match self.nodes.get(path.as_str()) {
-                    None => Err(Error::NoNode { path: path.clone() }),
-                    Some(n) if version.is_some_and(|v| v != n.stat.version) => {
-                        Err(Error::BadVersion { path: path.clone() })
-                    }
-                    Some(_) => Ok(OpResult::Checked),
-                },
+                Op::Check { path, version } => {
+                    self.versioned(path, *version).map(|_| OpResult::Checked)
+                }
                 Op::Create { path, data, mode } => self
                     .create(session, path, data, *mode, &mut pending, Some(&mut undo))
                     .map(OpResult::Created),
