@@ -62,6 +62,20 @@ pub fn validate(path: &str) -> Result<()> {
     Ok(())
 }
 
+/// Checks the path of a recipe (`what`, as in "a semaphore"): a valid
+/// path other than the root, where the recipe's nodes would mix with every
+/// other node of the store.
+pub(crate) fn validate_recipe(path: &str, what: &str) -> Result<()> {
+    validate(path)?;
+    if path == "/" {
+        return Err(Error::InvalidPath {
+            path: path.into(),
+            reason: format!("{what} cannot live at the root"),
+        });
+    }
+    Ok(())
+}
+
 /// Joins a parent path and a child name with exactly one slash.
 ///
 /// ```

@@ -364,6 +364,36 @@ impl Session {
         }
     }
 
+    /// Runs `attempt` again while it fails with `NoNode` — a container
+    /// parent reaped between its creation and ours, or our ephemeral node
+    /// gone with a lost session — at most the policy's `max_retries` times,
+    /// then returns that `NoNode`.
+    ///
+    /// The first retry goes at once, as Curator's `LockInternals` does: a
+    /// single reap race is the common case and costs no wait. Later ones
+    /// sleep the policy's backoff: a container reaped again and again means
+    /// others are churning it, and an attempt that spins only adds to the
+    /// churn (every retry is a create and a listing).
+    pub(crate) async fn retrying_reaped<T, F, Fut>(&self, mut attempt: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let policy = self.inner.options.retry;
+        let mut retry = 0;
+        loop {
+            match attempt().await {
+                Err(Error::NoNode { .. }) if retry < policy.max_retries => {
+                    if retry > 0 {
+                        tokio::time::sleep(policy.sleep_for(retry - 1)).await;
+                    }
+                    retry += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// A protection prefix (`_c_<uuid>-`) for a new protected node: a
     /// recycled one if there is one, else a new one.
     ///

@@ -1,5 +1,6 @@
 //! The recipes, each written once over the store contract.
 
+pub(crate) mod deadline;
 pub mod error_policy;
 pub mod guard;
 pub mod kv_semaphore;

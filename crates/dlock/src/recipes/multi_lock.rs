@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::deadline::Deadline;
 use super::guard::{guarded_by, Acquisition, LockGuard};
 use super::mutex::Mutex;
 use super::rwlock::{ReadGuard, ReadWriteLock, WriteGuard};
@@ -66,37 +67,6 @@ macro_rules! holds {
 
 holds!(LockGuard, ReadGuard, WriteGuard, Lease);
 
-#[async_trait]
-impl Lockable for SemaphoreMutex {
-    async fn lock_for(&self, timeout: Option<Duration>) -> Result<Option<Box<dyn Hold>>> {
-        let lease = match timeout {
-            Some(t) => timed_out(self.acquire_timeout(t).await)?,
-            None => Some(self.acquire().await?),
-        };
-        Ok(lease.map(|l| Box::new(l) as Box<dyn Hold>))
-    }
-}
-
-/// Turns "waited `timeout` in vain" into `Ok(None)`.
-fn timed_out<T>(result: Result<T>) -> Result<Option<T>> {
-    match result {
-        Ok(v) => Ok(Some(v)),
-        Err(Error::Timeout(_)) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-#[async_trait]
-impl Lockable for Mutex {
-    async fn lock_for(&self, timeout: Option<Duration>) -> Result<Option<Box<dyn Hold>>> {
-        let guard = match timeout {
-            Some(t) => timed_out(self.acquire_timeout(t).await)?,
-            None => Some(self.acquire().await?),
-        };
-        Ok(guard.map(|g| Box::new(g) as Box<dyn Hold>))
-    }
-}
-
 /// The read half of a [`ReadWriteLock`], as a [`Lockable`].
 #[derive(Debug, Clone)]
 pub struct ReadHalf(pub ReadWriteLock);
@@ -105,26 +75,25 @@ pub struct ReadHalf(pub ReadWriteLock);
 #[derive(Debug, Clone)]
 pub struct WriteHalf(pub ReadWriteLock);
 
-#[async_trait]
-impl Lockable for ReadHalf {
-    async fn lock_for(&self, timeout: Option<Duration>) -> Result<Option<Box<dyn Hold>>> {
-        let guard = match timeout {
-            Some(t) => timed_out(self.0.read_timeout(t).await)?,
-            None => Some(self.0.read().await?),
-        };
-        Ok(guard.map(|g| Box::new(g) as Box<dyn Hold>))
-    }
+/// The recipes' own locks: each waits by a [`Deadline`] without turning a
+/// timeout into an error and back.
+macro_rules! lockable {
+    ($($lock:ty => |$l:ident, $deadline:ident| $until:expr;)*) => {$(
+        #[async_trait]
+        impl Lockable for $lock {
+            async fn lock_for(&self, timeout: Option<Duration>) -> Result<Option<Box<dyn Hold>>> {
+                let ($l, $deadline) = (self, Deadline::after(timeout));
+                Ok($until.await?.map(|hold| Box::new(hold) as Box<dyn Hold>))
+            }
+        }
+    )*};
 }
 
-#[async_trait]
-impl Lockable for WriteHalf {
-    async fn lock_for(&self, timeout: Option<Duration>) -> Result<Option<Box<dyn Hold>>> {
-        let guard = match timeout {
-            Some(t) => timed_out(self.0.write_timeout(t).await)?,
-            None => Some(self.0.write().await?),
-        };
-        Ok(guard.map(|g| Box::new(g) as Box<dyn Hold>))
-    }
+lockable! {
+    Mutex => |lock, deadline| lock.acquire_until(deadline);
+    SemaphoreMutex => |lock, deadline| lock.acquire_until(deadline);
+    ReadHalf => |half, deadline| half.0.read_until(deadline);
+    WriteHalf => |half, deadline| half.0.write_until(deadline);
 }
 
 impl ReadWriteLock {
@@ -169,19 +138,17 @@ impl MultiLock {
 
     /// Waits as long as it takes to acquire every lock.
     pub async fn acquire(&self) -> Result<MultiGuard> {
-        self.acquire_for(None).await?.ok_or(Error::Closed)
+        self.acquire_for(None).await
     }
 
     /// Gives each lock up to `timeout` (as Curator, per lock, not in total);
     /// if one is not had in time, releases the others and fails with
     /// [`Error::Timeout`].
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<MultiGuard> {
-        self.acquire_for(Some(timeout))
-            .await?
-            .ok_or(Error::Timeout(timeout))
+        self.acquire_for(Some(timeout)).await
     }
 
-    async fn acquire_for(&self, timeout: Option<Duration>) -> Result<Option<MultiGuard>> {
+    async fn acquire_for(&self, timeout: Option<Duration>) -> Result<MultiGuard> {
         if self.locks.is_empty() {
             return Err(Error::InvalidArgument(
                 "a MultiLock of no locks protects nothing: give it at least one lock".into(),
@@ -195,7 +162,8 @@ impl MultiLock {
                 Ok(Some(hold)) => taken.holds.push(hold),
                 Ok(None) => {
                     let _ = taken.release().await;
-                    return Ok(None);
+                    // Per lock: each had the whole `timeout`.
+                    return Err(Deadline::after(timeout).timed_out_error());
                 }
                 Err(e) => {
                     // The primary error wins; the rollback's are secondary.
@@ -204,7 +172,7 @@ impl MultiLock {
                 }
             }
         }
-        Ok(Some(taken))
+        Ok(taken)
     }
 }
 

@@ -9,9 +9,10 @@
 
 use std::time::Duration;
 
+use super::deadline::Deadline;
 use super::guard::LockGuard;
-use super::queue::{deadline, FirstN, HeldNode, Participant, WaitQueue};
-use crate::error::{Error, Result};
+use super::queue::{FirstN, HeldNode, Participant, WaitQueue};
+use crate::error::Result;
 use crate::session::Session;
 use crate::store::CreateMode;
 
@@ -89,17 +90,13 @@ impl Mutex {
     ///
     /// Cancellation-safe: dropping the future removes our queue node.
     pub async fn acquire(&self) -> Result<MutexGuard> {
-        self.acquire_until(None)
-            .await?
-            .ok_or_else(|| Error::Backend("acquire without deadline timed out".into()))
+        Deadline::within(None, |d| self.acquire_until(d)).await
     }
 
     /// Waits at most `timeout`; fails with [`Error::Timeout`] (leaving no node
     /// behind) if the lock could not be had in time.
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
-        self.acquire_until(Some(timeout))
-            .await?
-            .ok_or(Error::Timeout(timeout))
+        Deadline::within(Some(timeout), |d| self.acquire_until(d)).await
     }
 
     /// Acquires only if the lock is free now.
@@ -109,10 +106,12 @@ impl Mutex {
         if !self.queue.sorted_children(false).await?.0.is_empty() {
             return Ok(None);
         }
-        self.acquire_until(Some(Duration::ZERO)).await
+        self.acquire_until(Deadline::after(Some(Duration::ZERO)))
+            .await
     }
 
-    async fn acquire_until(&self, timeout: Option<Duration>) -> Result<Option<MutexGuard>> {
+    /// Acquires by `deadline`; `None` if it passed first.
+    pub(crate) async fn acquire_until(&self, deadline: Deadline) -> Result<Option<MutexGuard>> {
         let session = &self.queue.session;
         let data = self
             .data
@@ -124,7 +123,7 @@ impl Mutex {
                 data,
                 CreateMode::EphemeralSequential,
                 &FirstN(1),
-                deadline(timeout),
+                deadline,
                 None,
             )
             .await?;

@@ -14,10 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::deadline::Deadline;
 use super::guard::LockGuard;
-use super::queue::{
-    deadline, position, FirstN, HeldNode, Participant, Predicate, Verdict, WaitQueue,
-};
+use super::queue::{position, FirstN, HeldNode, Participant, Predicate, Verdict, WaitQueue};
 use crate::error::{Error, Result};
 use crate::session::Session;
 use crate::store::{sequence_key, Child, CreateMode};
@@ -130,14 +129,12 @@ impl ReadWriteLock {
 
     /// Waits as long as it takes to acquire the write lock.
     pub async fn write(&self) -> Result<WriteGuard> {
-        self.write_until(None).await?.ok_or(Error::Closed)
+        Deadline::within(None, |d| self.write_until(d)).await
     }
 
     /// Waits at most `timeout` for the write lock.
     pub async fn write_timeout(&self, timeout: Duration) -> Result<WriteGuard> {
-        self.write_until(Some(timeout))
-            .await?
-            .ok_or(Error::Timeout(timeout))
+        Deadline::within(Some(timeout), |d| self.write_until(d)).await
     }
 
     /// Takes the write lock only if it is free now.
@@ -145,10 +142,12 @@ impl ReadWriteLock {
         if !self.writers.sorted_children(false).await?.0.is_empty() {
             return Ok(None);
         }
-        self.write_until(Some(Duration::ZERO)).await
+        self.write_until(Deadline::after(Some(Duration::ZERO)))
+            .await
     }
 
-    async fn write_until(&self, timeout: Option<Duration>) -> Result<Option<WriteGuard>> {
+    /// Takes the write lock by `deadline`; `None` if it passed first.
+    pub(crate) async fn write_until(&self, deadline: Deadline) -> Result<Option<WriteGuard>> {
         if self.reads_held.load(Ordering::SeqCst) > 0 {
             return Err(Error::InvalidArgument(format!(
                 "cannot upgrade a read lock to the write lock at {}: release the read lock first \
@@ -162,7 +161,7 @@ impl ReadWriteLock {
                 self.data(),
                 CreateMode::EphemeralSequential,
                 &FirstN(1),
-                deadline(timeout),
+                deadline,
                 None,
             )
             .await?;
@@ -179,14 +178,12 @@ impl ReadWriteLock {
 
     /// Waits as long as it takes to acquire the read lock.
     pub async fn read(&self) -> Result<ReadGuard> {
-        self.read_until(None).await?.ok_or(Error::Closed)
+        Deadline::within(None, |d| self.read_until(d)).await
     }
 
     /// Waits at most `timeout` for the read lock.
     pub async fn read_timeout(&self, timeout: Duration) -> Result<ReadGuard> {
-        self.read_until(Some(timeout))
-            .await?
-            .ok_or(Error::Timeout(timeout))
+        Deadline::within(Some(timeout), |d| self.read_until(d)).await
     }
 
     /// Takes the read lock only if no writer holds or waits now.
@@ -195,17 +192,18 @@ impl ReadWriteLock {
         if children.iter().any(|c| c.name.contains(WRITE_LOCK_NAME)) {
             return Ok(None);
         }
-        self.read_until(Some(Duration::ZERO)).await
+        self.read_until(Deadline::after(Some(Duration::ZERO))).await
     }
 
-    async fn read_until(&self, timeout: Option<Duration>) -> Result<Option<ReadGuard>> {
+    /// Takes the read lock by `deadline`; `None` if it passed first.
+    pub(crate) async fn read_until(&self, deadline: Deadline) -> Result<Option<ReadGuard>> {
         let q = &self.readers;
         let created = q
             .acquire(
                 self.data(),
                 CreateMode::EphemeralSequential,
                 &NoWriterAhead,
-                deadline(timeout),
+                deadline,
                 None,
             )
             .await?;

@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use super::deadline::Deadline;
 use super::queue::Participant;
 use super::semaphore::{Lease, Semaphore};
 use crate::error::Result;
@@ -85,6 +86,14 @@ impl SemaphoreMutex {
     /// Acquires only if the lock is free now.
     pub async fn try_acquire(&self) -> Result<Option<SemaphoreMutexGuard>> {
         Ok(self.semaphore.try_acquire(1).await?.map(one))
+    }
+
+    /// Acquires by `deadline`; `None` if it passed first.
+    pub(crate) async fn acquire_until(
+        &self,
+        deadline: Deadline,
+    ) -> Result<Option<SemaphoreMutexGuard>> {
+        Ok(self.semaphore.acquire_until(1, deadline).await?.map(one))
     }
 }
 

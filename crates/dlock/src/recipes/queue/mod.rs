@@ -4,62 +4,20 @@
 //! siblings says it holds. It watches only what the predicate names (its
 //! predecessor, normally), so a release wakes exactly one waiter.
 
-use std::sync::Arc;
-use std::time::Duration;
+mod node;
+mod predicate;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+pub(crate) use self::node::{HeldNode, PendingNode};
+pub(crate) use self::predicate::{position, FirstN, Predicate, Verdict};
+use super::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
 use crate::store::{sort_sequenced, Child, CreateMode, Created, SessionState, Watch};
-
-/// What a recipe's predicate decides for one participant.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// The participant holds.
-    Acquired,
-    /// Wait until this sibling, as listed, changes or goes.
-    WatchNode(Child),
-    /// Wait until the set of siblings changes.
-    WatchChildren,
-}
-
-/// A recipe's rule for "do I hold?", given the siblings in queue order.
-pub(crate) trait Predicate: Send + Sync {
-    /// Decides for our node `ours` (a name among `sorted`). Errors with
-    /// `NoNode` if our node is not there (its session was lost).
-    fn check(&self, sorted: &[Child], ours: &str) -> Result<Verdict>;
-}
-
-/// Curator's standard driver: the first `max_leases` participants hold; a
-/// waiter watches the participant `max_leases` places ahead of it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct FirstN(pub usize);
-
-impl Predicate for FirstN {
-    fn check(&self, sorted: &[Child], ours: &str) -> Result<Verdict> {
-        let index = position(sorted, ours)?;
-        Ok(if index < self.0 {
-            Verdict::Acquired
-        } else {
-            Verdict::WatchNode(sorted[index - self.0].clone())
-        })
-    }
-}
-
-/// Our node's place in the queue, or `NoNode` if it is gone (Curator's
-/// `validateOurIndex`: "Sequential path not found").
-pub(crate) fn position(sorted: &[Child], ours: &str) -> Result<usize> {
-    sorted
-        .iter()
-        .position(|c| c.name == ours)
-        .ok_or_else(|| Error::NoNode {
-            path: format!("sequential node {ours} not found"),
-        })
-}
 
 /// A directory of sequenced participants.
 #[derive(Debug, Clone)]
@@ -75,40 +33,6 @@ pub(crate) struct WaitQueue {
     /// `dir` as a metrics label value, shared (not copied) by every
     /// acquisition's metrics.
     path_label: metrics::SharedString,
-}
-
-/// A node in the queue that is deleted (in the background) unless
-/// [`disarm`](Self::disarm)ed: makes acquisition cancellation-safe — a
-/// dropped, timed-out or failed acquire leaves nothing behind. (A create
-/// still in flight is the protected create's to clean up.)
-pub(crate) struct PendingNode {
-    session: Session,
-    path: String,
-    armed: bool,
-}
-
-impl PendingNode {
-    pub fn disarm(mut self) {
-        self.armed = false;
-    }
-
-    /// Deletes the node now (retrying), instead of in the background.
-    pub async fn delete(mut self) -> Result<()> {
-        // Disarmed only once done: if this future is dropped midway, the
-        // drop deletes the node in the background.
-        let result = self.session.delete_protected(&self.path).await;
-        self.armed = false;
-        result
-    }
-}
-
-impl Drop for PendingNode {
-    fn drop(&mut self) {
-        if self.armed {
-            self.session
-                .delete_in_background(std::mem::take(&mut self.path));
-        }
-    }
 }
 
 /// One participant of a queueing recipe, as the recipes' `participants()`
@@ -152,13 +76,7 @@ impl WaitQueue {
         lock_name: &'static str,
         sort_names: &'static [&'static str],
     ) -> Result<Self> {
-        path::validate(dir)?;
-        if dir == "/" {
-            return Err(Error::InvalidPath {
-                path: dir.into(),
-                reason: "a recipe cannot live at the root".into(),
-            });
-        }
+        path::validate_recipe(dir, "a recipe")?;
         Ok(WaitQueue {
             session: session.clone(),
             dir: dir.to_string(),
@@ -246,7 +164,7 @@ impl WaitQueue {
         data: &[u8],
         mode: CreateMode,
         predicate: &dyn Predicate,
-        deadline: Option<Instant>,
+        deadline: Deadline,
         wake: Option<&Notify>,
     ) -> Result<Option<Created>> {
         let span = tracing::debug_span!(
@@ -262,10 +180,44 @@ impl WaitQueue {
             ("recipe", metrics::SharedString::const_str(self.recipe())),
             ("path", self.path_label.clone()),
         ];
-        let result = self
-            .acquire_inner(data, mode, predicate, deadline, wake, &labels)
-            .instrument(span.clone())
-            .await;
+        // Attempts until one ends other than "our node is gone": the parent
+        // reaped before our create, or our node with a lost session while we
+        // waited. Then we go again with a new node, as Curator does.
+        let attempt = || async {
+            let (pending, created, children) = self.enter(data, mode).await?;
+            let at_once =
+                predicate.check(&children, created.name()).ok() == Some(Verdict::Acquired);
+            let queued = Instant::now();
+            let waited = self.wait(&created, children, predicate, deadline, wake);
+            match waited.await {
+                Ok(()) => {
+                    pending.disarm();
+                    if !at_once {
+                        metrics::counter!("dlock_handoffs_total", &labels).increment(1);
+                        metrics::histogram!("dlock_wait_seconds", &labels)
+                            .record(queued.elapsed().as_secs_f64());
+                    }
+                    Ok(Some(created))
+                }
+                Err(Stop::TimedOut) => {
+                    pending.delete().await?;
+                    Ok(None)
+                }
+                // Our node went with its session or its directory; the
+                // store removes whatever is left of it.
+                Err(Stop::Failed(gone @ Error::NoNode { .. })) => {
+                    pending.disarm();
+                    Err(gone)
+                }
+                Err(Stop::Failed(e)) => {
+                    // Keep the primary error; the node goes in the background.
+                    drop(pending);
+                    Err(e)
+                }
+            }
+        };
+        let attempts = self.session.retrying_reaped(attempt);
+        let result = attempts.instrument(span.clone()).await;
         match &result {
             Ok(Some(created)) => {
                 span.record("node", created.path.as_str());
@@ -294,62 +246,6 @@ impl WaitQueue {
         }
     }
 
-    async fn acquire_inner(
-        &self,
-        data: &[u8],
-        mode: CreateMode,
-        predicate: &dyn Predicate,
-        deadline: Option<Instant>,
-        wake: Option<&Notify>,
-        labels: &[(&'static str, metrics::SharedString); 2],
-    ) -> Result<Option<Created>> {
-        let mut retry = 0;
-        loop {
-            let (pending, created, children) = match self.enter(data, mode).await {
-                // The container reaper removed the (empty) directory between
-                // its creation and ours: go again, as Curator does.
-                Err(Error::NoNode { .. }) if retry < self.session.options().retry.max_retries => {
-                    retry += 1;
-                    continue;
-                }
-                entered => entered?,
-            };
-            let at_once =
-                predicate.check(&children, created.name()).ok() == Some(Verdict::Acquired);
-            let queued = Instant::now();
-            match self
-                .wait(&created, children, predicate, deadline, wake)
-                .await
-            {
-                Ok(()) => {
-                    pending.disarm();
-                    if !at_once {
-                        metrics::counter!("dlock_handoffs_total", labels).increment(1);
-                        metrics::histogram!("dlock_wait_seconds", labels)
-                            .record(queued.elapsed().as_secs_f64());
-                    }
-                    return Ok(Some(created));
-                }
-                Err(Stop::TimedOut) => {
-                    pending.delete().await?;
-                    return Ok(None);
-                }
-                Err(Stop::Failed(Error::NoNode { .. }))
-                    if retry < self.session.options().retry.max_retries =>
-                {
-                    // Our node is gone: the session was lost meanwhile.
-                    retry += 1;
-                    pending.disarm();
-                }
-                Err(Stop::Failed(e)) => {
-                    // Keep the primary error; the node goes in the background.
-                    drop(pending);
-                    return Err(e);
-                }
-            }
-        }
-    }
-
     /// Creates our node (protected, parents as containers) and lists the
     /// queue, in one round trip where the backend can. A revocable queue
     /// stores no data (as Curator) and watches our node for requests.
@@ -368,11 +264,7 @@ impl WaitQueue {
             .session
             .create_protected(&self.dir, &prefix, self.lock_name, data, mode, true)
             .await?;
-        let pending = PendingNode {
-            session: self.session.clone(),
-            path: created.path.clone(),
-            armed: true,
-        };
+        let pending = PendingNode::new(&self.session, &created.path);
         if let Some(listener) = &self.revocation {
             super::revocation::watch(&self.session, created.path.clone(), listener.clone());
         }
@@ -390,7 +282,7 @@ impl WaitQueue {
         ours: &Created,
         mut children: Vec<Child>,
         predicate: &dyn Predicate,
-        deadline: Option<Instant>,
+        deadline: Deadline,
         wake: Option<&Notify>,
     ) -> Result<(), Stop> {
         // Our node lives only as long as the session it was created in; reads
@@ -451,12 +343,13 @@ impl WaitQueue {
             if let Some(stop) = session_gone() {
                 return Err(stop);
             }
-            let woke = tokio::select! {
-                _ = watch.changed() => true,
-                _ = wait_notify(wake) => true,
-                _ = sleep_until(deadline) => false,
+            let woke = async {
+                tokio::select! {
+                    _ = watch.changed() => {}
+                    () = wait_notify(wake) => {}
+                }
             };
-            if !woke {
+            if deadline.race(woke).await.is_none() {
                 return Err(Stop::TimedOut);
             }
             children = self
@@ -491,92 +384,5 @@ async fn wait_notify(wake: Option<&Notify>) {
     match wake {
         Some(n) => n.notified().await,
         None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// A deadline `timeout` from now; `None` waits forever.
-pub(crate) fn deadline(timeout: Option<Duration>) -> Option<Instant> {
-    timeout.map(|t| Instant::now() + t)
-}
-
-/// Shared state of a held node: what guards point at.
-#[derive(Debug)]
-pub(crate) struct HeldNode {
-    pub session: Session,
-    /// Shared with the metrics labels of the release.
-    pub recipe_path: Arc<str>,
-    pub what: &'static str,
-    pub created: Created,
-    pub session_id: crate::store::SessionId,
-    pub acquired_at: Instant,
-}
-
-impl HeldNode {
-    pub fn new(
-        session: &Session,
-        recipe_path: &str,
-        what: &'static str,
-        created: Created,
-    ) -> Arc<Self> {
-        // The node's owner is the session it was acquired in, even if the
-        // client has moved to a new session since (then it is lost already).
-        let session_id = match created.stat.ephemeral_owner {
-            0 => session.session_id(),
-            owner => owner,
-        };
-        Arc::new(HeldNode {
-            session: session.clone(),
-            recipe_path: Arc::from(recipe_path),
-            what,
-            session_id,
-            created,
-            acquired_at: Instant::now(),
-        })
-    }
-
-    /// Whether the session that created the node is over.
-    pub fn is_lost(&self) -> bool {
-        let s = self.session.status();
-        s.session_id != self.session_id
-            || matches!(
-                s.state,
-                crate::store::SessionState::Lost | crate::store::SessionState::Closed
-            )
-    }
-
-    pub fn lost_error(&self) -> Error {
-        Error::Lost {
-            what: self.what,
-            path: self.recipe_path.to_string(),
-        }
-    }
-
-    /// Deletes the node; reports [`Error::Lost`] if it was lost before.
-    pub async fn release(&self) -> Result<()> {
-        let lost = self.is_lost();
-        let labels = [
-            ("recipe", metrics::SharedString::const_str(self.what)),
-            (
-                "path",
-                metrics::SharedString::from_shared(self.recipe_path.clone()),
-            ),
-        ];
-        metrics::histogram!("dlock_hold_seconds", &labels)
-            .record(self.acquired_at.elapsed().as_secs_f64());
-        tracing::debug!(node = %self.created.path, token = self.created.token().0, lost, "release");
-        self.session.delete_protected(&self.created.path).await?;
-        if lost {
-            metrics::counter!("dlock_losses_total", &labels).increment(1);
-            Err(self.lost_error())
-        } else {
-            Ok(())
-        }
     }
 }

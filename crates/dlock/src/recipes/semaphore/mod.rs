@@ -23,22 +23,24 @@
 //! owned [`Lease`] with a fencing token and a lost signal, released in the
 //! background if dropped.
 
-use std::ops::Deref;
+mod lease;
+mod max;
+
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
-use super::guard::Acquisition;
+use self::lease::return_all;
+pub use self::lease::Lease;
+use self::max::{forward_changes, Holders, LeaseCount, Max};
+use super::deadline::Deadline;
 use super::mutex::Mutex;
-use super::queue::{
-    deadline, position, HeldNode, Participant, Predicate, Stop, Verdict, WaitQueue,
-};
-use super::shared_count::{SharedCount, VersionedValue};
+use super::queue::{HeldNode, Participant, Stop, WaitQueue};
+use super::shared_count::SharedCount;
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
-use crate::store::{Child, CreateMode};
+use crate::store::CreateMode;
 
 /// Curator's node name for lease nodes.
 pub(crate) const LEASE_NAME: &str = "lease-";
@@ -46,63 +48,6 @@ pub(crate) const LEASE_NAME: &str = "lease-";
 pub(crate) const LOCK_PARENT: &str = "locks";
 /// The leases' directory under the semaphore's path.
 pub(crate) const LEASE_PARENT: &str = "leases";
-
-/// Where the maximum number of leases comes from.
-#[derive(Debug, Clone)]
-enum Max {
-    Fixed(u32),
-    Count(SharedCount),
-}
-
-impl Max {
-    fn current(&self) -> i64 {
-        match self {
-            Max::Fixed(n) => i64::from(*n),
-            Max::Count(count) => i64::from(count.get()),
-        }
-    }
-
-    fn subscribe(&self) -> Option<tokio::sync::watch::Receiver<VersionedValue<i32>>> {
-        match self {
-            Max::Fixed(_) => None,
-            Max::Count(count) => Some(count.subscribe()),
-        }
-    }
-}
-
-/// Curator's semaphore predicate: our node is there (else `NoNode`, "Sequential
-/// path not found") and there are at most `max` lease nodes, ours included;
-/// otherwise wait for the set of leases to change.
-struct LeaseCount<'a>(&'a Max);
-
-impl Predicate for LeaseCount<'_> {
-    fn check(&self, sorted: &[Child], ours: &str) -> Result<Verdict> {
-        position(sorted, ours)?;
-        Ok(if sorted.len() as i64 <= self.0.current() {
-            Verdict::Acquired
-        } else {
-            Verdict::WatchChildren
-        })
-    }
-}
-
-/// Who holds, as far as a listing can tell: everyone when there are at most
-/// `max` leases; otherwise the newest lease is taken to be the one waiting
-/// (the head acquirer's node is created last).
-struct Holders<'a>(&'a Max);
-
-impl Predicate for Holders<'_> {
-    fn check(&self, sorted: &[Child], ours: &str) -> Result<Verdict> {
-        let index = position(sorted, ours)?;
-        Ok(
-            if sorted.len() as i64 <= self.0.current() || index + 1 < sorted.len() {
-                Verdict::Acquired
-            } else {
-                Verdict::WatchChildren
-            },
-        )
-    }
-}
 
 /// A counting semaphore shared by every session that names the same path
 /// (Curator's `InterProcessSemaphoreV2`).
@@ -137,16 +82,6 @@ pub struct Semaphore {
     data: Option<Vec<u8>>,
 }
 
-/// How one attempt at one lease ended.
-enum Attempt {
-    Acquired(Lease),
-    TimedOut,
-    /// Our lease node vanished while waiting (its session was lost, or it
-    /// was deleted): try again with a new one (Curator's
-    /// `RETRY_DUE_TO_MISSING_NODE`).
-    MissingNode,
-}
-
 impl Semaphore {
     /// A semaphore at `path` admitting at most `max` leases at a time. Fails
     /// with [`Error::InvalidArgument`] if `max` is 0.
@@ -167,13 +102,7 @@ impl Semaphore {
     }
 
     fn with_max(session: &Session, path: &str, max: Max) -> Result<Self> {
-        path::validate(path)?;
-        if path == "/" {
-            return Err(Error::InvalidPath {
-                path: path.into(),
-                reason: "a semaphore cannot live at the root".into(),
-            });
-        }
+        path::validate_recipe(path, "a semaphore")?;
         Ok(Semaphore {
             path: path.to_string(),
             locks: Mutex::new(session, &path::join(path, LOCK_PARENT))?,
@@ -225,9 +154,7 @@ impl Semaphore {
     /// far and removes every node it made. Fails at once with
     /// [`Error::InvalidArgument`] if `qty` is 0 or more than the maximum.
     pub async fn acquire(&self, qty: u32) -> Result<Vec<Lease>> {
-        self.acquire_until(qty, None)
-            .await?
-            .ok_or_else(|| Error::Backend("acquire without deadline timed out".into()))
+        Deadline::within(None, |d| self.acquire_until(qty, d)).await
     }
 
     /// Acquires one lease, waiting as long as it takes.
@@ -240,14 +167,13 @@ impl Semaphore {
     /// [`Error::Timeout`] if they could not be had in time, giving back those
     /// already taken and leaving no node behind.
     pub async fn acquire_timeout(&self, qty: u32, timeout: Duration) -> Result<Vec<Lease>> {
-        self.acquire_until(qty, Some(timeout))
-            .await?
-            .ok_or(Error::Timeout(timeout))
+        Deadline::within(Some(timeout), |d| self.acquire_until(qty, d)).await
     }
 
     /// Acquires `qty` leases only if they can be had without waiting.
     pub async fn try_acquire(&self, qty: u32) -> Result<Option<Vec<Lease>>> {
-        self.acquire_until(qty, Some(Duration::ZERO)).await
+        self.acquire_until(qty, Deadline::after(Some(Duration::ZERO)))
+            .await
     }
 
     fn check_qty(&self, qty: u32) -> Result<()> {
@@ -273,49 +199,33 @@ impl Semaphore {
         Ok(())
     }
 
-    async fn acquire_until(
+    /// Acquires `qty` leases by `deadline`, one after another; `None` if it
+    /// passed first (then the leases taken so far are given back).
+    pub(crate) async fn acquire_until(
         &self,
         qty: u32,
-        timeout: Option<Duration>,
+        deadline: Deadline,
     ) -> Result<Option<Vec<Lease>>> {
         self.check_qty(qty)?;
-        let deadline = deadline(timeout);
-        let retry_policy = self.session().options().retry;
         // Not `with_capacity(qty)`: a huge `qty` (up to u32::MAX is allowed
         // under a huge maximum) would abort the process on allocation.
         let mut leases = Vec::new();
         while leases.len() < qty as usize {
-            let mut retry = 0;
-            loop {
-                let attempt = match self.acquire_lease(deadline).await {
-                    Ok(attempt) => attempt,
-                    Err(e) => {
-                        return_all(leases).await;
-                        return Err(e);
-                    }
-                };
-                match attempt {
-                    Attempt::Acquired(lease) => {
-                        leases.push(lease);
-                        break;
-                    }
-                    Attempt::TimedOut => {
-                        return_all(leases).await;
-                        return Ok(None);
-                    }
-                    Attempt::MissingNode if retry < retry_policy.max_retries => {
-                        tokio::time::sleep(retry_policy.sleep_for(retry)).await;
-                        retry += 1;
-                    }
-                    Attempt::MissingNode => {
-                        return_all(leases).await;
-                        return Err(Error::NoNode {
-                            path: format!(
-                                "{}: sequential path not found - possible session loss",
-                                self.leases.dir
-                            ),
-                        });
-                    }
+            // A lease node that vanished (Curator's
+            // `RETRY_DUE_TO_MISSING_NODE`) is made again.
+            let session = self.session();
+            match session
+                .retrying_reaped(|| self.acquire_lease(deadline))
+                .await
+            {
+                Ok(Some(lease)) => leases.push(lease),
+                Ok(None) => {
+                    return_all(leases).await;
+                    return Ok(None);
+                }
+                Err(e) => {
+                    return_all(leases).await;
+                    return Err(e);
                 }
             }
         }
@@ -324,34 +234,28 @@ impl Semaphore {
 
     /// One lease, Curator's `internalAcquire1Lease`: under the `locks` mutex,
     /// create the lease node and wait until the leases fit the maximum.
-    async fn acquire_lease(&self, deadline: Option<Instant>) -> Result<Attempt> {
-        let lock = match deadline {
-            None => self.locks.acquire().await?,
-            Some(d) => match self.locks.acquire_timeout(remaining(d)).await {
-                Ok(guard) => guard,
-                Err(Error::Timeout(_)) => return Ok(Attempt::TimedOut),
-                Err(e) => return Err(e),
-            },
+    /// `NoNode` if our lease node vanished: the caller makes a new one.
+    async fn acquire_lease(&self, deadline: Deadline) -> Result<Option<Lease>> {
+        let Some(lock) = self.locks.acquire_until(deadline).await? else {
+            return Ok(None);
         };
         let attempt = self.lease_under_lock(deadline).await;
         match (attempt, to_completion(lock.release()).await) {
-            (Ok(attempt), Ok(())) => Ok(attempt),
-            // The session that held the mutex is gone: our lease was not
-            // admitted under it, whichever session made it. Give it back and
-            // start over.
-            (Ok(attempt), Err(Error::Lost { .. })) => {
-                return_attempt(attempt).await;
-                Ok(Attempt::MissingNode)
-            }
-            (Ok(attempt), Err(e)) => {
-                return_attempt(attempt).await;
-                Err(e)
+            (Ok(lease), Ok(())) => Ok(lease),
+            (Ok(lease), Err(e)) => {
+                return_all(lease).await;
+                // The session that held the mutex is gone: our lease was not
+                // admitted under it, whichever session made it. Start over.
+                Err(match e {
+                    Error::Lost { .. } => self.missing_node(),
+                    e => e,
+                })
             }
             (Err(e), _) => Err(e),
         }
     }
 
-    async fn lease_under_lock(&self, deadline: Option<Instant>) -> Result<Attempt> {
+    async fn lease_under_lock(&self, deadline: Deadline) -> Result<Option<Lease>> {
         let session = &self.leases.session;
         // Subscribe before looking, so that no change of the maximum is missed.
         let changes = self.max.subscribe();
@@ -359,17 +263,12 @@ impl Semaphore {
             .data
             .as_deref()
             .unwrap_or(&session.options().default_data);
-        let (pending, created, children) = match self
+        // `NoNode`: the container reaper removed the empty `leases`
+        // directory between its creation and ours.
+        let (pending, created, children) = self
             .leases
             .enter(data, CreateMode::EphemeralSequential)
-            .await
-        {
-            Ok(entered) => entered,
-            // The container reaper removed the empty `leases` directory
-            // between its creation and ours: go again.
-            Err(Error::NoNode { .. }) => return Ok(Attempt::MissingNode),
-            Err(e) => return Err(e),
-        };
+            .await?;
         let wake = Notify::new();
         let predicate = LeaseCount(&self.max);
         let waited = tokio::select! {
@@ -380,19 +279,15 @@ impl Semaphore {
             Ok(()) => {
                 pending.disarm();
                 let node = HeldNode::new(session, &self.path, "lease", created);
-                Ok(Attempt::Acquired(Lease {
-                    acquisition: Acquisition::new(node),
-                    data: data.to_vec(),
-                    released: false,
-                }))
+                Ok(Some(Lease::new(node, data.to_vec())))
             }
             Err(Stop::TimedOut) => {
                 to_completion(pending.delete()).await?;
-                Ok(Attempt::TimedOut)
+                Ok(None)
             }
             Err(Stop::Failed(Error::NoNode { .. })) => {
                 to_completion(pending.delete()).await?;
-                Ok(Attempt::MissingNode)
+                Err(self.missing_node())
             }
             Err(Stop::Failed(e)) => {
                 // Keep the primary error; the node goes in the background.
@@ -401,21 +296,16 @@ impl Semaphore {
             }
         }
     }
-}
 
-/// Turns changes of the maximum into wake-ups of the waiting acquirer.
-/// Never returns.
-async fn forward_changes(
-    changes: Option<tokio::sync::watch::Receiver<VersionedValue<i32>>>,
-    wake: &Notify,
-) -> std::convert::Infallible {
-    if let Some(mut changes) = changes {
-        while changes.changed().await.is_ok() {
-            // A permit is kept if the waiter is not listening yet.
-            wake.notify_one();
+    /// Our lease node is gone (Curator: "Sequential path not found").
+    fn missing_node(&self) -> Error {
+        Error::NoNode {
+            path: format!(
+                "{}: sequential path not found - possible session loss",
+                self.leases.dir
+            ),
         }
     }
-    std::future::pending().await
 }
 
 /// Runs a clean-up (a release or a delete) to completion even if the caller
@@ -427,75 +317,4 @@ async fn to_completion(
     tokio::spawn(cleanup)
         .await
         .unwrap_or_else(|e| Err(Error::Backend(format!("clean-up task failed: {e}"))))
-}
-
-fn remaining(deadline: Instant) -> Duration {
-    deadline.saturating_duration_since(Instant::now())
-}
-
-async fn return_attempt(attempt: Attempt) {
-    if let Attempt::Acquired(lease) = attempt {
-        let _ = lease.release().await;
-    }
-}
-
-/// Gives leases back, ignoring errors (Curator's `returnAll`).
-async fn return_all(leases: Vec<Lease>) {
-    for lease in leases {
-        let _ = lease.release().await;
-    }
-}
-
-/// One lease of a [`Semaphore`] (Curator's `Lease`): an owned object, free to
-/// move between tasks. Give it back with [`release`](Self::release); dropping
-/// it gives it back in the background. If the session that made it is lost,
-/// the lease is gone too ([`lost`](Self::lost) tells).
-#[derive(Debug)]
-#[must_use = "dropping the lease gives it back"]
-pub struct Lease {
-    acquisition: Acquisition,
-    data: Vec<u8>,
-    released: bool,
-}
-
-impl Deref for Lease {
-    type Target = Acquisition;
-
-    fn deref(&self) -> &Acquisition {
-        &self.acquisition
-    }
-}
-
-impl Lease {
-    /// The lease node's name (Curator's `getNodeName`).
-    pub fn name(&self) -> &str {
-        self.held_node().created.name()
-    }
-
-    /// The data stored in the lease node.
-    pub fn data(&self) -> &[u8] {
-        &self.data
-    }
-
-    /// Gives the lease back: deletes its node (a node already gone is fine,
-    /// as in Curator). Reports [`Error::Lost`] if the lease had been lost
-    /// before, so the caller learns its work was not protected —
-    /// [`Error::Closed`] if its session was closed (which took the node).
-    ///
-    /// Cancellation-safe: if this future is dropped before the node is
-    /// deleted, the lease is given back in the background.
-    pub async fn release(mut self) -> Result<()> {
-        let released = self.held_node().release().await;
-        self.released = true;
-        released
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        if !self.released {
-            let node = self.held_node();
-            node.session.delete_in_background(node.created.path.clone());
-        }
-    }
 }

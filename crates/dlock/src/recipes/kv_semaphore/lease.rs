@@ -1,0 +1,76 @@
+//! [`KvLease`]: a slot of a [`KvSemaphore`](super::KvSemaphore).
+
+use std::ops::Deref;
+
+use super::place::{leave_in_background, Place};
+use crate::error::Result;
+use crate::recipes::guard::Acquisition;
+
+/// A slot of a [`KvSemaphore`](super::KvSemaphore): an owned object, free to move between
+/// tasks. Give it back with [`release`](Self::release); dropping it gives it
+/// back in the background. If the session is lost, so is the slot: the
+/// others prune it ([`lost`](Self::lost) tells).
+#[derive(Debug)]
+#[must_use = "dropping the lease gives it back"]
+pub struct KvLease {
+    acquisition: Acquisition,
+    place: Place,
+    id: String,
+    released: bool,
+}
+
+/// The slot's acquisition. Its [`token`](Acquisition::token) is the
+/// transaction id of the record write that admitted us, larger than that
+/// of every earlier admission (and every earlier write) in the store; its
+/// node is our contender entry, and guarded writes land only while the
+/// entry (so the slot) is still ours.
+impl Deref for KvLease {
+    type Target = Acquisition;
+
+    fn deref(&self) -> &Acquisition {
+        &self.acquisition
+    }
+}
+
+impl KvLease {
+    pub(super) fn new(acquisition: Acquisition, place: Place, id: String) -> Self {
+        KvLease {
+            acquisition,
+            place,
+            id,
+            released: false,
+        }
+    }
+
+    /// Our holder id (the session id in hex), as listed in the record.
+    pub fn holder(&self) -> &str {
+        &self.id
+    }
+
+    /// Gives the slot back: removes us from the record (by compare-and-set,
+    /// pruning dead holders) and deletes our entry. Reports [`Error::Lost`]
+    /// if the slot had been lost before — [`Error::Closed`] if its session
+    /// was closed (which took the entry; the others prune the record).
+    ///
+    /// Cancellation-safe: if this future is dropped before it is done, the
+    /// slot is given back in the background.
+    pub async fn release(mut self) -> Result<()> {
+        let lost = self.is_lost();
+        let left = self.place.leave(&self.id, self.node()).await;
+        self.released = true;
+        left?;
+        if lost {
+            Err(self.lost_error())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Drop for KvLease {
+    fn drop(&mut self) {
+        if !self.released {
+            leave_in_background(&self.place, self.id.clone(), self.node().to_string());
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! [`KvSemaphore`]: the session + compare-and-set semaphore of the Consul
+//! design (Consul's `api.Semaphore`, `consul lock -n N`), on any backend.
+//!
+//! Layout, for a semaphore at `<path>`:
+//! - `<path>/<holder-id>`: each contender's **ephemeral** entry, named after
+//!   its session (`<holder-id>` = the session id as 16 hex digits). It lives
+//!   exactly as long as the session, so it is the proof that a holder is
+//!   alive.
+//! - `<path>/.lock`: a persistent record, JSON
+//!   `{"limit":N,"holders":["<holder-id>",...]}`.
+//!
+//! A contender creates its entry, then reads the record and the entries:
+//! holders without a live entry are dead and are **pruned** (the clean-up the
+//! design asks for); if fewer than `limit` remain, it adds itself and writes
+//! the record with a compare-and-set on the version it read (or creates the
+//! record if there is none). If the slots are full, it waits on a watch of the
+//! record and of the entries — any release or any holder's death wakes it; no
+//! polling. Release removes the holder by compare-and-set (pruning again),
+//! deletes the record when no holder is left, and deletes the entry.
+//!
+//! Every contender states the limit; a record with a different limit is a
+//! configuration error and fails with [`Error::InvalidArgument`] naming both.
+//!
+//! Compared with [`Semaphore`](super::semaphore::Semaphore) (Curator's
+//! layout, fair, one watcher at a time), this design is simpler and the
+//! record tells at a glance who holds, but it is not fair and every waiter
+//! wakes on every change. One session holds at most one lease of a given
+//! `KvSemaphore` (its entry is named after the session), as in Consul.
+
+mod lease;
+mod place;
+mod record;
+
+use std::time::Duration;
+
+pub use self::lease::KvLease;
+use self::place::{raced, Place};
+pub use self::record::Record;
+use super::deadline::Deadline;
+use crate::error::{Error, Result};
+use crate::path;
+use crate::session::Session;
+use crate::store::{FencingToken, Watch};
+
+/// The name of the record node under the semaphore's path.
+pub const RECORD: &str = ".lock";
+
+/// The holder id of a session: its id as 16 lower-case hex digits.
+///
+/// ```
+/// assert_eq!(dlock::recipes::kv_semaphore::holder_id(0x1f), "000000000000001f");
+/// ```
+pub fn holder_id(session_id: crate::store::SessionId) -> String {
+    format!("{:016x}", session_id as u64)
+}
+
+/// A counting semaphore in the Consul design: at most `limit` sessions hold
+/// it at once. See the [module docs](self) for the layout and algorithm.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// use dlock::recipes::kv_semaphore::KvSemaphore;
+/// let (a, b) = (dlock::connect("embedded").await?, dlock::connect("embedded").await?);
+/// let lot_a = KvSemaphore::new(&a, "/doc/kv-semaphore", 1)?;
+/// let lot_b = KvSemaphore::new(&b, "/doc/kv-semaphore", 1)?;
+/// let lease = lot_a.acquire().await?;
+/// assert_eq!(lot_b.holders().await?, [lease.holder()]);
+/// assert!(lot_b.try_acquire().await?.is_none(), "the one slot is taken");
+/// lease.release().await?;
+/// let lease = lot_b.acquire().await?;
+/// # lease.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct KvSemaphore {
+    place: Place,
+    limit: u32,
+}
+
+impl KvSemaphore {
+    /// A semaphore at `path` admitting `limit` holders. Fails with
+    /// [`Error::InvalidArgument`] if `limit` is 0.
+    pub fn new(session: &Session, path: &str, limit: u32) -> Result<Self> {
+        path::validate_recipe(path, "a semaphore")?;
+        if limit == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "the semaphore at {path} needs a limit of at least 1 holder, got 0"
+            )));
+        }
+        Ok(KvSemaphore {
+            place: Place {
+                session: session.clone(),
+                dir: path.to_string(),
+                record: path::join(path, RECORD),
+            },
+            limit,
+        })
+    }
+
+    /// The semaphore's path.
+    pub fn path(&self) -> &str {
+        &self.place.dir
+    }
+
+    /// The session this semaphore uses.
+    pub fn session(&self) -> &Session {
+        &self.place.session
+    }
+
+    /// The limit this contender states.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// The live holders in the record (those whose session still has its
+    /// entry), in the order they joined.
+    pub async fn holders(&self) -> Result<Vec<String>> {
+        Ok(self.place.look(false).await?.live_holders())
+    }
+
+    /// Waits as long as it takes for a slot.
+    ///
+    /// Cancellation-safe: dropping the future removes our entry (and our
+    /// place in the record, if the join had landed).
+    pub async fn acquire(&self) -> Result<KvLease> {
+        Deadline::within(None, |d| self.acquire_until(d)).await
+    }
+
+    /// Waits at most `timeout`; fails with [`Error::Timeout`] (leaving no
+    /// entry behind) if no slot came free in time.
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<KvLease> {
+        Deadline::within(Some(timeout), |d| self.acquire_until(d)).await
+    }
+
+    /// Takes a slot only if one is free now.
+    pub async fn try_acquire(&self) -> Result<Option<KvLease>> {
+        self.acquire_until(Deadline::after(Some(Duration::ZERO)))
+            .await
+    }
+
+    /// Attempts until one ends other than "our entry is gone" (see
+    /// [`Place::enter`]; or the session was lost while we waited): then we
+    /// start over in the live session, as the wait queue does.
+    async fn acquire_until(&self, deadline: Deadline) -> Result<Option<KvLease>> {
+        let session = &self.place.session;
+        session.retrying_reaped(|| self.attempt(deadline)).await
+    }
+
+    async fn attempt(&self, deadline: Deadline) -> Result<Option<KvLease>> {
+        let entry = self.place.enter().await?;
+        loop {
+            let patient = !deadline.passed();
+            let look = match self.place.look(patient).await {
+                Ok(look) => look,
+                Err(e) => {
+                    // Remove our entry before answering (not in the
+                    // background), so that the session can try again at
+                    // once. The primary error wins.
+                    let _ = entry.delete().await;
+                    return Err(e);
+                }
+            };
+            if !look.live.contains(&entry.id) {
+                return Err(Error::NoNode {
+                    path: path::join(&self.place.dir, &entry.id),
+                });
+            }
+            let mut holders = look.live_holders();
+            let version = match &look.record {
+                None => None,
+                Some((record, _)) if record.limit != self.limit => {
+                    entry.delete().await?;
+                    return Err(Error::InvalidArgument(format!(
+                        "semaphore limit conflict at {}: its holders use a limit of {}, this contender {}",
+                        self.place.dir, record.limit, self.limit
+                    )));
+                }
+                // Our join landed, though its reply was lost.
+                Some((_, stat)) if holders.contains(&entry.id) => {
+                    return Ok(Some(entry.into_lease(FencingToken(stat.mzxid))));
+                }
+                Some((_, stat)) => Some(stat.version),
+            };
+            if holders.len() >= self.limit as usize {
+                // Full: wait for a release or a holder's death.
+                if !patient || deadline.race(any_change(look.watches)).await.is_none() {
+                    entry.delete().await?;
+                    return Ok(None);
+                }
+                continue;
+            }
+            holders.push(entry.id.clone());
+            let record = Record {
+                limit: self.limit,
+                holders,
+            };
+            match self.place.write(&record, version).await {
+                Ok(stat) => return Ok(Some(entry.into_lease(FencingToken(stat.mzxid)))),
+                Err(e) if raced(&e) => {}
+                Err(e) => {
+                    let _ = entry.delete().await;
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// Resolves when any of `watches` fires; at once if there are none (then
+/// look again).
+async fn any_change(watches: Vec<Watch>) {
+    if !watches.is_empty() {
+        futures::future::select_all(watches.into_iter().map(|w| Box::pin(w.changed()))).await;
+    }
+}

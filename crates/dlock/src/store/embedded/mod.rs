@@ -1,0 +1,397 @@
+//! The embedded store: ZooKeeper's data model and session semantics inside
+//! the process, for demos, tests and single-process use.
+//!
+//! One [`EmbeddedServer`] plays the ensemble; every session connected to it
+//! behaves like a separate process (its own ephemeral nodes, watches and
+//! session state). It follows ZooKeeper 3.8 where recipes can tell:
+//! sequence suffix = the parent's count of child creations formatted `%010d`,
+//! ephemeral nodes removed when their session closes or expires, containers
+//! reaped once emptied, versions, one-shot watches, one global transaction
+//! id. Its sessions can be made to fail on purpose ([`Faults`]).
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+//! use dlock::store::embedded::EmbeddedServer;
+//! let server = EmbeddedServer::new();
+//! let a = server.connect_default().await?;
+//! let b = server.connect_default().await?;
+//! assert_ne!(a.session_id(), b.session_id());
+//! # Ok(()) }
+//! ```
+
+mod tree;
+
+use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{oneshot, watch};
+
+use self::tree::{Fired, Tree};
+use super::status::{Renewal, StatusMachine};
+use super::{
+    BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId, SessionStatus,
+    Stat, Store, Watch, WatchEvent,
+};
+use crate::error::{Error, Result};
+use crate::options::SessionOptions;
+
+/// Settings of an embedded server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbeddedOptions {
+    /// How often emptied containers are looked for and deleted (ZooKeeper's
+    /// `znode.container.checkIntervalMs`, whose default is 60 s).
+    pub container_check_interval: Duration,
+}
+
+impl Default for EmbeddedOptions {
+    fn default() -> Self {
+        EmbeddedOptions {
+            container_check_interval: Duration::from_millis(100),
+        }
+    }
+}
+
+/// An in-process coordination store with ZooKeeper semantics. Cheap to
+/// clone; clones share the same tree.
+#[derive(Clone)]
+pub struct EmbeddedServer {
+    server: Arc<Server>,
+}
+
+impl std::fmt::Debug for EmbeddedServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedServer").finish_non_exhaustive()
+    }
+}
+
+impl Default for EmbeddedServer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EmbeddedServer {
+    /// A new, empty store with default options.
+    pub fn new() -> Self {
+        Self::with_options(EmbeddedOptions::default())
+    }
+
+    /// A new, empty store.
+    pub fn with_options(options: EmbeddedOptions) -> Self {
+        let server = Arc::new(Server {
+            tree: StdMutex::new(Tree::new()),
+            options,
+        });
+        start_reaper(Arc::downgrade(&server), options.container_check_interval);
+        EmbeddedServer { server }
+    }
+
+    /// The process-wide store that the endpoint `embedded` connects to.
+    pub fn global() -> &'static EmbeddedServer {
+        static GLOBAL: OnceLock<EmbeddedServer> = OnceLock::new();
+        GLOBAL.get_or_init(EmbeddedServer::new)
+    }
+
+    /// Opens a new client of this store (its own session), for
+    /// [`Session`](crate::Session) to wrap: see `EmbeddedServer::connect`.
+    pub fn open(&self, options: &SessionOptions) -> Arc<dyn Store> {
+        Arc::new(EmbeddedStore::open(
+            self.server.clone(),
+            options.session_timeout,
+        ))
+    }
+
+    /// A bare store (no [`Session`](crate::Session) around it), for the
+    /// crate's own tests of store wrappers.
+    #[cfg(test)]
+    pub(crate) fn open_store(&self) -> impl Store {
+        EmbeddedStore::open(self.server.clone(), Duration::from_secs(10))
+    }
+
+    /// How many nodes the store holds, the root included (for tests).
+    pub fn node_count(&self) -> usize {
+        self.server.lock().node_count()
+    }
+
+    /// Counts of armed watches and delivered notifications (for tests: a
+    /// waiter should cost one watch, and a release should wake one waiter).
+    pub fn watch_stats(&self) -> WatchStats {
+        self.server.lock().watch_stats()
+    }
+
+    /// How many sessions are open.
+    pub fn session_count(&self) -> usize {
+        self.server.lock().session_count()
+    }
+}
+
+/// Watch counters of an [`EmbeddedServer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WatchStats {
+    /// Armed watches on nodes (`get_data`, `exists`).
+    pub node_watches: usize,
+    /// Armed watches on children (`children`).
+    pub child_watches: usize,
+    /// Node-watch notifications delivered so far.
+    pub node_notifications: u64,
+    /// Child-watch notifications delivered so far.
+    pub child_notifications: u64,
+}
+
+struct Server {
+    tree: StdMutex<Tree>,
+    #[allow(dead_code)]
+    options: EmbeddedOptions,
+}
+
+impl Server {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tree> {
+        // A panic while holding the lock leaves the tree consistent (every
+        // mutation is validated before it is applied), so poisoning is moot.
+        self.tree.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the tree, then delivers the watch events it produced
+    /// outside the lock.
+    fn apply<T>(&self, f: impl FnOnce(&mut Tree, &mut Vec<Fired>) -> T) -> T {
+        let mut fired = Vec::new();
+        let result = {
+            let mut tree = self.lock();
+            f(&mut tree, &mut fired)
+        };
+        for (tx, event) in fired {
+            let _ = tx.send(event);
+        }
+        result
+    }
+}
+
+/// Container reaping runs on its own thread, so it works whichever runtime
+/// (or none) the sessions use, and ends with the server.
+fn start_reaper(server: Weak<Server>, interval: Duration) {
+    let spawned = std::thread::Builder::new()
+        .name("dlock-embedded-reaper".into())
+        .spawn(move || loop {
+            std::thread::sleep(interval);
+            let Some(server) = server.upgrade() else {
+                return;
+            };
+            server.apply(|tree, fired| tree.reap_containers(fired));
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("embedded store: no container reaper thread: {e}");
+    }
+}
+
+/// A client of an [`EmbeddedServer`]: one session at a time, renewed after
+/// it is lost.
+pub(crate) struct EmbeddedStore {
+    server: Arc<Server>,
+    timeout: Duration,
+    /// The session's state; the slot holds the session's id (the session
+    /// itself lives in the tree).
+    machine: Arc<StatusMachine<SessionId>>,
+}
+
+impl std::fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedStore")
+            .field("status", &self.machine)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EmbeddedStore {
+    fn open(server: Arc<Server>, timeout: Duration) -> Self {
+        let session_id = server.lock().open_session();
+        EmbeddedStore {
+            server,
+            timeout,
+            machine: Arc::new(StatusMachine::new(session_id, session_id)),
+        }
+    }
+
+    /// The session to run an operation in: waits out a suspension, and opens
+    /// a new session after a loss.
+    async fn session(&self) -> Result<SessionId> {
+        self.machine
+            .ready(|_, session| Some(session), |lost| self.renew(lost))
+            .await
+    }
+
+    async fn renew(&self, lost: SessionId) -> Result<()> {
+        let open = || async {
+            let session = self.server.lock().open_session();
+            Ok((session, session))
+        };
+        if let Renewal::Abandoned(session) = self.machine.renew(lost, open).await? {
+            // Closed while the new session was opened.
+            self.server.apply(|t, f| t.end_session(session, f));
+        }
+        Ok(())
+    }
+
+    /// Runs `op` on the tree in the current session; marks the session lost
+    /// if the server no longer knows it.
+    async fn run<T>(
+        &self,
+        op: impl FnOnce(&mut Tree, SessionId, &mut Vec<Fired>) -> Result<T>,
+    ) -> Result<T> {
+        // Every operation spends the task's cooperative budget, as network
+        // I/O would: a loop of operations that never waits must still let
+        // other tasks run (on a current-thread runtime it would starve them).
+        tokio::task::consume_budget().await;
+        let session = self.session().await?;
+        let result = self.server.apply(|tree, fired| {
+            tree.check_session(session)?;
+            op(tree, session, fired)
+        });
+        if matches!(result, Err(Error::SessionExpired)) {
+            self.machine.lose(session);
+        }
+        result
+    }
+
+    fn watch(&self, rx: oneshot::Receiver<WatchEvent>) -> Watch {
+        Watch::new(rx, self.machine.subscribe())
+    }
+}
+
+impl Drop for EmbeddedStore {
+    fn drop(&mut self) {
+        let session = self.machine.snapshot().session_id;
+        self.server.apply(|t, f| t.end_session(session, f));
+    }
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    fn backend(&self) -> BackendKind {
+        BackendKind::Embedded
+    }
+
+    fn status(&self) -> watch::Receiver<SessionStatus> {
+        self.machine.subscribe()
+    }
+
+    fn session_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
+        let created = self
+            .run(|t, s, f| t.create_with(s, path, data, opts, f))
+            .await?;
+        self.machine.lost_create_reply()?;
+        Ok(created)
+    }
+
+    async fn create_and_list(
+        &self,
+        path: &str,
+        data: &[u8],
+        opts: CreateOptions,
+        list_path: &str,
+    ) -> Result<(Created, Vec<Child>)> {
+        let result = self
+            .run(|t, s, f| {
+                let created = t.create_with(s, path, data, opts, f)?;
+                Ok((created, t.list(list_path)?))
+            })
+            .await?;
+        self.machine.lost_create_reply()?;
+        Ok(result)
+    }
+
+    async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
+        self.run(|t, _, f| t.delete(path, version, f, None)).await?;
+        self.machine.lost_delete_reply()
+    }
+
+    async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
+        self.run(|t, _, f| t.set_data(path, data, version, f, None))
+            .await
+    }
+
+    async fn get_data(&self, path: &str, watch: bool) -> Result<(Vec<u8>, Stat, Option<Watch>)> {
+        let (data, stat, rx) = self
+            .run(|t, s, _| t.get_data(path, watch.then_some(s)))
+            .await?;
+        Ok((data, stat, rx.map(|rx| self.watch(rx))))
+    }
+
+    async fn exists(&self, path: &str, watch: bool) -> Result<(Option<Stat>, Option<Watch>)> {
+        let (stat, rx) = self
+            .run(|t, s, _| Ok(t.exists(path, watch.then_some(s))))
+            .await?;
+        Ok((stat, rx.map(|rx| self.watch(rx))))
+    }
+
+    async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
+        let (children, rx) = self
+            .run(|t, s, _| t.children(path, watch.then_some(s)))
+            .await?;
+        Ok((children, rx.map(|rx| self.watch(rx))))
+    }
+
+    async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
+        self.run(|t, s, f| t.multi(s, ops, f)).await
+    }
+
+    fn faults(&self) -> Option<&dyn Faults> {
+        Some(self)
+    }
+
+    async fn close(&self) {
+        // Closed first: a watcher woken by the session's deletions must find
+        // the store closed, not a lost session to renew (and lead again in).
+        self.machine.shut(|_| ());
+        let session = self.machine.snapshot().session_id;
+        self.server.apply(|t, f| t.end_session(session, f));
+    }
+}
+
+#[async_trait]
+impl Faults for EmbeddedStore {
+    fn suspend(&self, duration: Duration) {
+        let Some(suspension) = self.machine.begin_suspension() else {
+            return;
+        };
+        let expires = duration >= self.timeout;
+        let server = Arc::downgrade(&self.server);
+        let machine = Arc::downgrade(&self.machine);
+        let wait = if expires { self.timeout } else { duration };
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let Some(machine) = machine.upgrade() else {
+                return;
+            };
+            if !expires {
+                if machine.end_suspension(suspension) {
+                    machine.connected(suspension.session);
+                }
+            } else if machine.in_force(suspension) {
+                if let Some(server) = server.upgrade() {
+                    server.apply(|t, f| t.end_session(suspension.session, f));
+                }
+                machine.lose(suspension.session);
+            }
+        });
+    }
+
+    async fn expire(&self) -> Result<()> {
+        let session = self.machine.snapshot().session_id;
+        self.server.apply(|t, f| t.end_session(session, f));
+        self.machine.lose(session);
+        Ok(())
+    }
+
+    fn lose_next_create_reply(&self) {
+        self.machine.lost_replies.create.arm();
+    }
+
+    fn lose_next_delete_reply(&self) {
+        self.machine.lost_replies.delete.arm();
+    }
+}
