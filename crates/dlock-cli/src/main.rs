@@ -58,7 +58,7 @@ pub struct Global {
 }
 
 impl Global {
-    fn endpoint(&self) -> Result<Endpoint> {
+    pub fn endpoint(&self) -> Result<Endpoint> {
         Ok(self.endpoint.parse()?)
     }
 

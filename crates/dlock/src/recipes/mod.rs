@@ -2,6 +2,7 @@
 
 pub mod error_policy;
 pub mod guard;
+pub mod inspect;
 pub mod kv_semaphore;
 pub mod leader_latch;
 pub mod leader_selector;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::guard::{guarded_by, Acquisition, LockGuard};
+use super::kv_semaphore::KvLease;
 use super::mutex::Mutex;
 use super::rwlock::{ReadGuard, ReadWriteLock, WriteGuard};
 use super::semaphore::Lease;
@@ -64,7 +65,7 @@ macro_rules! holds {
     )*};
 }
 
-holds!(LockGuard, ReadGuard, WriteGuard, Lease);
+holds!(LockGuard, ReadGuard, WriteGuard, Lease, KvLease);
 
 #[async_trait]
 impl Lockable for SemaphoreMutex {
