@@ -921,6 +921,38 @@ mod etcd {
         an_elect_timeout_closes_its_candidacy_on(&etcd_endpoint());
     }
 
+    /// A holder by etcd's Go client (`etcdctl lock`) shows in `inspect` as a
+    /// foreign mutex holder, not as nothing.
+    #[test]
+    fn inspect_shows_an_etcdctl_lock_holder() {
+        let path = unique("golock");
+        let mut etcdctl = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!(
+                "--endpoints={}",
+                dlock_testkit::shared_etcd().url()
+            ))
+            .args(["lock", &path])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // It prints its key once it holds the lock.
+        let mut key = String::new();
+        std::io::BufReader::new(etcdctl.stdout.take().unwrap())
+            .read_line(&mut key)
+            .unwrap();
+        let json = inspect_on(&etcd_endpoint(), &path);
+        assert_eq!(json["recipe"], "mutex", "{json}");
+        assert_eq!(column(&json, "role"), ["holder"], "{json}");
+        assert_eq!(column(&json, "foreign"), ["etcd-go"], "{json}");
+        assert_eq!(column(&json, "node"), [key.trim()], "{json}");
+        // SIGINT: etcdctl unlocks and exits.
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(etcdctl.id() as i32, libc::SIGINT) };
+        assert_eq!(exit_within(etcdctl, Duration::from_secs(10)), Some(0));
+        assert_eq!(inspect_on(&etcd_endpoint(), &path)["recipe"], "none");
+    }
+
     /// On etcd the lot need not fill within the run; it must never overfill.
     #[test]
     fn a_semaphore_admits_at_most_its_leases() {
