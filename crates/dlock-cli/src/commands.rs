@@ -1,11 +1,14 @@
 //! The operator commands: run a command under a lock, inspect, revoke.
 
+use std::future::Future;
+use std::time::Duration;
+
 use anyhow::Result;
 use clap::Args;
-use dlock::{Participant, ReadWriteLock, Session};
+use dlock::{Hold, Lockable, ReadWriteLock, Session};
 
 use crate::exit::Exit;
-use crate::run::{run_holding, waiting, Holding, RunOptions};
+use crate::run::{Holding, RunOptions, Runner};
 use crate::Global;
 
 /// Arguments of `lock`, `read-lock` and `write-lock`.
@@ -28,94 +31,56 @@ pub enum LockKind {
     Write,
 }
 
-/// Maps "waited `--timeout` in vain" to its exit code.
-fn timed_out(e: dlock::Error) -> anyhow::Error {
-    match e {
-        dlock::Error::Timeout(t) => Exit::Timeout
-            .with(format!("could not acquire within {t:?}"))
-            .into(),
-        other => other.into(),
+/// Runs `work` in a new session, then closes the session whatever the
+/// outcome: an unclosed session keeps its nodes (a queued candidacy, a
+/// lease) until the server expires it, where others see them meanwhile.
+async fn in_session<F, Fut>(global: &Global, work: F) -> Result<u8>
+where
+    F: FnOnce(Session) -> Fut,
+    Fut: Future<Output = Result<u8>>,
+{
+    let session = global.connect_remote().await?;
+    let result = work(session.clone()).await;
+    session.close().await;
+    result
+}
+
+/// The library's acquire-with-timeout, or its acquire-forever without one.
+async fn within<T, Timed>(
+    timeout: Option<Duration>,
+    timed: impl FnOnce(Duration) -> Timed,
+    forever: impl Future<Output = dlock::Result<T>>,
+) -> dlock::Result<T>
+where
+    Timed: Future<Output = dlock::Result<T>>,
+{
+    match timeout {
+        Some(t) => timed(t).await,
+        None => forever.await,
     }
 }
 
 /// `dlock lock|read-lock|write-lock PATH -- CMD...`
 pub async fn lock(global: &Global, args: LockArgs, kind: LockKind) -> Result<u8> {
     dlock::path::validate(&args.path)?;
-    let session = global.connect_remote().await?;
-    let t = args.run.timeout;
-    let path = args.path.clone();
-    let list = {
-        let (session, path) = (session.clone(), path.clone());
-        move || {
-            let (session, path) = (session.clone(), path.clone());
-            Box::pin(async move { participants_at(&session, &path, kind).await })
-                as futures::future::BoxFuture<'static, _>
-        }
-    };
-    let holding = match kind {
-        LockKind::Mutex => {
-            let mutex = dlock::Mutex::new(&session, &path)?;
-            let guard = waiting(&path, &session, list, async {
-                match t {
-                    Some(t) => mutex.acquire_timeout(t).await,
-                    None => mutex.acquire().await,
-                }
-            })
-            .await
-            .map_err(timed_out)?;
-            Holding::new(
-                guard.token(),
-                guard.node().to_string(),
-                Box::pin(guard.release()),
-            )
-        }
-        LockKind::Read => {
-            let rw = ReadWriteLock::new(&session, &path)?;
-            let guard = waiting(&path, &session, list, async {
-                match t {
-                    Some(t) => rw.read_timeout(t).await,
-                    None => rw.read().await,
-                }
-            })
-            .await
-            .map_err(timed_out)?;
-            Holding::new(
-                guard.token(),
-                guard.node().to_string(),
-                Box::pin(guard.release()),
-            )
-        }
-        LockKind::Write => {
-            let rw = ReadWriteLock::new(&session, &path)?;
-            let guard = waiting(&path, &session, list, async {
-                match t {
-                    Some(t) => rw.write_timeout(t).await,
-                    None => rw.write().await,
-                }
-            })
-            .await
-            .map_err(timed_out)?;
-            Holding::new(
-                guard.token(),
-                guard.node().to_string(),
-                Box::pin(guard.release()),
-            )
-        }
-    };
-    let code = run_holding(&session, &global.endpoint, holding, &args.run).await?;
-    session.close().await;
-    Ok(code)
-}
-
-async fn participants_at(
-    session: &Session,
-    path: &str,
-    kind: LockKind,
-) -> dlock::Result<Vec<Participant>> {
-    match kind {
-        LockKind::Mutex => dlock::Mutex::new(session, path)?.participants().await,
-        LockKind::Read | LockKind::Write => ReadWriteLock::new(session, path)?.participants().await,
-    }
+    let endpoint = global.endpoint()?;
+    in_session(global, |session| async move {
+        let lock: Box<dyn Lockable> = match kind {
+            LockKind::Mutex => Box::new(dlock::Mutex::new(&session, &args.path)?),
+            LockKind::Read => Box::new(ReadWriteLock::new(&session, &args.path)?.read_half()),
+            LockKind::Write => Box::new(ReadWriteLock::new(&session, &args.path)?.write_half()),
+        };
+        let t = args.run.timeout;
+        let acquire = async {
+            // `lock_for` answers None only when a timeout passed.
+            let hold = lock.lock_for(t).await?;
+            let hold = hold.ok_or_else(|| dlock::Error::Timeout(t.unwrap_or_default()))?;
+            Ok(Holding::of(vec![hold]))
+        };
+        let mut runner = Runner::new(&session, &endpoint, &args.run)?;
+        Ok(runner.run(&args.path, acquire).await?.code)
+    })
+    .await
 }
 
 /// Arguments of `revoke`.
@@ -129,11 +94,12 @@ pub struct RevokeArgs {
 /// `Revoker.attemptRevoke`).
 pub async fn revoke(global: &Global, args: RevokeArgs) -> Result<u8> {
     dlock::path::validate(&args.node)?;
-    let session = global.connect_remote().await?;
-    dlock::revoke(&session, &args.node).await?;
-    session.close().await;
-    println!("revocation requested: {}", args.node);
-    Ok(0)
+    in_session(global, |session| async move {
+        dlock::revoke(&session, &args.node).await?;
+        println!("revocation requested: {}", args.node);
+        Ok(0)
+    })
+    .await
 }
 
 /// Arguments of `inspect`.
@@ -146,52 +112,20 @@ pub struct InspectArgs {
     pub json: bool,
 }
 
-/// `dlock inspect PATH`: who holds and who waits, in queue order.
+/// `dlock inspect PATH`: who holds and who waits, in queue order — a
+/// printer of [`dlock::inspect`].
 pub async fn inspect(global: &Global, args: InspectArgs) -> Result<u8> {
     dlock::path::validate(&args.path)?;
-    let session = global.connect_remote().await?;
-    let children = match session.children(&args.path).await {
-        Ok(c) => c,
-        Err(dlock::Error::NoNode { .. }) => Vec::new(),
-        Err(e) => return Err(e.into()),
-    };
-    let has = |needle: &str| children.iter().any(|c| c.name.contains(needle));
-    let is = |name: &str| children.iter().any(|c| c.name == name);
-    let (recipe, participants) = if is("leases") || is("locks") {
-        // Lease holders (a waiter at the head of the queue holds a lease
-        // node for a moment too); the semaphore's size is the clients' own.
-        let leases = dlock::Semaphore::new(&session, &args.path, u32::MAX)?
-            .participants()
-            .await?;
-        ("semaphore", leases)
-    } else if is(dlock::recipes::kv_semaphore::RECORD) {
-        (
-            "kv-semaphore",
-            kv_participants(&session, &args.path, &children).await?,
-        )
-    } else if has("__READ__") || has("__WRIT__") {
-        (
-            "read-write-lock",
-            ReadWriteLock::new(&session, &args.path)?
-                .participants()
-                .await?,
-        )
-    } else if has("latch-") {
-        (
-            "leader-latch",
-            latch_participants(&session, &args.path).await?,
-        )
-    } else if has("lock-") {
-        (
-            "mutex",
-            dlock::Mutex::new(&session, &args.path)?
-                .participants()
-                .await?,
-        )
-    } else {
-        ("none", Vec::new())
-    };
-    session.close().await;
+    let (mut seen, path) = (None, &args.path);
+    let found = &mut seen;
+    in_session(global, |session| async move {
+        *found = Some(dlock::inspect(&session, path).await?);
+        Ok(0)
+    })
+    .await?;
+    let seen = seen.expect("inspected");
+    let recipe = seen.recipe.as_str();
+    let participants = &seen.participants;
     if args.json {
         let list: Vec<_> = participants
             .iter()
@@ -201,34 +135,53 @@ pub async fn inspect(global: &Global, args: InspectArgs) -> Result<u8> {
                     "session": format!("{:#x}", p.session),
                     "fence": p.token.0,
                     "data": String::from_utf8_lossy(&p.data),
-                    "role": if p.holds { "holder" } else { "waiter" },
+                    "role": p.role.as_str(),
+                    "access": p.access.map(dlock::Access::as_str),
+                    "foreign": p.foreign.map(dlock::Foreign::as_str),
                 })
             })
             .collect();
         println!(
             "{}",
-            serde_json::json!({ "path": args.path, "recipe": recipe, "participants": list })
+            serde_json::json!({
+                "path": seen.path,
+                "recipe": recipe,
+                "participants": list,
+                "count": seen.count,
+            })
         );
     } else {
-        println!(
+        print!(
             "{} ({recipe}): {} participant(s)",
-            args.path,
+            seen.path,
             participants.len()
         );
+        match seen.count {
+            Some(count) => println!(", value {count}"),
+            None => println!(),
+        }
         if !participants.is_empty() {
             println!(
                 "{:<7} {:<20} {:>12}  {:<16} NODE",
                 "ROLE", "SESSION", "FENCE", "DATA"
             );
         }
-        for p in &participants {
+        for p in participants {
+            let mut notes = Vec::new();
+            notes.extend(p.access.map(dlock::Access::as_str));
+            notes.extend(p.foreign.map(dlock::Foreign::as_str));
             println!(
-                "{:<7} {:<20} {:>12}  {:<16} {}",
-                if p.holds { "holder" } else { "waiter" },
+                "{:<7} {:<20} {:>12}  {:<16} {}{}",
+                p.role.as_str(),
                 format!("{:#x}", p.session),
                 p.token,
                 String::from_utf8_lossy(&p.data),
-                p.node
+                p.node,
+                if notes.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", notes.join(", "))
+                }
             );
         }
     }
@@ -270,66 +223,33 @@ pub async fn semaphore(global: &Global, args: SemaphoreArgs) -> Result<u8> {
             .with("the KvSemaphore gives one lease per session: --kv takes no --qty")
             .into());
     }
-    let session = global.connect_remote().await?;
-    let t = args.run.timeout;
-    let holding = if args.kv {
-        let sem = dlock::KvSemaphore::new(&session, &args.path, args.leases)?;
-        let lease = match t {
-            Some(t) => sem.acquire_timeout(t).await,
-            None => sem.acquire().await,
-        }
-        .map_err(timed_out)?;
-        Holding::new(
-            lease.token(),
-            lease.node().to_string(),
-            Box::pin(lease.release()),
-        )
-    } else {
-        let sem = dlock::Semaphore::new(&session, &args.path, args.leases)?;
-        let path = args.path.clone();
-        let list = {
-            let session = session.clone();
-            move || {
-                let (session, path) = (session.clone(), path.clone());
-                Box::pin(async move {
-                    dlock::Semaphore::new(&session, &path, 1)?
-                        .participants()
-                        .await
-                }) as futures::future::BoxFuture<'static, _>
-            }
+    let endpoint = global.endpoint()?;
+    in_session(global, |session| async move {
+        let t = args.run.timeout;
+        let acquire = async {
+            let holds: Vec<Box<dyn Hold>> = if args.kv {
+                let sem = dlock::KvSemaphore::new(&session, &args.path, args.leases)?;
+                let lease = within(t, |t| sem.acquire_timeout(t), sem.acquire()).await?;
+                vec![Box::new(lease)]
+            } else {
+                let sem = dlock::Semaphore::new(&session, &args.path, args.leases)?;
+                let leases = within(
+                    t,
+                    |t| sem.acquire_timeout(args.qty, t),
+                    sem.acquire(args.qty),
+                )
+                .await?;
+                leases
+                    .into_iter()
+                    .map(|lease| Box::new(lease) as Box<dyn Hold>)
+                    .collect()
+            };
+            Ok(Holding::of(holds))
         };
-        let leases = waiting(&args.path, &session, list, async {
-            match t {
-                Some(t) => sem.acquire_timeout(args.qty, t).await,
-                None => sem.acquire(args.qty).await,
-            }
-        })
-        .await
-        .map_err(timed_out)?;
-        let token = leases
-            .iter()
-            .map(|l| l.token())
-            .max()
-            .expect("at least one lease");
-        let node = leases
-            .iter()
-            .map(|l| l.node().to_string())
-            .collect::<Vec<_>>()
-            .join(",");
-        let release = Box::pin(async move {
-            let mut first_error = None;
-            for lease in leases {
-                if let Err(e) = lease.release().await {
-                    first_error.get_or_insert(e);
-                }
-            }
-            first_error.map_or(Ok(()), Err)
-        });
-        Holding::new(token, node, release)
-    };
-    let code = run_holding(&session, &global.endpoint, holding, &args.run).await?;
-    session.close().await;
-    Ok(code)
+        let mut runner = Runner::new(&session, &endpoint, &args.run)?;
+        Ok(runner.run(&args.path, acquire).await?.code)
+    })
+    .await
 }
 
 /// Arguments of `elect`.
@@ -341,66 +261,84 @@ pub struct ElectArgs {
     /// Curator's getParticipants()).
     #[arg(long)]
     pub id: Option<String>,
-    /// Run CMD again each time leadership comes back, instead of once.
+    /// Run CMD again each time leadership comes back, instead of once
+    /// (until CMD's hold is lost, or dlock gets SIGINT or SIGTERM).
     #[arg(long)]
     pub requeue: bool,
     #[command(flatten)]
     pub run: RunOptions,
 }
 
+/// One term of leadership, and how to tell the selector it is over.
+type Term = (dlock::Leadership, tokio::sync::oneshot::Sender<()>);
+
 /// `dlock elect PATH [--id ID] [--requeue] -- CMD...`: runs CMD while
 /// leader (LeaderSelector layout); leadership is given up when CMD exits.
+/// Whatever the outcome — a timeout too — the candidacy is closed (its node
+/// deleted) before dlock exits.
 pub async fn elect(global: &Global, args: ElectArgs) -> Result<u8> {
     dlock::path::validate(&args.path)?;
-    let session = global.connect_remote().await?;
-    // The selector hands each term over, and holds leadership until told
-    // the command is done.
-    let (terms_tx, mut terms) =
-        tokio::sync::mpsc::channel::<(dlock::Leadership, tokio::sync::oneshot::Sender<()>)>(1);
-    let mut selector = dlock::LeaderSelector::new(&session, &args.path, move |term| {
-        let terms_tx = terms_tx.clone();
-        async move {
-            let (done_tx, done) = tokio::sync::oneshot::channel();
-            if terms_tx.send((term, done_tx)).await.is_ok() {
-                let _ = done.await;
+    let endpoint = global.endpoint()?;
+    in_session(global, |session| async move {
+        // The selector hands each term over, and holds leadership until told
+        // the command is done.
+        let (terms_tx, mut terms) = tokio::sync::mpsc::channel::<Term>(1);
+        let mut selector = dlock::LeaderSelector::new(&session, &args.path, move |term| {
+            let terms_tx = terms_tx.clone();
+            async move {
+                let (done_tx, done) = tokio::sync::oneshot::channel();
+                if terms_tx.send((term, done_tx)).await.is_ok() {
+                    let _ = done.await;
+                }
             }
+        })?;
+        if let Some(id) = &args.id {
+            selector = selector.with_id(id.clone());
         }
-    })?;
-    if let Some(id) = &args.id {
-        selector = selector.with_id(id.clone());
-    }
-    if args.requeue {
-        selector = selector.with_auto_requeue();
-    }
-    selector.start()?;
-    let first = match args.run.timeout {
-        Some(t) => tokio::time::timeout(t, terms.recv())
-            .await
-            .map_err(|_| Exit::Timeout.with(format!("not elected within {t:?}")))?,
-        None => terms.recv().await,
-    };
-    let mut next = first;
-    let mut code = 0;
-    while let Some((term, done)) = next {
-        let cancelled = term.clone();
-        let holding = Holding {
-            token: term.epoch(),
-            node: term.node().to_string(),
-            release: Box::pin(async move {
+        if args.requeue {
+            selector = selector.with_auto_requeue();
+        }
+        selector.start()?;
+        let mut runner = Runner::new(&session, &endpoint, &args.run)?;
+        let result = lead(&mut runner, &args, &mut terms).await;
+        let _ = selector.close().await;
+        result
+    })
+    .await
+}
+
+/// Runs the command for each term handed over: the first within
+/// `--timeout`, the next ones (with `--requeue`) whenever they come.
+async fn lead(
+    runner: &mut Runner<'_>,
+    args: &ElectArgs,
+    terms: &mut tokio::sync::mpsc::Receiver<Term>,
+) -> Result<u8> {
+    let mut timeout = args.run.timeout;
+    loop {
+        let next = async {
+            let term = match timeout.take() {
+                Some(t) => tokio::time::timeout(t, terms.recv())
+                    .await
+                    .map_err(|_| dlock::Error::Timeout(t))?,
+                None => terms.recv().await,
+            };
+            // The selector keeps the sender while it is open.
+            let (term, done) = term.ok_or(dlock::Error::Closed)?;
+            let cancelled = term.clone();
+            let release = Box::pin(async move {
                 let _ = done.send(());
                 Ok(())
-            }),
-            ended: Some(Box::pin(async move { cancelled.cancelled().await })),
+            });
+            Ok(Holding::ending((*term).clone(), release, async move {
+                cancelled.cancelled().await
+            }))
         };
-        code = run_holding(&session, &global.endpoint, holding, &args.run).await?;
-        if !args.requeue || code == Exit::Lost as u8 {
-            break;
+        let ran = runner.run(&args.path, next).await?;
+        if !args.requeue || ran.last {
+            return Ok(ran.code);
         }
-        next = terms.recv().await;
     }
-    let _ = selector.close().await;
-    session.close().await;
-    Ok(code)
 }
 
 /// `dlock count ...`: a SharedCount (4-byte big-endian, Curator-compatible).
@@ -434,7 +372,10 @@ pub enum CountCommand {
 
 /// Runs a `count` command.
 pub async fn count(global: &Global, command: CountCommand) -> Result<u8> {
-    let session = global.connect_remote().await?;
+    in_session(global, |session| count_in(session, command)).await
+}
+
+async fn count_in(session: Session, command: CountCommand) -> Result<u8> {
     let code = match command {
         CountCommand::Get { path } => {
             dlock::path::validate(&path)?;
@@ -480,53 +421,5 @@ pub async fn count(global: &Global, command: CountCommand) -> Result<u8> {
             }
         }
     };
-    session.close().await;
     Ok(code)
-}
-
-/// A leader latch's candidates, leader first.
-async fn latch_participants(session: &Session, path: &str) -> dlock::Result<Vec<Participant>> {
-    let latch = dlock::LeaderLatch::new(session, path)?;
-    let mut all = Vec::new();
-    for p in latch.participants().await? {
-        let owner = session
-            .exists(&p.node)
-            .await?
-            .map_or(0, |s| s.ephemeral_owner);
-        all.push(Participant {
-            node: p.node,
-            session: owner,
-            token: p.epoch,
-            data: p.id.into_bytes(),
-            holds: p.is_leader,
-        });
-    }
-    Ok(all)
-}
-
-/// A KvSemaphore's contenders: holders (named in its record) and waiters.
-async fn kv_participants(
-    session: &Session,
-    path: &str,
-    children: &[dlock::store::Child],
-) -> dlock::Result<Vec<Participant>> {
-    let holders = dlock::KvSemaphore::new(session, path, 1)?.holders().await?;
-    let mut all = Vec::new();
-    for child in children
-        .iter()
-        .filter(|c| c.name != dlock::recipes::kv_semaphore::RECORD)
-    {
-        let node = format!("{path}/{}", child.name);
-        if let Ok((data, stat)) = session.get_data(&node).await {
-            all.push(Participant {
-                node,
-                session: stat.ephemeral_owner,
-                token: stat.token(),
-                data,
-                holds: holders.contains(&child.name),
-            });
-        }
-    }
-    all.sort_by_key(|p| (!p.holds, p.token));
-    Ok(all)
 }

@@ -23,6 +23,9 @@ use dlock::{Endpoint, Session, SessionOptions};
 ///   dlock --endpoint zk://127.0.0.1:2181 inspect /locks/backup --json
 ///   dlock demo flash-sale --buyers 200 --stock 50
 ///
+/// CMD runs with DLOCK_FENCE (the fencing token), DLOCK_NODE (our node) and
+/// DLOCK_ENDPOINT (the endpoint without user and password) set.
+///
 /// Exit codes: the command's own when one runs; 64 usage error, 65 acquire
 /// timed out, 66 lock lost (the command was stopped), 67 backend
 /// unreachable, 70 other error, 126/127 the command cannot run / was not
@@ -58,7 +61,7 @@ pub struct Global {
 }
 
 impl Global {
-    fn endpoint(&self) -> Result<Endpoint> {
+    pub fn endpoint(&self) -> Result<Endpoint> {
         Ok(self.endpoint.parse()?)
     }
 

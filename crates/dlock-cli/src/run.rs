@@ -4,42 +4,81 @@
 //! `elect`: start the command with the fencing token in its environment,
 //! watch the session, and stop the command if what we hold is lost.
 
+use std::future::Future;
 use std::io::IsTerminal;
+use std::pin::Pin;
 use std::process::ExitStatus;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dlock::store::SessionState;
-use dlock::{FencingToken, Session};
+use dlock::{Acquisition, FencingToken, Hold, Session};
 use tokio::process::Command;
 
 use crate::exit::Exit;
 
 /// How a held thing is given back.
-pub type Release = std::pin::Pin<Box<dyn std::future::Future<Output = dlock::Result<()>> + Send>>;
+pub type Release = Pin<Box<dyn Future<Output = dlock::Result<()>> + Send>>;
 
-/// What the command runs under.
+/// What the command runs under: the acquisitions of one acquire (a lock,
+/// a semaphore's leases, a term of leadership) and how to give them back.
+/// Every recipe's hold is an [`Acquisition`], so one code path serves all.
 pub struct Holding {
-    /// The fencing token to hand to the command.
-    pub token: FencingToken,
-    /// Our node (or key).
-    pub node: String,
-    /// Gives it back.
-    pub release: Release,
+    acquisitions: Vec<Acquisition>,
+    release: Release,
     /// Resolves if the recipe itself declares the hold over (leadership
     /// cancelled by its error policy), besides the session watch.
-    pub ended: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+    ended: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
 impl Holding {
-    /// A hold that ends only with its session.
-    pub fn new(token: FencingToken, node: String, release: Release) -> Self {
+    /// Holds of any recipe, given back in turn (the first error is kept).
+    pub fn of(holds: Vec<Box<dyn Hold>>) -> Self {
+        let acquisitions = holds.iter().map(|h| h.acquisition().clone()).collect();
+        let release = Box::pin(async move {
+            let mut first_error = None;
+            for hold in holds {
+                if let Err(e) = hold.release().await {
+                    first_error.get_or_insert(e);
+                }
+            }
+            first_error.map_or(Ok(()), Err)
+        });
         Holding {
-            token,
-            node,
+            acquisitions,
             release,
             ended: None,
         }
+    }
+
+    /// One acquisition that `release` gives back, and that is over early
+    /// when `ended` resolves.
+    pub fn ending(
+        acquisition: Acquisition,
+        release: Release,
+        ended: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        Holding {
+            acquisitions: vec![acquisition],
+            release,
+            ended: Some(Box::pin(ended)),
+        }
+    }
+
+    /// The token to hand on: the largest, so that a fenced resource that
+    /// has seen it refuses every older holder of any of these.
+    fn token(&self) -> FencingToken {
+        self.acquisitions
+            .iter()
+            .map(Acquisition::token)
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// Our nodes, comma-separated.
+    fn nodes(&self) -> String {
+        let nodes: Vec<&str> = self.acquisitions.iter().map(Acquisition::node).collect();
+        nodes.join(",")
     }
 }
 
@@ -58,70 +97,143 @@ pub struct RunOptions {
     /// session timeout).
     #[arg(long, value_parser = crate::duration::parse)]
     pub suspend_grace: Option<Duration>,
-    /// The command and its arguments, after `--`.
+    /// The command and its arguments, after `--`. It runs with DLOCK_FENCE
+    /// (the fencing token), DLOCK_NODE (our node, or nodes, comma-separated)
+    /// and DLOCK_ENDPOINT (the endpoint without user and password, which are
+    /// not passed on: a nested dlock needs its credentials from elsewhere).
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 
-/// Runs `options.command` while `holding`, then gives it back. Returns the
-/// process exit code: the command's own, or [`Exit::Lost`] if what we held
-/// was lost while it ran.
-pub async fn run_holding(
-    session: &Session,
-    endpoint: &str,
-    holding: Holding,
-    options: &RunOptions,
-) -> Result<u8> {
-    let held_session = session.session_id();
-    let (program, args) = options.command.split_first().expect("clap requires CMD");
-    let mut child = Command::new(program)
-        .args(args)
-        .env("DLOCK_FENCE", holding.token.to_string())
-        .env("DLOCK_NODE", &holding.node)
-        .env("DLOCK_ENDPOINT", endpoint)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| {
-            let code = if e.kind() == std::io::ErrorKind::NotFound {
-                Exit::NotFound
-            } else {
-                Exit::CannotRun
-            };
-            anyhow::Error::new(code.with(format!("cannot run {program}: {e}")))
-        })?;
-    let pid = child.id().context("the command has no pid")? as libc::pid_t;
-    let mut signals = Signals::new()?;
-    let ended = async {
-        match holding.ended {
-            Some(ended) => ended.await,
-            None => std::future::pending().await,
-        }
-    };
-    let outcome = tokio::select! {
-        status = child.wait() => Outcome::Exited(status?),
-        () = lost(session, held_session, options.suspend_grace) => Outcome::Lost,
-        () = ended => Outcome::Lost,
-        signal = signals.next() => Outcome::Signalled(signal),
-    };
-    let code = match outcome {
-        Outcome::Exited(status) => exit_code(status),
-        Outcome::Lost => {
-            eprintln!("dlock: lost {} — stopping the command", holding.node);
-            stop(&mut child, pid, options.grace).await;
-            Exit::Lost as u8
-        }
-        Outcome::Signalled(signal) => {
-            // Pass it on and let the command finish; then release.
-            // SAFETY: kill(2) on our own child's pid.
-            unsafe { libc::kill(pid, signal) };
-            exit_code(child.wait().await?)
-        }
-    };
-    match holding.release.await {
-        Ok(()) | Err(dlock::Error::Lost { .. }) => {}
-        Err(e) => eprintln!("dlock: releasing {}: {e}", holding.node),
+/// How a run ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Ran {
+    /// The exit code: the command's own, [`Exit::Lost`] if what we held was
+    /// lost while it ran, 128 + N if signal N stopped dlock while waiting.
+    pub code: u8,
+    /// Lost, or stopped by a signal: nothing more should be run (an
+    /// `elect --requeue` ends).
+    pub last: bool,
+}
+
+/// Acquires and runs commands under the hold — the one path of `lock`,
+/// `read-lock`, `write-lock`, `semaphore` and `elect`.
+pub struct Runner<'a> {
+    session: &'a Session,
+    /// `DLOCK_ENDPOINT` for the command: without credentials.
+    endpoint: String,
+    options: &'a RunOptions,
+    signals: Signals,
+}
+
+impl<'a> Runner<'a> {
+    /// A runner for `options.command` on `session`, whose endpoint is
+    /// `endpoint` (its credentials are not passed on). Takes over SIGINT
+    /// and SIGTERM from now on.
+    pub fn new(
+        session: &'a Session,
+        endpoint: &dlock::Endpoint,
+        options: &'a RunOptions,
+    ) -> Result<Self> {
+        Ok(Runner {
+            session,
+            endpoint: endpoint.without_credentials().to_string(),
+            options,
+            signals: Signals::new()?,
+        })
     }
-    Ok(code)
+
+    /// Waits for `acquire` (showing the queue at `path` on a terminal),
+    /// then runs the command under what it acquired and gives that back.
+    /// `acquire` fails with [`dlock::Error::Timeout`] when `--timeout`
+    /// passed. A SIGINT or SIGTERM while waiting drops the acquire (which
+    /// removes its node) and ends the run with 128 + the signal.
+    pub async fn run(
+        &mut self,
+        path: &str,
+        acquire: impl Future<Output = dlock::Result<Holding>>,
+    ) -> Result<Ran> {
+        let acquired = tokio::select! {
+            acquired = waiting(path, self.session, acquire) => acquired,
+            signal = self.signals.next() => {
+                return Ok(Ran { code: 128u8.saturating_add(signal as u8), last: true });
+            }
+        };
+        let holding = acquired.map_err(|e| match e {
+            dlock::Error::Timeout(t) => Exit::Timeout
+                .with(format!("could not acquire within {t:?}"))
+                .into(),
+            other => anyhow::Error::new(other),
+        })?;
+        self.hold(holding).await
+    }
+
+    /// Runs the command while `holding`, then gives it back.
+    async fn hold(&mut self, holding: Holding) -> Result<Ran> {
+        let options = self.options;
+        let nodes = holding.nodes();
+        let held_session = holding
+            .acquisitions
+            .first()
+            .map_or(self.session.session_id(), Acquisition::session_id);
+        let (program, args) = options.command.split_first().expect("clap requires CMD");
+        let mut child = Command::new(program)
+            .args(args)
+            .env("DLOCK_FENCE", holding.token().to_string())
+            .env("DLOCK_NODE", &nodes)
+            .env("DLOCK_ENDPOINT", &self.endpoint)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| {
+                let code = if e.kind() == std::io::ErrorKind::NotFound {
+                    Exit::NotFound
+                } else {
+                    Exit::CannotRun
+                };
+                anyhow::Error::new(code.with(format!("cannot run {program}: {e}")))
+            })?;
+        let pid = child.id().context("the command has no pid")? as libc::pid_t;
+        let ended = async {
+            match holding.ended {
+                Some(ended) => ended.await,
+                None => std::future::pending().await,
+            }
+        };
+        let outcome = tokio::select! {
+            status = child.wait() => Outcome::Exited(status?),
+            () = lost(self.session, held_session, options.suspend_grace) => Outcome::Lost,
+            () = ended => Outcome::Lost,
+            signal = self.signals.next() => Outcome::Signalled(signal),
+        };
+        let ran = match outcome {
+            Outcome::Exited(status) => Ran {
+                code: exit_code(status),
+                last: false,
+            },
+            Outcome::Lost => {
+                eprintln!("dlock: lost {nodes} — stopping the command");
+                stop(&mut child, pid, options.grace).await;
+                Ran {
+                    code: Exit::Lost as u8,
+                    last: true,
+                }
+            }
+            Outcome::Signalled(signal) => {
+                // Pass it on and let the command finish; then release.
+                // SAFETY: kill(2) on our own child's pid.
+                unsafe { libc::kill(pid, signal) };
+                Ran {
+                    code: exit_code(child.wait().await?),
+                    last: true,
+                }
+            }
+        };
+        match holding.release.await {
+            Ok(()) | Err(dlock::Error::Lost { .. }) => {}
+            Err(e) => eprintln!("dlock: releasing {nodes}: {e}"),
+        }
+        Ok(ran)
+    }
 }
 
 enum Outcome {
@@ -202,15 +314,10 @@ impl Signals {
     }
 }
 
-/// While `acquire` runs, shows on a terminal who holds `label` and our
-/// place in the queue (our node is the one of our session).
-pub async fn waiting<T>(
-    label: &str,
-    session: &Session,
-    participants: impl Fn()
-        -> futures::future::BoxFuture<'static, dlock::Result<Vec<dlock::Participant>>>,
-    acquire: impl std::future::Future<Output = T>,
-) -> T {
+/// While `acquire` runs, shows on a terminal who holds `path` and our
+/// place in the queue (our node is the one of our session), as
+/// [`dlock::inspect`] sees them.
+async fn waiting<T>(path: &str, session: &Session, acquire: impl Future<Output = T>) -> T {
     if !std::io::stderr().is_terminal() {
         return acquire.await;
     }
@@ -225,11 +332,16 @@ pub async fn waiting<T>(
                 return result;
             }
             () = tokio::time::sleep(Duration::from_millis(300)) => {
-                if let Ok(queue) = participants().await {
-                    let holders: Vec<String> = queue.iter().filter(|p| p.holds).map(describe).collect();
+                if let Ok(seen) = dlock::inspect(session, path).await {
+                    let queue = seen.participants;
+                    let holders: Vec<String> = queue
+                        .iter()
+                        .filter(|p| p.role == dlock::Role::Holder)
+                        .map(describe)
+                        .collect();
                     let place = queue.iter().position(|p| p.session == session.session_id());
                     let place = place.map_or("joining".to_string(), |i| format!("we are #{} of {}", i + 1, queue.len()));
-                    let line = format!("waiting for {label}: held by {} — {place}", holders.join(", "));
+                    let line = format!("waiting for {path}: held by {} — {place}", holders.join(", "));
                     if line != shown {
                         eprint!("\r\x1b[K{line}");
                         shown = line;
@@ -240,16 +352,18 @@ pub async fn waiting<T>(
     }
 }
 
-fn describe(p: &dlock::Participant) -> String {
+fn describe(p: &dlock::Contender) -> String {
     let data = String::from_utf8_lossy(&p.data);
     format!(
-        "{} (session {:#x}{})",
-        p.node.rsplit('/').next().unwrap_or(&p.node),
+        "{} (session {:#x}{}{})",
+        dlock::path::node_name(&p.node),
         p.session,
         if data.is_empty() {
             String::new()
         } else {
             format!(", {data}")
-        }
+        },
+        p.foreign
+            .map_or(String::new(), |f| format!(", {}", f.as_str()))
     )
 }

@@ -1,7 +1,9 @@
 //! The `dlock` commands as real processes against a real ZooKeeper; the
 //! cases that concern every backend run against a real etcd too.
 
+use std::io::{BufRead, Write};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use dlock_testkit::{shared_zk, CuratorProbe};
@@ -320,6 +322,21 @@ fn bad_usage_is_named_with_its_exit_code() {
             64,
             "--qty 3 is more than the 2 leases",
         ),
+        (
+            &[
+                "semaphore",
+                "/x",
+                "--leases",
+                "2",
+                "--kv",
+                "--qty",
+                "2",
+                "--",
+                "true",
+            ],
+            64,
+            "--kv takes no --qty",
+        ),
     ];
     for (args, code, needle) in cases {
         let out = dlock().args(*args).output().unwrap();
@@ -523,6 +540,352 @@ fn count_gets_sets_and_compares() {
     admin.block_on(admin.session().delete(&path, None)).unwrap();
 }
 
+/// `dlock inspect PATH --json` on `endpoint`.
+fn inspect_on(endpoint: &str, path: &str) -> serde_json::Value {
+    let out = dlock_on(endpoint)
+        .args(["inspect", path, "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The participants' values of `field`, in order.
+fn column(json: &serde_json::Value, field: &str) -> Vec<String> {
+    json["participants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[field].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// A running `dlock ... -- sh -c CMD` whose command logs `TAG FENCE NODE`
+/// once inside and then holds until [`finish`](Self::finish)ed (a line on
+/// its standard input, which the command inherits from dlock).
+struct Holder(Child);
+
+impl Holder {
+    fn start(endpoint: &str, args: &[&str], log: &std::path::Path, tag: &str) -> Holder {
+        Holder(
+            dlock_on(endpoint)
+                .args(args)
+                .args(["--", "sh", "-c"])
+                .arg(format!(
+                    "echo {tag} $DLOCK_FENCE $DLOCK_NODE >> {}; read line",
+                    log.display()
+                ))
+                .stdin(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    /// Lets the command end; dlock's exit code.
+    fn finish(mut self) -> Option<i32> {
+        let mut stdin = self.0.stdin.take().unwrap();
+        writeln!(stdin, "done").unwrap();
+        drop(stdin);
+        self.0.wait().unwrap().code()
+    }
+}
+
+/// The log line of `tag`'s command: `[tag, fence, node]`.
+fn logged(log: &std::path::Path, tag: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(tag))
+        .unwrap_or_else(|| panic!("{tag} never ran: {text}"));
+    line.split_whitespace().map(String::from).collect()
+}
+
+fn has_run(log: &std::path::Path, tag: &str) -> bool {
+    std::fs::read_to_string(log).is_ok_and(|t| t.lines().any(|l| l.starts_with(&format!("{tag} "))))
+}
+
+/// Waits for `child` to exit, at most `within`; its exit code.
+fn exit_within(mut child: Child, within: Duration) -> Option<i32> {
+    let (tx, rx) = mpsc::channel();
+    let pid = child.id() as i32;
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait().unwrap().code());
+    });
+    rx.recv_timeout(within).unwrap_or_else(|_| {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        panic!("pid {pid} still running after {within:?}")
+    })
+}
+
+/// read-lock and write-lock: readers share, a writer waits for them, a
+/// reader queued behind a waiting writer waits for it (fair); the writer's
+/// node is a write node and its token is larger.
+#[test]
+fn readers_share_and_a_writer_excludes_them() {
+    let (endpoint, dir) = (endpoint(), tempfile::tempdir().unwrap());
+    let log = dir.path().join("log");
+    let path = unique("rw");
+    let r1 = Holder::start(&endpoint, &["read-lock", &path], &log, "r1");
+    let r2 = Holder::start(&endpoint, &["read-lock", &path], &log, "r2");
+    assert!(await_line(&log, "r1 ", Duration::from_secs(20)));
+    assert!(
+        await_line(&log, "r2 ", Duration::from_secs(20)),
+        "readers share"
+    );
+    let w = Holder::start(&endpoint, &["write-lock", &path], &log, "w");
+    await_participants(&path, 3, Duration::from_secs(20));
+    let r3 = Holder::start(&endpoint, &["read-lock", &path], &log, "r3");
+    await_participants(&path, 4, Duration::from_secs(20));
+    let json = inspect_on(&endpoint, &path);
+    assert_eq!(json["recipe"], "read-write-lock");
+    assert_eq!(
+        column(&json, "role"),
+        ["holder", "holder", "waiter", "waiter"],
+        "{json}"
+    );
+    assert_eq!(
+        column(&json, "access"),
+        ["read", "read", "write", "read"],
+        "{json}"
+    );
+    assert!(!has_run(&log, "w") && !has_run(&log, "r3"));
+    assert_eq!(r1.finish(), Some(0));
+    assert!(!has_run(&log, "w"), "the writer waits for every reader");
+    assert_eq!(r2.finish(), Some(0));
+    assert!(await_line(&log, "w ", Duration::from_secs(20)));
+    let (writer, reader) = (logged(&log, "w"), logged(&log, "r1"));
+    assert!(writer[2].contains("__WRIT__") && reader[2].contains("__READ__"));
+    assert!(writer[1].parse::<i64>().unwrap() > reader[1].parse::<i64>().unwrap());
+    assert!(!has_run(&log, "r3"), "a reader behind a writer waits");
+    assert_eq!(w.finish(), Some(0));
+    assert!(await_line(&log, "r3 ", Duration::from_secs(20)));
+    assert_eq!(r3.finish(), Some(0));
+}
+
+/// semaphore --kv: at most --leases holders; a waiter shows as such, gets
+/// in when a holder leaves, and its node is its session's entry.
+#[test]
+fn a_kv_semaphore_admits_its_leases_and_queues_the_rest() {
+    let (endpoint, dir) = (endpoint(), tempfile::tempdir().unwrap());
+    let log = dir.path().join("log");
+    let path = unique("kv");
+    let args = ["semaphore", &path, "--kv", "--leases", "2"];
+    let k1 = Holder::start(&endpoint, &args, &log, "k1");
+    assert!(await_line(&log, "k1 ", Duration::from_secs(20)));
+    let k2 = Holder::start(&endpoint, &args, &log, "k2");
+    assert!(await_line(&log, "k2 ", Duration::from_secs(20)));
+    let k3 = Holder::start(&endpoint, &args, &log, "k3");
+    await_participants(&path, 3, Duration::from_secs(20));
+    let json = inspect_on(&endpoint, &path);
+    assert_eq!(json["recipe"], "kv-semaphore");
+    assert_eq!(
+        column(&json, "role"),
+        ["holder", "holder", "waiter"],
+        "{json}"
+    );
+    assert!(!has_run(&log, "k3"));
+    let node = &logged(&log, "k1")[2];
+    let entry = node.strip_prefix(&format!("{path}/")).unwrap();
+    assert!(
+        entry.len() == 16 && entry.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{node}"
+    );
+    assert_eq!(k1.finish(), Some(0));
+    assert!(await_line(&log, "k3 ", Duration::from_secs(20)));
+    assert_eq!(k2.finish(), Some(0));
+    assert_eq!(k3.finish(), Some(0));
+    await_participants(&path, 0, Duration::from_secs(10));
+}
+
+/// elect --requeue: two candidates take turns, each running its command
+/// again whenever leadership comes back, with ever larger epochs; SIGTERM
+/// ends each, and their candidacies with them.
+#[test]
+fn elect_requeue_runs_the_command_each_term() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let path = unique("requeue");
+    let candidate = |id: &str| {
+        dlock()
+            .args(["elect", &path, "--id", id, "--requeue", "--", "sh", "-c"])
+            .arg(format!("echo {id} $DLOCK_FENCE >> {}", log.display()))
+            .spawn()
+            .unwrap()
+    };
+    let a = candidate("a");
+    assert!(await_line(&log, "a ", Duration::from_secs(20)));
+    let b = candidate("b");
+    let terms = |id: &str| {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with(&format!("{id} ")))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while terms("a") < 2 || terms("b") < 2 {
+        assert!(Instant::now() < deadline, "no turns taken");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for c in [&a, &b] {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    }
+    for c in [a, b] {
+        assert!(exit_within(c, Duration::from_secs(10)).is_some());
+    }
+    // Closed candidacies leave nothing behind at once.
+    assert_eq!(
+        inspect_on(&endpoint(), &path)["participants"],
+        serde_json::json!([])
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let epochs: Vec<i64> = text
+        .lines()
+        .map(|l| l.split_whitespace().nth(1).unwrap().parse().unwrap())
+        .collect();
+    assert!(epochs.windows(2).all(|w| w[0] < w[1]), "{text}");
+}
+
+/// --suspend-grace: a holder whose connection is down longer than the grace
+/// stops its command (exit 66) long before its session could expire; one
+/// without it rides out the same outage and keeps its lock.
+#[test]
+fn suspend_grace_counts_a_long_suspension_as_a_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let proxy = dlock_testkit::TcpProxy::start(&shared_zk().connect_string()).unwrap();
+    let via = format!("zk://{}", proxy.address());
+    let (strict_path, patient_path) = (unique("strict"), unique("patient"));
+    let mut strict = dlock_on(&via)
+        .args(["--session-timeout", "20s", "lock", &strict_path])
+        .args([
+            "--suspend-grace",
+            "200ms",
+            "--grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(format!("echo strict 0 x >> {}; read line", log.display()))
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let patient = Holder::start(
+        &via,
+        &["--session-timeout", "20s", "lock", &patient_path],
+        &log,
+        "patient",
+    );
+    assert!(await_line(&log, "strict ", Duration::from_secs(20)));
+    assert!(await_line(&log, "patient ", Duration::from_secs(20)));
+    let (tx, said) = mpsc::channel();
+    let stderr = strict.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let _ = tx.send(line.unwrap_or_default());
+        }
+    });
+    let cut = Instant::now();
+    proxy.cut();
+    let lost = loop {
+        let line = said
+            .recv_timeout(Duration::from_secs(10))
+            .expect("never declared lost");
+        if line.contains("lost") {
+            break cut.elapsed();
+        }
+    };
+    proxy.restore();
+    assert!(
+        lost < Duration::from_secs(10),
+        "declared lost after {lost:?}"
+    );
+    assert_eq!(exit_within(strict, Duration::from_secs(20)), Some(66));
+    assert_eq!(
+        patient.finish(),
+        Some(0),
+        "the patient holder kept its lock"
+    );
+}
+
+/// DLOCK_ENDPOINT carries no credentials, though dlock was given some.
+#[test]
+fn the_command_gets_the_endpoint_without_credentials() {
+    let path = unique("creds");
+    let hosts = shared_zk().connect_string();
+    let out = dlock()
+        .args(["--endpoint", &format!("zk://alice:s3cret@{hosts}")])
+        .args(["lock", &path, "--", "sh", "-c", "echo $DLOCK_ENDPOINT"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("zk://{hosts}")
+    );
+    let help = dlock().args(["lock", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        help.contains("DLOCK_ENDPOINT (the endpoint without user and password"),
+        "{help}"
+    );
+}
+
+/// `elect --timeout` that is not elected in time exits 65 having closed its
+/// candidacy: `inspect` right after lists the leader alone.
+fn an_elect_timeout_closes_its_candidacy_on(endpoint: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let path = unique("elect-timeout");
+    let leader = Holder::start(
+        endpoint,
+        &["elect", &path, "--id", "leader"],
+        &log,
+        "leader",
+    );
+    assert!(await_line(&log, "leader ", Duration::from_secs(20)));
+    let out = dlock_on(endpoint)
+        .args([
+            "elect",
+            &path,
+            "--id",
+            "late",
+            "--timeout",
+            "300ms",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(65),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json = inspect_on(endpoint, &path);
+    assert_eq!(column(&json, "data"), ["leader"], "{json}");
+    assert_eq!(leader.finish(), Some(0));
+}
+
+#[test]
+fn an_elect_timeout_closes_its_candidacy() {
+    an_elect_timeout_closes_its_candidacy_on(&endpoint());
+}
+
 #[test]
 fn lock_processes_never_overlap() {
     lock_processes_never_overlap_on(&endpoint());
@@ -551,6 +914,43 @@ mod etcd {
     #[test]
     fn a_frozen_holder_loses_the_lock_and_stops_its_command() {
         a_frozen_holder_loses_the_lock_on(&etcd_endpoint());
+    }
+
+    #[test]
+    fn an_elect_timeout_closes_its_candidacy() {
+        an_elect_timeout_closes_its_candidacy_on(&etcd_endpoint());
+    }
+
+    /// A holder by etcd's Go client (`etcdctl lock`) shows in `inspect` as a
+    /// foreign mutex holder, not as nothing.
+    #[test]
+    fn inspect_shows_an_etcdctl_lock_holder() {
+        let path = unique("golock");
+        let mut etcdctl = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!(
+                "--endpoints={}",
+                dlock_testkit::shared_etcd().url()
+            ))
+            .args(["lock", &path])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // It prints its key once it holds the lock.
+        let mut key = String::new();
+        std::io::BufReader::new(etcdctl.stdout.take().unwrap())
+            .read_line(&mut key)
+            .unwrap();
+        let json = inspect_on(&etcd_endpoint(), &path);
+        assert_eq!(json["recipe"], "mutex", "{json}");
+        assert_eq!(column(&json, "role"), ["holder"], "{json}");
+        assert_eq!(column(&json, "foreign"), ["etcd-go"], "{json}");
+        assert_eq!(column(&json, "node"), [key.trim()], "{json}");
+        // SIGINT: etcdctl unlocks and exits.
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(etcdctl.id() as i32, libc::SIGINT) };
+        assert_eq!(exit_within(etcdctl, Duration::from_secs(10)), Some(0));
+        assert_eq!(inspect_on(&etcd_endpoint(), &path)["recipe"], "none");
     }
 
     /// On etcd the lot need not fill within the run; it must never overfill.

@@ -240,6 +240,33 @@ impl fmt::Display for Endpoint {
     }
 }
 
+impl Endpoint {
+    /// The same endpoint without user and password: what may be shown or
+    /// handed to another program (the display only masks the password; this
+    /// drops the user too, so the URL names no account at all).
+    ///
+    /// ```
+    /// let e: dlock::Endpoint = "etcd://alice:s3cret@127.0.0.1:2379/app".parse().unwrap();
+    /// assert_eq!(e.without_credentials().to_string(), "etcd://127.0.0.1:2379/app");
+    /// let z: dlock::Endpoint = "zk://bob:pw@h1:2181,h2:2181/chroot".parse().unwrap();
+    /// assert_eq!(z.without_credentials().to_string(), "zk://h1:2181,h2:2181/chroot");
+    /// let c: dlock::Endpoint = "consul://127.0.0.1:8500/app?token=s3cret".parse().unwrap();
+    /// assert!(!c.without_credentials().to_string().contains("token"));
+    /// ```
+    pub fn without_credentials(&self) -> Endpoint {
+        let mut bare = self.clone();
+        match &mut bare {
+            Endpoint::ZooKeeper { credentials, .. } | Endpoint::Etcd { credentials, .. } => {
+                *credentials = None;
+            }
+            // The ACL token is Consul's credential.
+            Endpoint::Consul { token, .. } => *token = None,
+            Endpoint::Embedded => {}
+        }
+        bare
+    }
+}
+
 impl FromStr for Endpoint {
     type Err = Error;
 

@@ -28,6 +28,7 @@
 //! | one leader, stays in the race | [`LeaderLatch`] | `LeaderLatch` | leader = first; epoch per term |
 //! | one leader at a time, taking turns | [`LeaderSelector`] | `LeaderSelector` | run a task while leader; requeue |
 //! | ask a holder to let go | [`revoke`] + `.revocable(..)` | `Revoker`, `makeRevocable` | cooperative |
+//! | see who holds and waits, any recipe | [`inspect`] | `getParticipantNodes` | also etcd Go holders |
 //!
 //! Every recipe runs on every backend: [`store::embedded`] (in-process, with
 //! fault injection — the default for demos and tests), ZooKeeper 3.5+
@@ -89,6 +90,7 @@ pub use endpoint::{Credentials, Endpoint, TlsFiles};
 pub use error::{Error, Result};
 pub use recipes::error_policy::ErrorPolicy;
 pub use recipes::guard::{Acquisition, LockGuard};
+pub use recipes::inspect::{inspect, Access, Contender, Foreign, Inspection, RecipeKind, Role};
 pub use recipes::kv_semaphore::{KvLease, KvSemaphore};
 pub use recipes::leader_latch::{
     CloseMode, LatchState, LeaderLatch, LeaderParticipant, Leadership, LeadershipEvent,

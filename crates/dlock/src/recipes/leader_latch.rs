@@ -35,6 +35,17 @@ use crate::store::{Child, CreateMode, Created, FencingToken, SessionStatus};
 /// Curator's node name for latch participants.
 pub(crate) const LATCH_NAME: &str = "latch-";
 
+/// Whether `name` is a latch candidate's node.
+pub(crate) fn is_node(name: &str) -> bool {
+    name.contains(LATCH_NAME)
+}
+
+/// The candidates' queue at `path`, laid out as [`LeaderLatch::new`] lays
+/// it: for listing candidates with their sessions.
+pub(crate) fn candidates(session: &Session, path: &str) -> Result<WaitQueue> {
+    WaitQueue::new(session, path, LATCH_NAME, &[LATCH_NAME])
+}
+
 /// How many leadership events a subscriber may fall behind before it misses
 /// some (it then gets `Lagged`).
 const EVENT_CAPACITY: usize = 64;

@@ -3,6 +3,7 @@
 pub(crate) mod deadline;
 pub mod error_policy;
 pub mod guard;
+pub mod inspect;
 pub mod kv_semaphore;
 pub mod leader_latch;
 pub mod leader_selector;

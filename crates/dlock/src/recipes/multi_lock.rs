@@ -8,6 +8,7 @@ use async_trait::async_trait;
 
 use super::deadline::Deadline;
 use super::guard::{guarded_by, Acquisition, LockGuard};
+use super::kv_semaphore::KvLease;
 use super::mutex::Mutex;
 use super::rwlock::{ReadGuard, ReadWriteLock, WriteGuard};
 use super::semaphore::Lease;
@@ -65,7 +66,7 @@ macro_rules! holds {
     )*};
 }
 
-holds!(LockGuard, ReadGuard, WriteGuard, Lease);
+holds!(LockGuard, ReadGuard, WriteGuard, Lease, KvLease);
 
 /// The read half of a [`ReadWriteLock`], as a [`Lockable`].
 #[derive(Debug, Clone)]

@@ -19,6 +19,12 @@ use crate::store::CreateMode;
 /// Curator's node name for mutex participants.
 pub(crate) const LOCK_NAME: &str = "lock-";
 
+/// Whether `name` is a queue node of a mutex — or of a leader selector,
+/// which queues on a mutex: the two layouts are one (as in Curator).
+pub(crate) fn is_node(name: &str) -> bool {
+    name.contains(LOCK_NAME)
+}
+
 /// A fair, re-entrant lock shared by every session that names the same path.
 ///
 /// Each [`acquire`](Self::acquire) queues a new participant, so two tasks

@@ -27,6 +27,19 @@ pub const READ_LOCK_NAME: &str = "__READ__";
 pub const WRITE_LOCK_NAME: &str = "__WRIT__";
 const SORT_NAMES: &[&str] = &[READ_LOCK_NAME, WRITE_LOCK_NAME];
 
+/// Whether `name` is a writer's queue node (`Some(true)`), a reader's
+/// (`Some(false)`), or no node of a read-write lock (`None`). The write
+/// name is tested first, as [`ByKind`] does.
+pub(crate) fn is_writer(name: &str) -> Option<bool> {
+    if name.contains(WRITE_LOCK_NAME) {
+        Some(true)
+    } else if name.contains(READ_LOCK_NAME) {
+        Some(false)
+    } else {
+        None
+    }
+}
+
 /// A reader holds when no writer is queued ahead of it; it watches the
 /// first writer (not the nearest), as Curator does.
 struct NoWriterAhead;

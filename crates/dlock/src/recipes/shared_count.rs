@@ -79,6 +79,14 @@ pub fn decode(path: &str, data: &[u8]) -> Result<i32> {
     Ok(i32::from_be_bytes(bytes))
 }
 
+/// The value of a node that has a count's layout — persistent, childless,
+/// exactly 4 bytes — or `None` if it is no count.
+pub(crate) fn value_of(data: &[u8], stat: &Stat) -> Option<i32> {
+    (stat.ephemeral_owner == 0 && stat.num_children == 0)
+        .then(|| decode("", data).ok())
+        .flatten()
+}
+
 /// A shared counter (Curator's `SharedCount`).
 ///
 /// Create it with [`new`](Self::new), then [`start`](Self::start) it: that

@@ -54,6 +54,22 @@ pub fn holder_id(session_id: crate::store::SessionId) -> String {
     format!("{:016x}", session_id as u64)
 }
 
+/// Whether children named `names` are a KvSemaphore's: its record is there
+/// (while anyone holds).
+pub(crate) fn is_layout(names: &[&str]) -> bool {
+    names.contains(&RECORD)
+}
+
+/// Whether a child `name` with `data`, owned by the session `owner`, is a
+/// contender's entry: named after its owner, holding the entry's UUID
+/// token. Both are checked, because an etcd lease id in hex can also be a
+/// foreign key's name.
+pub(crate) fn is_entry(name: &str, data: &[u8], owner: crate::store::SessionId) -> bool {
+    owner != 0
+        && name == holder_id(owner)
+        && std::str::from_utf8(data).is_ok_and(|t| uuid::Uuid::parse_str(t).is_ok())
+}
+
 /// A counting semaphore in the Consul design: at most `limit` sessions hold
 /// it at once. See the [module docs](self) for the layout and algorithm.
 ///

@@ -49,6 +49,14 @@ pub(crate) const LOCK_PARENT: &str = "locks";
 /// The leases' directory under the semaphore's path.
 pub(crate) const LEASE_PARENT: &str = "leases";
 
+/// Whether children named `names` are a semaphore's: its `locks` or
+/// `leases` directory (either may be gone while the other is not).
+pub(crate) fn is_layout(names: &[&str]) -> bool {
+    names
+        .iter()
+        .any(|n| *n == LOCK_PARENT || *n == LEASE_PARENT)
+}
+
 /// A counting semaphore shared by every session that names the same path
 /// (Curator's `InterProcessSemaphoreV2`).
 ///

@@ -1,0 +1,455 @@
+//! [`inspect`]: who holds and who waits at a path, whatever recipe lives
+//! there — the library side of `dlock inspect`.
+//!
+//! The recipe is recognised from the nodes under the path, by the layout
+//! each recipe module defines for itself (the mutex's `lock-` nodes, the
+//! semaphore's `locks` and `leases` directories, the KV semaphore's `.lock`
+//! record, ...); participants are listed in the order that recipe serves
+//! them, holders first. Peers that write the same layouts are recognised
+//! as what they are: Curator on ZooKeeper writes exactly our nodes, so its
+//! holders show like ours.
+//!
+//! One foreign layout is recognised too: etcd's Go client
+//! (`concurrency.Mutex` and `concurrency.Election`, and `etcdctl lock` /
+//! `etcdctl elect`, which use them) puts one key per contender,
+//! `<prefix>/<lease id in hex>`, attached to that lease; the key with the
+//! lowest create revision holds. On etcd our own wait queue orders by create
+//! revision as well, so such keys are contenders of a dlock mutex on the
+//! same path and are listed in its queue, marked [`Foreign::EtcdGo`]. A path
+//! holding only such keys shows as a [`RecipeKind::Mutex`] — or as a
+//! [`RecipeKind::LeaderElection`] if a key carries a value (a Go `Mutex`
+//! writes none; an `Election` candidate writes its proposal).
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+//! use dlock::{inspect, RecipeKind, Role};
+//! let session = dlock::connect("embedded").await?;
+//! let mutex = dlock::Mutex::new(&session, "/doc/inspect")?;
+//! let guard = mutex.acquire().await?;
+//! let seen = inspect(&session, "/doc/inspect").await?;
+//! assert_eq!(seen.recipe, RecipeKind::Mutex);
+//! assert_eq!(seen.participants[0].role, Role::Holder);
+//! assert_eq!(seen.participants[0].token, guard.token());
+//! guard.release().await?;
+//! assert_eq!(inspect(&session, "/doc/inspect").await?.recipe, RecipeKind::None);
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+
+use super::queue::{FirstN, Participant};
+use super::{kv_semaphore, leader_latch, mutex, rwlock, semaphore, shared_count};
+use crate::error::{Error, Result};
+use crate::path;
+use crate::session::Session;
+use crate::store::{FencingToken, SessionId};
+
+/// Which recipe's layout a path holds.
+///
+/// ```
+/// assert_eq!(dlock::RecipeKind::ReadWriteLock.as_str(), "read-write-lock");
+/// assert_eq!(dlock::RecipeKind::None.to_string(), "none");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RecipeKind {
+    /// A [`Mutex`](crate::Mutex) — or a [`LeaderSelector`](crate::LeaderSelector),
+    /// whose layout is a mutex's (as in Curator); also etcd Go `Mutex` keys.
+    Mutex,
+    /// A [`ReadWriteLock`](crate::ReadWriteLock).
+    ReadWriteLock,
+    /// A [`Semaphore`](crate::Semaphore) (or a [`SemaphoreMutex`](crate::SemaphoreMutex)).
+    Semaphore,
+    /// A [`KvSemaphore`](crate::KvSemaphore).
+    KvSemaphore,
+    /// A [`LeaderLatch`](crate::LeaderLatch).
+    LeaderLatch,
+    /// A leader election by etcd's Go client (`concurrency.Election`,
+    /// `etcdctl elect`).
+    LeaderElection,
+    /// A [`SharedCount`](crate::SharedCount): see [`Inspection::count`].
+    SharedCount,
+    /// Nothing recognised (or nothing there).
+    None,
+}
+
+impl RecipeKind {
+    /// The kind's name, as `dlock inspect` prints it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecipeKind::Mutex => "mutex",
+            RecipeKind::ReadWriteLock => "read-write-lock",
+            RecipeKind::Semaphore => "semaphore",
+            RecipeKind::KvSemaphore => "kv-semaphore",
+            RecipeKind::LeaderLatch => "leader-latch",
+            RecipeKind::LeaderElection => "leader-election",
+            RecipeKind::SharedCount => "shared-count",
+            RecipeKind::None => "none",
+        }
+    }
+}
+
+impl fmt::Display for RecipeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether a participant holds (the lock, a lease, leadership) or waits.
+///
+/// ```
+/// assert_eq!(dlock::Role::Holder.as_str(), "holder");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// It holds now.
+    Holder,
+    /// It waits in the queue.
+    Waiter,
+}
+
+impl Role {
+    /// `"holder"` or `"waiter"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Holder => "holder",
+            Role::Waiter => "waiter",
+        }
+    }
+}
+
+/// Which half of a read-write lock a participant is queued for.
+///
+/// ```
+/// assert_eq!(dlock::Access::Write.as_str(), "write");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// The read lock (`__READ__` nodes).
+    Read,
+    /// The write lock (`__WRIT__` nodes).
+    Write,
+}
+
+impl Access {
+    /// `"read"` or `"write"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::Write => "write",
+        }
+    }
+}
+
+/// A participant written by another client library than dlock and Curator
+/// (whose nodes are the same as ours, so they are not foreign).
+///
+/// ```
+/// assert_eq!(dlock::Foreign::EtcdGo.as_str(), "etcd-go");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Foreign {
+    /// etcd's Go `concurrency` package (`etcdctl lock`, `etcdctl elect`):
+    /// a key `<prefix>/<lease id in hex>`.
+    EtcdGo,
+}
+
+impl Foreign {
+    /// The client's short name, as `dlock inspect` prints it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Foreign::EtcdGo => "etcd-go",
+        }
+    }
+}
+
+/// One participant, as [`inspect`] found it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// let session = dlock::connect("embedded").await?;
+/// let rw = dlock::ReadWriteLock::new(&session, "/doc/contender")?;
+/// let read = rw.read().await?;
+/// let seen = dlock::inspect(&session, "/doc/contender").await?;
+/// let me = &seen.participants[0];
+/// assert_eq!((me.role, me.access, me.foreign), (dlock::Role::Holder, Some(dlock::Access::Read), None));
+/// assert_eq!((me.session, me.node.as_str()), (session.session_id(), read.node()));
+/// # read.release().await?; Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Contender {
+    /// Holder or waiter.
+    pub role: Role,
+    /// The node's fencing token (its creation; for a KV semaphore entry, the
+    /// entry's creation, not the record write that admitted it).
+    pub token: FencingToken,
+    /// The session (etcd: lease) that owns the node.
+    pub session: SessionId,
+    /// The node (full path).
+    pub node: String,
+    /// The node's data (Curator: the host address or a participant id).
+    pub data: Vec<u8>,
+    /// The read-write lock half it is queued for; `None` for other recipes.
+    pub access: Option<Access>,
+    /// Which foreign client wrote it; `None` for dlock's and Curator's nodes.
+    pub foreign: Option<Foreign>,
+}
+
+/// What [`inspect`] found at a path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Inspection {
+    /// The path inspected.
+    pub path: String,
+    /// The recipe recognised there.
+    pub recipe: RecipeKind,
+    /// Every participant in the order the recipe serves them, holders
+    /// first.
+    pub participants: Vec<Contender>,
+    /// A shared count's value ([`RecipeKind::SharedCount`] only).
+    pub count: Option<i32>,
+}
+
+/// Who holds and who waits at `path`, and for which recipe. A path with
+/// nothing under it (or no node at all) is [`RecipeKind::None`] with no
+/// participants. See the [module docs](self) for what is recognised.
+///
+/// A semaphore's clients each state its size, so none is stored: every
+/// lease node counts as a holder except one still being waited for, which
+/// belongs to the acquirer at the head of the semaphore's internal lock
+/// queue; the rest of that queue waits behind it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// let session = dlock::connect("embedded").await?;
+/// let sem = dlock::Semaphore::new(&session, "/doc/inspect-sem", 2)?;
+/// let lease = sem.acquire_one().await?;
+/// let seen = dlock::inspect(&session, "/doc/inspect-sem").await?;
+/// assert_eq!(seen.recipe, dlock::RecipeKind::Semaphore);
+/// assert_eq!(seen.participants.len(), 1);
+/// # lease.release().await?; Ok(()) }
+/// ```
+pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
+    path::validate(path)?;
+    let nothing = |recipe| Inspection {
+        path: path.to_string(),
+        recipe,
+        participants: Vec::new(),
+        count: None,
+    };
+    if path == "/" {
+        // No recipe can live at the root (they refuse it), and its children
+        // are other recipes' directories.
+        return Ok(nothing(RecipeKind::None));
+    }
+    let children = match session.children(path).await {
+        Ok(children) => children,
+        Err(Error::NoNode { .. }) => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    let names: Vec<&str> = children.iter().map(|c| c.name.as_str()).collect();
+    let found = |recipe, participants| Inspection {
+        participants,
+        ..nothing(recipe)
+    };
+    let any = |is: fn(&str) -> bool| names.iter().any(|n| is(n));
+    let inspection = if kv_semaphore::is_layout(&names) {
+        found(
+            RecipeKind::KvSemaphore,
+            kv_semaphore_at(session, path).await?,
+        )
+    } else if semaphore::is_layout(&names) {
+        found(RecipeKind::Semaphore, semaphore_at(session, path).await?)
+    } else if names.iter().any(|n| rwlock::is_writer(n).is_some()) {
+        let rw = crate::ReadWriteLock::new(session, path)?;
+        found(
+            RecipeKind::ReadWriteLock,
+            contenders(rw.participants().await?),
+        )
+    } else if any(leader_latch::is_node) {
+        let queue = leader_latch::candidates(session, path)?;
+        found(
+            RecipeKind::LeaderLatch,
+            contenders(queue.participants(&FirstN(1)).await?),
+        )
+    } else if any(mutex::is_node) {
+        found(RecipeKind::Mutex, mutex_at(session, path).await?)
+    } else if !children.is_empty() {
+        unrecognised(session, path, nothing(RecipeKind::None)).await?
+    } else {
+        let count = match session.get_data(path).await {
+            Ok((data, stat)) => shared_count::value_of(&data, &stat),
+            Err(Error::NoNode { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        Inspection {
+            count,
+            ..nothing(count.map_or(RecipeKind::None, |_| RecipeKind::SharedCount))
+        }
+    };
+    Ok(inspection)
+}
+
+/// Children no dlock recipe wrote: etcd Go contenders (listed in the
+/// queue order our mutex would give them, which is theirs), or a KV
+/// semaphore whose first contender has not written the record yet.
+async fn unrecognised(session: &Session, path: &str, none: Inspection) -> Result<Inspection> {
+    let listed = crate::Mutex::new(session, path)?.participants().await?;
+    if listed
+        .iter()
+        .any(|p| kv_semaphore::is_entry(path::node_name(&p.node), &p.data, p.session))
+    {
+        return Ok(Inspection {
+            recipe: RecipeKind::KvSemaphore,
+            participants: kv_semaphore_at(session, path).await?,
+            ..none
+        });
+    }
+    let all = contenders(listed);
+    let go: Vec<&Contender> = all
+        .iter()
+        .filter(|c| c.foreign == Some(Foreign::EtcdGo))
+        .collect();
+    if go.is_empty() {
+        return Ok(none);
+    }
+    let recipe = if go.iter().any(|c| !c.data.is_empty()) {
+        RecipeKind::LeaderElection
+    } else {
+        RecipeKind::Mutex
+    };
+    Ok(Inspection {
+        recipe,
+        participants: all,
+        ..none
+    })
+}
+
+/// A queue's participants, as its recipe lists them, with what a listing
+/// alone cannot say: the read-write half, and who wrote the node.
+fn contenders(listed: Vec<Participant>) -> Vec<Contender> {
+    listed.into_iter().map(contender).collect()
+}
+
+fn contender(p: Participant) -> Contender {
+    let name = path::node_name(&p.node);
+    Contender {
+        role: if p.holds { Role::Holder } else { Role::Waiter },
+        token: p.token,
+        session: p.session,
+        access: rwlock::is_writer(name).map(|w| if w { Access::Write } else { Access::Read }),
+        foreign: is_etcd_go_key(name, &p.data, p.session).then_some(Foreign::EtcdGo),
+        data: p.data,
+        node: p.node,
+    }
+}
+
+/// etcd's Go `concurrency` package names a contender's key after its lease,
+/// `fmt.Sprintf("%s%x", prefix, lease)`, and attaches it to that lease. A
+/// KV semaphore entry can have the same name (16 hex digits), but holds a
+/// UUID, which a Go key does not.
+fn is_etcd_go_key(name: &str, data: &[u8], owner: SessionId) -> bool {
+    if owner == 0 || kv_semaphore::is_entry(name, data, owner) {
+        return false;
+    }
+    // Go's %x of a negative int64 is a minus sign and the magnitude.
+    let hex = if owner < 0 {
+        format!("-{:x}", owner.unsigned_abs())
+    } else {
+        format!("{owner:x}")
+    };
+    name == hex
+}
+
+async fn mutex_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
+    Ok(contenders(
+        crate::Mutex::new(session, path)?.participants().await?,
+    ))
+}
+
+/// A semaphore's leases, then its acquirers: the head of the internal lock
+/// queue creates a lease node and waits (holding that lock) until the lease
+/// count allows it; so a lease node of the head's session created after its
+/// lock node is that acquirer's, still waiting.
+async fn semaphore_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
+    // The size only decides `holds`, which is worked out below instead.
+    let leases = crate::Semaphore::new(session, path, u32::MAX)?
+        .participants()
+        .await?;
+    let lock = path::join(path, semaphore::LOCK_PARENT);
+    let acquirers = crate::Mutex::new(session, &lock)?.participants().await?;
+    let head = acquirers.iter().find(|p| p.holds);
+    let pending = head.and_then(|head| {
+        leases
+            .iter()
+            .position(|l| l.session == head.session && l.token > head.token)
+    });
+    let mut all: Vec<Contender> = Vec::with_capacity(leases.len() + acquirers.len());
+    let mut waiting = None;
+    for (i, lease) in leases.into_iter().enumerate() {
+        let mut c = contender(lease);
+        if Some(i) == pending {
+            c.role = Role::Waiter;
+            waiting = Some(c);
+        } else {
+            c.role = Role::Holder;
+            all.push(c);
+        }
+    }
+    let head_node = head.map(|h| h.node.clone());
+    all.extend(waiting);
+    for acquirer in acquirers {
+        // The head and its pending lease are one acquirer: list it once.
+        if pending.is_some() && Some(&acquirer.node) == head_node.as_ref() {
+            continue;
+        }
+        let mut c = contender(acquirer);
+        c.role = Role::Waiter;
+        all.push(c);
+    }
+    Ok(all)
+}
+
+/// A KV semaphore's entries: holders in the order the record admitted them,
+/// then waiters in the order they came.
+async fn kv_semaphore_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
+    let holders = crate::KvSemaphore::new(session, path, 1)?.holders().await?;
+    let mut all = Vec::new();
+    for child in session.children(path).await.or_else(|e| match e {
+        Error::NoNode { .. } => Ok(Vec::new()),
+        e => Err(e),
+    })? {
+        if child.name == kv_semaphore::RECORD {
+            continue;
+        }
+        let node = path::join(path, &child.name);
+        let (data, stat) = match session.get_data(&node).await {
+            Ok(found) => found,
+            // Gone since the listing.
+            Err(Error::NoNode { .. }) => continue,
+            Err(e) => return Err(e),
+        };
+        let admitted = holders.iter().position(|h| *h == child.name);
+        all.push((
+            admitted,
+            Contender {
+                role: if admitted.is_some() {
+                    Role::Holder
+                } else {
+                    Role::Waiter
+                },
+                token: stat.token(),
+                session: stat.ephemeral_owner,
+                node,
+                data,
+                access: None,
+                foreign: None,
+            },
+        ));
+    }
+    // Holders (Some) by admission, then waiters (None) by arrival.
+    all.sort_by_key(|(admitted, c)| (admitted.is_none(), *admitted, c.token));
+    Ok(all.into_iter().map(|(_, c)| c).collect())
+}

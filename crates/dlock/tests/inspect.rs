@@ -1,0 +1,306 @@
+//! `dlock::inspect`: each recipe's participants, as the recipe orders them,
+//! on every backend; and etcd Go (`etcdctl lock`/`elect`) holders on etcd.
+
+mod common;
+
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use common::{await_children, persistent, Harness};
+use dlock::{inspect, Access, Contender, Inspection, RecipeKind, Role};
+
+const WITHIN: Duration = Duration::from_secs(20);
+
+fn roles(seen: &Inspection) -> Vec<Role> {
+    seen.participants.iter().map(|p| p.role).collect()
+}
+
+fn ordered(list: &[Contender]) -> bool {
+    list.windows(2).all(|w| w[0].token < w[1].token)
+}
+
+/// A mutex: the holder, then the waiters in queue order, each with its
+/// session; nothing foreign.
+async fn a_mutex_lists_its_holder_then_its_waiters(h: &Harness) -> Result<()> {
+    let path = h.path("/mutex");
+    let holder = h.session().await;
+    let guard = dlock::Mutex::new(&holder, &path)?.acquire().await?;
+    let mut waiters = Vec::new();
+    for i in 0..2 {
+        let s = h.session().await;
+        let mutex = dlock::Mutex::new(&s, &path)?;
+        waiters.push((s, tokio::spawn(async move { mutex.acquire().await })));
+        await_children(&holder, &path, i + 2, WITHIN).await?;
+    }
+    let seen = inspect(&holder, &path).await?;
+    ensure!(
+        seen.recipe == RecipeKind::Mutex && seen.path == path,
+        "{seen:?}"
+    );
+    ensure!(roles(&seen) == [Role::Holder, Role::Waiter, Role::Waiter]);
+    let first = &seen.participants[0];
+    ensure!(first.node == guard.node() && first.token == guard.token());
+    ensure!(first.session == holder.session_id());
+    ensure!(seen.participants[1].session == waiters[0].0.session_id());
+    ensure!(seen.participants[2].session == waiters[1].0.session_id());
+    ensure!(ordered(&seen.participants), "{seen:?}");
+    ensure!(seen
+        .participants
+        .iter()
+        .all(|p| p.foreign.is_none() && p.access.is_none()));
+    guard.release().await?;
+    for (_, waiter) in waiters {
+        waiter.await??.release().await?;
+    }
+    ensure!(inspect(&holder, &path).await?.recipe == RecipeKind::None);
+    Ok(())
+}
+
+/// A read-write lock: readers share, a writer waits behind them; each
+/// participant says which half it is queued for.
+async fn a_read_write_lock_tells_readers_from_writers(h: &Harness) -> Result<()> {
+    let path = h.path("/rw");
+    let (a, b, c) = (h.session().await, h.session().await, h.session().await);
+    let r1 = dlock::ReadWriteLock::new(&a, &path)?.read().await?;
+    let r2 = dlock::ReadWriteLock::new(&b, &path)?.read().await?;
+    let writer = dlock::ReadWriteLock::new(&c, &path)?;
+    let waiting = tokio::spawn(async move { writer.write().await });
+    await_children(&a, &path, 3, WITHIN).await?;
+    let seen = inspect(&a, &path).await?;
+    ensure!(seen.recipe == RecipeKind::ReadWriteLock, "{seen:?}");
+    ensure!(roles(&seen) == [Role::Holder, Role::Holder, Role::Waiter]);
+    let access: Vec<_> = seen.participants.iter().map(|p| p.access).collect();
+    ensure!(access == [Some(Access::Read), Some(Access::Read), Some(Access::Write)]);
+    ensure!(seen.participants[2].session == c.session_id());
+    r1.release().await?;
+    r2.release().await?;
+    waiting.await??.release().await?;
+    Ok(())
+}
+
+/// A semaphore of one lease: the holder's lease; then the acquirer at the
+/// head of the internal lock queue, whose lease node waits; then the one
+/// queued behind it.
+async fn a_semaphore_lists_leases_then_acquirers(h: &Harness) -> Result<()> {
+    let path = h.path("/sem");
+    let (a, b, c) = (h.session().await, h.session().await, h.session().await);
+    let lease = dlock::Semaphore::new(&a, &path, 1)?.acquire_one().await?;
+    let second = dlock::Semaphore::new(&b, &path, 1)?;
+    let second = tokio::spawn(async move { second.acquire_one().await });
+    await_children(&a, &format!("{path}/leases"), 2, WITHIN).await?;
+    let third = dlock::Semaphore::new(&c, &path, 1)?;
+    let third = tokio::spawn(async move { third.acquire_one().await });
+    await_children(&a, &format!("{path}/locks"), 2, WITHIN).await?;
+    let seen = inspect(&a, &path).await?;
+    ensure!(seen.recipe == RecipeKind::Semaphore, "{seen:?}");
+    ensure!(
+        roles(&seen) == [Role::Holder, Role::Waiter, Role::Waiter],
+        "{seen:?}"
+    );
+    let sessions: Vec<_> = seen.participants.iter().map(|p| p.session).collect();
+    ensure!(sessions == [a.session_id(), b.session_id(), c.session_id()]);
+    ensure!(seen.participants[0].node == lease.node());
+    lease.release().await?;
+    second.await??.release().await?;
+    third.await??.release().await?;
+    Ok(())
+}
+
+/// A KV semaphore: holders as its record admitted them, then waiters.
+async fn a_kv_semaphore_lists_its_record_holders_then_waiters(h: &Harness) -> Result<()> {
+    let path = h.path("/kv");
+    let (a, b, c) = (h.session().await, h.session().await, h.session().await);
+    let first = dlock::KvSemaphore::new(&a, &path, 2)?.acquire().await?;
+    let second = dlock::KvSemaphore::new(&b, &path, 2)?.acquire().await?;
+    let third = dlock::KvSemaphore::new(&c, &path, 2)?;
+    let third = tokio::spawn(async move { third.acquire().await });
+    // Two entries, the third, and the record.
+    await_children(&a, &path, 4, WITHIN).await?;
+    let seen = inspect(&a, &path).await?;
+    ensure!(seen.recipe == RecipeKind::KvSemaphore, "{seen:?}");
+    ensure!(roles(&seen) == [Role::Holder, Role::Holder, Role::Waiter]);
+    let sessions: Vec<_> = seen.participants.iter().map(|p| p.session).collect();
+    ensure!(sessions == [a.session_id(), b.session_id(), c.session_id()]);
+    ensure!(seen.participants[0].node == first.node());
+    ensure!(seen.participants.iter().all(|p| p.foreign.is_none()));
+    first.release().await?;
+    second.release().await?;
+    third.await??.release().await?;
+    Ok(())
+}
+
+/// A leader latch: the leader, then the other candidates, with their ids.
+async fn a_leader_latch_lists_its_leader_first(h: &Harness) -> Result<()> {
+    let path = h.path("/latch");
+    let (a, b) = (h.session().await, h.session().await);
+    let leader = dlock::LeaderLatch::new(&a, &path)?.with_id("a");
+    leader.start()?;
+    let leadership = leader.await_leadership_timeout(WITHIN).await?;
+    let follower = dlock::LeaderLatch::new(&b, &path)?.with_id("b");
+    follower.start()?;
+    await_children(&a, &path, 2, WITHIN).await?;
+    let seen = inspect(&a, &path).await?;
+    ensure!(seen.recipe == RecipeKind::LeaderLatch, "{seen:?}");
+    ensure!(roles(&seen) == [Role::Holder, Role::Waiter]);
+    ensure!(seen.participants[0].token == leadership.epoch());
+    ensure!(seen.participants[0].data == b"a" && seen.participants[1].data == b"b");
+    ensure!(seen.participants[1].session == b.session_id());
+    follower.close().await?;
+    leader.close().await?;
+    Ok(())
+}
+
+/// A shared count: its value, no participants.
+async fn a_shared_count_shows_its_value(h: &Harness) -> Result<()> {
+    let path = h.path("/count");
+    let s = h.session().await;
+    let count = dlock::SharedCount::new(&s, &path, 41)?;
+    count.start().await?;
+    count.set(42).await?;
+    count.close().await;
+    let seen = inspect(&s, &path).await?;
+    ensure!(
+        seen.recipe == RecipeKind::SharedCount && seen.count == Some(42),
+        "{seen:?}"
+    );
+    ensure!(seen.participants.is_empty());
+    s.delete(&path, None).await?;
+    Ok(())
+}
+
+/// Nothing there, or nothing any recipe wrote: `None`.
+async fn anything_else_is_none(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let missing = inspect(&s, &h.path("/missing")).await?;
+    ensure!(missing.recipe == RecipeKind::None && missing.participants.is_empty());
+    ensure!(missing.count.is_none());
+    let other = h.path("/other/config");
+    s.create(&other, b"not a recipe", persistent()).await?;
+    let seen = inspect(&s, &h.path("/other")).await?;
+    ensure!(
+        seen.recipe == RecipeKind::None && seen.participants.is_empty(),
+        "{seen:?}"
+    );
+    // Data that is not 4 bytes is no count.
+    let seen = inspect(&s, &other).await?;
+    ensure!(seen.recipe == RecipeKind::None, "{seen:?}");
+    s.delete(&other, None).await?;
+    // No recipe lives at the root.
+    ensure!(inspect(&s, "/").await?.recipe == RecipeKind::None);
+    Ok(())
+}
+
+per_backend!(every_backend {
+    a_mutex_lists_its_holder_then_its_waiters,
+    a_read_write_lock_tells_readers_from_writers,
+    a_semaphore_lists_leases_then_acquirers,
+    a_kv_semaphore_lists_its_record_holders_then_waiters,
+    a_leader_latch_lists_its_leader_first,
+    a_shared_count_shows_its_value,
+    anything_else_is_none,
+});
+
+/// Holders written by etcd's Go client, through `etcdctl`.
+#[cfg(feature = "etcd")]
+mod etcd_go {
+    use std::process::Stdio;
+
+    use anyhow::{bail, Context};
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    use tokio::process::{Child, Command};
+
+    use super::*;
+    use dlock::Foreign;
+
+    /// `etcdctl <args>` against the test's etcd, holding until SIGINT;
+    /// returns once it printed its key (it then holds), and the key.
+    async fn etcdctl_holding(args: &[&str]) -> Result<(Child, String)> {
+        let mut child = Command::new(std::env::var("DLOCK_ETCDCTL").unwrap_or("etcdctl".into()))
+            .env("ETCDCTL_API", "3")
+            .arg(format!(
+                "--endpoints={}",
+                dlock_testkit::shared_etcd().url()
+            ))
+            .args(args)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("run etcdctl")?;
+        let stdout = child.stdout.take().expect("piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let key = tokio::time::timeout(WITHIN, lines.next_line())
+            .await
+            .context("etcdctl printed no key")??
+            .context("etcdctl ended without a key")?;
+        // The rest of its output is not needed, but must not block it.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok((child, key))
+    }
+
+    /// SIGINT: etcdctl unlocks (or resigns) and exits.
+    async fn interrupt(mut child: Child) -> Result<()> {
+        let pid = child.id().context("etcdctl's pid")? as libc::pid_t;
+        // SAFETY: kill(2) on our own child, not reaped yet.
+        unsafe { libc::kill(pid, libc::SIGINT) };
+        let status = tokio::time::timeout(WITHIN, child.wait()).await??;
+        if !status.success() {
+            bail!("etcdctl exited with {status}");
+        }
+        Ok(())
+    }
+
+    /// `etcdctl lock P` holds `P/<lease hex>`: a foreign mutex holder, and a
+    /// dlock waiter queues behind it and gets the lock once it unlocks.
+    async fn an_etcdctl_lock_holder_is_a_foreign_mutex_holder(h: &Harness) -> Result<()> {
+        let path = h.path("/golock");
+        let (child, key) = etcdctl_holding(&["lock", &path]).await?;
+        ensure!(key.starts_with(&format!("{path}/")), "{key}");
+        let s = h.session().await;
+        let seen = inspect(&s, &path).await?;
+        ensure!(seen.recipe == RecipeKind::Mutex, "{seen:?}");
+        ensure!(seen.participants.len() == 1, "{seen:?}");
+        let go = &seen.participants[0];
+        ensure!(go.role == Role::Holder && go.foreign == Some(Foreign::EtcdGo));
+        ensure!(go.node == key && format!("{}/{:x}", path, go.session) == key);
+        // A dlock mutex on the same path waits for it: on etcd both order
+        // by create revision.
+        let waiter = dlock::Mutex::new(&s, &path)?;
+        let waiting = tokio::spawn(async move { waiter.acquire().await });
+        await_children(&s, &path, 2, WITHIN).await?;
+        let seen = inspect(&s, &path).await?;
+        ensure!(seen.recipe == RecipeKind::Mutex, "{seen:?}");
+        ensure!(roles(&seen) == [Role::Holder, Role::Waiter], "{seen:?}");
+        ensure!(seen.participants[0].foreign == Some(Foreign::EtcdGo));
+        ensure!(seen.participants[1].foreign.is_none());
+        ensure!(seen.participants[1].session == s.session_id());
+        ensure!(!waiting.is_finished(), "dlock took the lock etcdctl holds");
+        interrupt(child).await?;
+        let guard = tokio::time::timeout(WITHIN, waiting).await???;
+        let seen = inspect(&s, &path).await?;
+        ensure!(roles(&seen) == [Role::Holder] && seen.participants[0].node == guard.node());
+        guard.release().await?;
+        Ok(())
+    }
+
+    /// `etcdctl elect P proposal` campaigns with `P/<lease hex>` holding the
+    /// proposal: a foreign leader election.
+    async fn an_etcdctl_elect_leader_is_a_foreign_election_leader(h: &Harness) -> Result<()> {
+        let path = h.path("/goelect");
+        let (child, key) = etcdctl_holding(&["elect", &path, "proposal-a"]).await?;
+        let s = h.session().await;
+        let seen = inspect(&s, &path).await?;
+        ensure!(seen.recipe == RecipeKind::LeaderElection, "{seen:?}");
+        ensure!(roles(&seen) == [Role::Holder], "{seen:?}");
+        let leader = &seen.participants[0];
+        ensure!(leader.node == key && leader.data == b"proposal-a");
+        ensure!(leader.foreign == Some(Foreign::EtcdGo));
+        interrupt(child).await?;
+        ensure!(inspect(&s, &path).await?.recipe == RecipeKind::None);
+        Ok(())
+    }
+
+    per_backend!(etcd => crate::common::etcd(); {
+        an_etcdctl_lock_holder_is_a_foreign_mutex_holder,
+        an_etcdctl_elect_leader_is_a_foreign_election_leader,
+    });
+}
