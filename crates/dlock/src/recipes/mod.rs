@@ -1,10 +1,12 @@
 //! The recipes, each written once over the store contract.
 
+pub mod election;
 pub mod error_policy;
 pub mod guard;
 pub mod kv_semaphore;
 pub mod leader_latch;
 pub mod leader_selector;
+pub mod lifecycle;
 pub mod multi_lock;
 pub mod mutex;
 pub(crate) mod queue;
