@@ -88,6 +88,7 @@ pub mod store;
 
 pub use endpoint::{Credentials, Endpoint, TlsFiles};
 pub use error::{Error, Result};
+pub use recipes::election::Candidate;
 pub use recipes::error_policy::ErrorPolicy;
 pub use recipes::guard::{Acquisition, LockGuard};
 pub use recipes::inspect::{inspect, Access, Contender, Foreign, Inspection, RecipeKind, Role};

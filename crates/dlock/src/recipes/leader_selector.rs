@@ -13,7 +13,6 @@
 //! cancels a queued turn (CURATOR-518), and [`requeue`](LeaderSelector::requeue)
 //! works right after leadership was lost or interrupted (CURATOR-671).
 
-use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard as StdMutexGuard};
@@ -22,30 +21,29 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use tokio::sync::{watch, Notify};
-use tokio::task::JoinHandle;
 
+use super::election::{Candidate, Standing};
+pub use super::election::{LeaderParticipant, Leadership};
 use super::error_policy::ErrorPolicy;
 use super::guard::LockGuard;
-use super::leader_latch::leader_participants;
-pub use super::leader_latch::{LeaderParticipant, Leadership};
-use super::mutex::Mutex;
-use super::queue::HeldNode;
+use super::lifecycle::{lock, Backoff, Lifecycle, State};
+use super::mutex::{Mutex, LOCK_NAME};
+use super::queue::{HeldNode, WaitQueue};
 use crate::error::{Error, Result};
 use crate::session::Session;
 use crate::store::SessionStatus;
 
 type TakeLeadership = Arc<dyn Fn(Leadership) -> BoxFuture<'static, ()> + Send + Sync>;
 
-/// Where a selector is in its life (Curator's `LeaderSelector.State`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SelectorState {
-    /// Made, not started.
-    Latent,
-    /// Started: queued, leading, or idle until requeued.
-    Started,
-    /// Closed: no longer a candidate.
-    Closed,
-}
+/// Where a selector is in its life (Curator's `LeaderSelector.State`): the
+/// one [`State`] every background recipe has. Started means queued, leading,
+/// or idle until requeued.
+///
+/// ```
+/// use dlock::recipes::leader_selector::SelectorState;
+/// assert_eq!(SelectorState::Started, dlock::LatchState::Started);
+/// ```
+pub type SelectorState = State;
 
 /// Leader election by turns (Curator's `LeaderSelector`).
 ///
@@ -62,6 +60,8 @@ pub enum SelectorState {
 /// suspension already counts), on [`interrupt_leadership`](Self::interrupt_leadership),
 /// and on [`close`](Self::close). Either way leadership is released before
 /// anyone else can lead, and one selector never leads twice at once.
+/// What every election has (id, path, state, participants, ...) comes from
+/// [`Candidate`].
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
@@ -84,27 +84,16 @@ pub enum SelectorState {
 /// # Ok(()) }
 /// ```
 pub struct LeaderSelector {
+    candidate: Candidate,
     mutex: Mutex,
-    id: String,
-    policy: ErrorPolicy,
     auto_requeue: bool,
     grace: Duration,
     take: TakeLeadership,
     shared: Arc<Shared>,
     shutdown: watch::Sender<bool>,
-    worker: StdMutex<Option<JoinHandle<()>>>,
 }
 
-impl fmt::Debug for LeaderSelector {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LeaderSelector")
-            .field("path", &self.path())
-            .field("id", &self.id)
-            .field("state", &self.state())
-            .field("leadership", &*self.shared.leadership.borrow())
-            .finish_non_exhaustive()
-    }
-}
+super::election::candidate!(LeaderSelector);
 
 impl LeaderSelector {
     /// A candidate at `path` (a ZooKeeper-style path), through `session`,
@@ -119,16 +108,16 @@ impl LeaderSelector {
         F: Fn(Leadership) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        // The selector's candidates are the mutex's queue.
+        let queue = WaitQueue::new(session, path, LOCK_NAME, &[LOCK_NAME])?;
         Ok(LeaderSelector {
+            candidate: Candidate::new(queue, "selector"),
             mutex: Mutex::new(session, path)?,
-            id: String::new(),
-            policy: ErrorPolicy::Standard,
             auto_requeue: false,
             grace: Duration::ZERO,
             take: Arc::new(move |term| take_leadership(term).boxed()),
             shared: Arc::new(Shared::new()),
             shutdown: watch::channel(false).0,
-            worker: StdMutex::new(None),
         })
     }
 
@@ -136,12 +125,12 @@ impl LeaderSelector {
     /// [`start`](Self::start)). An empty id stores the session's default
     /// data instead, as Curator does.
     pub fn with_id(mut self, id: impl Into<String>) -> Self {
-        self.id = id.into();
-        self.mutex = match self.id.is_empty() {
+        self.candidate.id = id.into();
+        self.mutex = match self.candidate.id.is_empty() {
             true => {
                 Mutex::new(self.mutex.session(), self.mutex.path()).expect("the path was valid")
             }
-            false => self.mutex.with_data(self.id.as_bytes().to_vec()),
+            false => self.mutex.with_data(self.candidate.id.as_bytes().to_vec()),
         };
         self
     }
@@ -149,7 +138,7 @@ impl LeaderSelector {
     /// Sets which session states end a term (before
     /// [`start`](Self::start)).
     pub fn with_error_policy(mut self, policy: ErrorPolicy) -> Self {
-        self.policy = policy;
+        self.candidate.policy = policy;
         self
     }
 
@@ -167,26 +156,6 @@ impl LeaderSelector {
         self
     }
 
-    /// This candidate's id.
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// The election's path.
-    pub fn path(&self) -> &str {
-        self.mutex.path()
-    }
-
-    /// The session this selector uses.
-    pub fn session(&self) -> &Session {
-        self.mutex.session()
-    }
-
-    /// Where the selector is in its life.
-    pub fn state(&self) -> SelectorState {
-        *self.shared.state.borrow()
-    }
-
     /// Starts the background task and queues for the first turn.
     ///
     /// # Errors
@@ -194,33 +163,17 @@ impl LeaderSelector {
     /// [`Error::InvalidArgument`] if it was started before, or if there is
     /// no tokio runtime to run it on.
     pub fn start(&self) -> Result<()> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
-            Error::InvalidArgument("a LeaderSelector runs on a tokio runtime".into())
-        })?;
-        let mut started = false;
-        self.shared.state.send_if_modified(|state| {
-            started = *state == SelectorState::Latent;
-            if started {
-                *state = SelectorState::Started;
-            }
-            started
-        });
-        if !started {
-            return Err(Error::InvalidArgument(format!(
-                "the selector at {} cannot be started more than once",
-                self.path()
-            )));
-        }
         let worker = Worker {
             mutex: self.mutex.clone(),
-            policy: self.policy,
+            policy: self.candidate.policy,
             auto_requeue: self.auto_requeue,
             grace: self.grace,
             take: self.take.clone(),
+            standing: self.candidate.standing.clone(),
             shared: self.shared.clone(),
         };
-        let handle = runtime.spawn(worker.run(self.shutdown.subscribe()));
-        *lock(&self.worker) = Some(handle);
+        let run = worker.run(self.shutdown.subscribe());
+        self.standing.lifecycle.start(self.path(), run)?;
         self.requeue()?;
         Ok(())
     }
@@ -235,16 +188,7 @@ impl LeaderSelector {
     /// [`Error::Closed`] after [`close`](Self::close);
     /// [`Error::InvalidArgument`] before [`start`](Self::start).
     pub fn requeue(&self) -> Result<bool> {
-        match self.state() {
-            SelectorState::Started => {}
-            SelectorState::Closed => return Err(Error::Closed),
-            SelectorState::Latent => {
-                return Err(Error::InvalidArgument(format!(
-                    "the selector at {} was not started",
-                    self.path()
-                )))
-            }
-        }
+        self.standing.lifecycle.ensure_started(self.path())?;
         let mut queue = self.shared.queue();
         Ok(match queue.phase {
             Phase::Idle => {
@@ -266,29 +210,7 @@ impl LeaderSelector {
     /// released). A queued turn is not affected (CURATOR-518). Returns
     /// whether a term was cancelled.
     pub fn interrupt_leadership(&self) -> bool {
-        match &*lock(&self.shared.interrupt) {
-            Some(cancel) => {
-                cancel.send_replace(true);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Whether this candidate leads now: from winning the turn until
-    /// `take_leadership` returned or was cancelled.
-    pub fn has_leadership(&self) -> bool {
-        self.state() == SelectorState::Started && self.shared.leadership.borrow().is_some()
-    }
-
-    /// The current term (or `None`), now and after every change.
-    pub fn watch_leadership(&self) -> watch::Receiver<Option<Leadership>> {
-        self.shared.leadership.subscribe()
-    }
-
-    /// The last error the background task met while queueing, if any.
-    pub fn last_error(&self) -> Option<Error> {
-        lock(&self.shared.last_error).clone()
+        self.standing.cancel()
     }
 
     /// Leaves the election: a running term is cancelled and leadership
@@ -300,45 +222,10 @@ impl LeaderSelector {
     /// [`Error::InvalidArgument`] if it was never started; [`Error::Closed`]
     /// if it was closed already.
     pub async fn close(&self) -> Result<()> {
-        let mut was = SelectorState::Started;
-        self.shared.state.send_if_modified(|state| {
-            was = *state;
-            if *state == SelectorState::Started {
-                *state = SelectorState::Closed;
-                return true;
-            }
-            false
-        });
-        match was {
-            SelectorState::Started => {}
-            SelectorState::Latent => {
-                return Err(Error::InvalidArgument(format!(
-                    "the selector at {} was not started",
-                    self.path()
-                )))
-            }
-            SelectorState::Closed => return Err(Error::Closed),
-        }
+        let worker = self.standing.lifecycle.close(self.path())?;
         self.shutdown.send_replace(true);
-        let worker = lock(&self.worker).take();
-        if let Some(worker) = worker {
-            if let Err(e) = worker.await {
-                tracing::error!(path = %self.path(), error = %e, "the selector task failed");
-            }
-        }
+        Lifecycle::join(worker, self.path()).await;
         Ok(())
-    }
-
-    /// Every candidate in queue order, the leader first (Curator's
-    /// `getParticipants`), with ids from the node data.
-    pub async fn participants(&self) -> Result<Vec<LeaderParticipant>> {
-        Ok(leader_participants(self.mutex.participants().await?))
-    }
-
-    /// The current leader, if there is any candidate (Curator's
-    /// `getLeader`).
-    pub async fn leader(&self) -> Result<Option<LeaderParticipant>> {
-        Ok(self.participants().await?.into_iter().next())
     }
 }
 
@@ -359,33 +246,20 @@ struct Queue {
     again: bool,
 }
 
-/// What the selector and its task share.
+/// What the selector and its task share, beyond its [`Standing`].
 struct Shared {
-    state: watch::Sender<SelectorState>,
-    leadership: watch::Sender<Option<Leadership>>,
     queue: StdMutex<Queue>,
     wake: Notify,
-    /// The current term's cancellation, while leading.
-    interrupt: StdMutex<Option<watch::Sender<bool>>>,
-    last_error: StdMutex<Option<Error>>,
-}
-
-fn lock<T>(mutex: &StdMutex<T>) -> StdMutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Shared {
     fn new() -> Self {
         Shared {
-            state: watch::channel(SelectorState::Latent).0,
-            leadership: watch::channel(None).0,
             queue: StdMutex::new(Queue {
                 phase: Phase::Idle,
                 again: false,
             }),
             wake: Notify::new(),
-            interrupt: StdMutex::new(None),
-            last_error: StdMutex::new(None),
         }
     }
 
@@ -401,13 +275,14 @@ struct Worker {
     auto_requeue: bool,
     grace: Duration,
     take: TakeLeadership,
+    standing: Arc<Standing>,
     shared: Arc<Shared>,
 }
 
 impl Worker {
     async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let session = self.mutex.session().clone();
-        let mut failures = 0u32;
+        let mut backoff = Backoff::default();
         'work: loop {
             // Wait for a turn to be requested.
             while self.shared.queue().phase != Phase::Queued {
@@ -425,21 +300,17 @@ impl Worker {
             };
             let guard = match acquired {
                 Ok(guard) => {
-                    failures = 0;
+                    backoff.reset();
                     guard
                 }
                 Err(Error::Closed) => break 'work,
                 Err(e) => {
                     tracing::warn!(path = %self.mutex.path(), error = %e, "leader selector: queueing failed");
-                    *lock(&self.shared.last_error) = Some(e);
-                    let pause = session.options().retry.sleep_for(failures.min(8));
-                    failures += 1;
-                    tokio::select! {
-                        biased;
-                        _ = shutdown.changed() => break 'work,
-                        _ = tokio::time::sleep(pause) => {}
+                    self.standing.fail(e);
+                    match backoff.pause(&session, shutdown.changed()).await {
+                        true => continue,
+                        false => break 'work,
                     }
-                    continue;
                 }
             };
             // Won the turn; lead unless the connection failed us meanwhile
@@ -466,7 +337,7 @@ impl Worker {
             // let a single-threaded runtime run anything else.
             tokio::task::yield_now().await;
         }
-        self.shared.leadership.send_replace(None);
+        self.standing.lose();
     }
 
     /// Runs one term; returns whether the selector is shutting down.
@@ -477,23 +348,12 @@ impl Worker {
         since: SessionStatus,
         shutdown: &mut watch::Receiver<bool>,
     ) -> bool {
-        let (cancel, _) = watch::channel(false);
-        let node = HeldNode::new(
-            session,
-            self.mutex.path(),
-            "leadership",
-            guard.held_node().created.clone(),
-        );
-        let term = Leadership::new(node, cancel.subscribe());
-        {
-            let mut queue = self.shared.queue();
-            queue.phase = Phase::Leading;
-            *lock(&self.shared.interrupt) = Some(cancel.clone());
-            self.shared.leadership.send_replace(Some(term.clone()));
-        }
-        let mut work = Box::pin(AssertUnwindSafe((self.take)(term)).catch_unwind());
+        let created = guard.held_node().created.clone();
+        let node = HeldNode::new(session, self.mutex.path(), "leadership", created);
+        self.shared.queue().phase = Phase::Leading;
+        let term = self.standing.gain(node, since);
+        let mut work = Box::pin(AssertUnwindSafe((self.take)(term.clone())).catch_unwind());
         let mut status = session.watch_status();
-        let mut interrupted = cancel.subscribe();
         let policy = self.policy;
         let mut shutting = false;
         let returned = tokio::select! {
@@ -503,14 +363,14 @@ impl Worker {
                 None
             }
             _ = status.wait_for(|now| policy.ends_leadership(&since, now)) => None,
-            _ = interrupted.wait_for(|cancelled| *cancelled) => None,
+            _ = term.cancelled() => None,
             result = &mut work => Some(result),
         };
         let result = match returned {
             Some(result) => Some(result),
             None => {
                 // Cancelled: tell it, give it its grace, then drop it.
-                cancel.send_replace(true);
+                self.standing.cancel();
                 match self.grace.is_zero() {
                     true => None,
                     false => tokio::time::timeout(self.grace, &mut work).await.ok(),
@@ -527,9 +387,7 @@ impl Worker {
         }
         // The term is over (its future gone) before the lock is released.
         drop(work);
-        *lock(&self.shared.interrupt) = None;
-        self.shared.leadership.send_replace(None);
-        cancel.send_replace(true);
+        self.standing.lose();
         shutting
     }
 }

@@ -1,12 +1,14 @@
 //! The recipes, each written once over the store contract.
 
 pub(crate) mod deadline;
+pub mod election;
 pub mod error_policy;
 pub mod guard;
 pub mod inspect;
 pub mod kv_semaphore;
 pub mod leader_latch;
 pub mod leader_selector;
+pub mod lifecycle;
 pub mod multi_lock;
 pub mod mutex;
 pub(crate) mod queue;

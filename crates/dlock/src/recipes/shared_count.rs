@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex as StdMutex};
 
 use futures::stream::{BoxStream, StreamExt};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
+use super::lifecycle::{lock, Backoff, Lifecycle};
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
@@ -125,19 +125,8 @@ struct Inner {
     path: String,
     seed: i32,
     cache: Arc<Cache>,
-    lifecycle: StdMutex<Lifecycle>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Latent,
-    Started,
-    Closed,
-}
-
-struct Lifecycle {
-    phase: Phase,
-    watcher: Option<JoinHandle<()>>,
+    /// Runs the watcher task.
+    lifecycle: Lifecycle,
 }
 
 /// The local copy, shared with the watcher task.
@@ -170,7 +159,7 @@ impl Cache {
 
     /// Applies a value read or written at `stat`, unless the copy is newer.
     fn update(&self, stat: &Stat, value: i32) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = lock(&self.state);
         if stat.mzxid <= state.mzxid {
             return;
         }
@@ -181,14 +170,13 @@ impl Cache {
     }
 
     fn close(&self) {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).tx = None;
+        lock(&self.state).tx = None;
     }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        let lifecycle = self.lifecycle.get_mut().unwrap_or_else(|e| e.into_inner());
-        if let Some(task) = lifecycle.watcher.take() {
+        if let Some(task) = self.lifecycle.force_close() {
             task.abort();
         }
     }
@@ -221,10 +209,7 @@ impl SharedCount {
                 path: path.to_string(),
                 seed,
                 cache: Arc::new(Cache::new(seed)),
-                lifecycle: StdMutex::new(Lifecycle {
-                    phase: Phase::Latent,
-                    watcher: None,
-                }),
+                lifecycle: Lifecycle::new("shared count"),
             }),
         })
     }
@@ -246,35 +231,22 @@ impl SharedCount {
     /// 4-byte count, and with [`Error::InvalidArgument`] if started twice or
     /// after [`close`](Self::close).
     pub async fn start(&self) -> Result<()> {
-        {
-            let mut lifecycle = self.lifecycle();
-            if lifecycle.phase != Phase::Latent {
-                return Err(Error::InvalidArgument(format!(
-                    "the shared count at {} cannot be started more than once",
-                    self.inner.path
-                )));
+        let lifecycle = &self.inner.lifecycle;
+        lifecycle.begin(&self.inner.path)?;
+        match self.start_inner().await {
+            Ok(watch) => {
+                let inner = &self.inner;
+                let (session, path) = (inner.session.clone(), inner.path.clone());
+                let task =
+                    tokio::spawn(watch_loop(session, path, inner.cache.clone(), Some(watch)));
+                // Closed while starting: the watcher must not outlive it.
+                lifecycle.attach(task).map_err(|task| {
+                    task.abort();
+                    Error::Closed
+                })
             }
-            lifecycle.phase = Phase::Started;
-        }
-        let started = self.start_inner().await;
-        let mut lifecycle = self.lifecycle();
-        match started {
-            Ok(watch) if lifecycle.phase == Phase::Started => {
-                let task = tokio::spawn(watch_loop(
-                    self.inner.session.clone(),
-                    self.inner.path.clone(),
-                    self.inner.cache.clone(),
-                    Some(watch),
-                ));
-                lifecycle.watcher = Some(task);
-                Ok(())
-            }
-            // Closed while starting.
-            Ok(_) => Err(Error::Closed),
             Err(e) => {
-                if lifecycle.phase == Phase::Started {
-                    lifecycle.phase = Phase::Latent;
-                }
+                lifecycle.unbegin();
                 Err(e)
             }
         }
@@ -307,11 +279,7 @@ impl SharedCount {
     /// [`subscribe`](Self::subscribe)rs and [`changes`](Self::changes)
     /// streams end. The node is not deleted. Idempotent.
     pub async fn close(&self) {
-        let task = {
-            let mut lifecycle = self.lifecycle();
-            lifecycle.phase = Phase::Closed;
-            lifecycle.watcher.take()
-        };
+        let task = self.inner.lifecycle.force_close();
         self.inner.cache.close();
         if let Some(task) = task {
             task.abort();
@@ -319,22 +287,8 @@ impl SharedCount {
         }
     }
 
-    fn lifecycle(&self) -> std::sync::MutexGuard<'_, Lifecycle> {
-        self.inner
-            .lifecycle
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
     fn ensure_started(&self) -> Result<()> {
-        match self.lifecycle().phase {
-            Phase::Started => Ok(()),
-            Phase::Closed => Err(Error::Closed),
-            Phase::Latent => Err(Error::InvalidArgument(format!(
-                "the shared count at {} is not started: call start() first",
-                self.inner.path
-            ))),
-        }
+        self.inner.lifecycle.ensure_started(&self.inner.path)
     }
 
     /// The current value (the local copy; no round trip). Before
@@ -454,7 +408,7 @@ impl SharedCount {
 /// every node or session event, and follows the node through deletion and
 /// re-creation. Ends when the session is closed (or the task is aborted).
 async fn watch_loop(session: Session, path: String, cache: Arc<Cache>, mut watch: Option<Watch>) {
-    let mut retry = 0;
+    let mut backoff = Backoff::default();
     loop {
         if let Some(w) = watch.take() {
             if w.changed().await == WatchEvent::Session(SessionState::Closed) {
@@ -463,7 +417,7 @@ async fn watch_loop(session: Session, path: String, cache: Arc<Cache>, mut watch
         }
         match session.retrying(|| session.get_data_watch(&path)).await {
             Ok((data, stat, w)) => {
-                retry = 0;
+                backoff.reset();
                 match decode(&path, &data) {
                     Ok(value) => cache.update(&stat, value),
                     Err(e) => {
@@ -480,15 +434,13 @@ async fn watch_loop(session: Session, path: String, cache: Arc<Cache>, mut watch
                 Err(Error::Closed) => return,
                 Err(e) => {
                     tracing::warn!(%path, error = %e, "shared count: watching failed");
-                    tokio::time::sleep(session.options().retry.sleep_for(retry)).await;
-                    retry = (retry + 1).min(8);
+                    backoff.pause(&session, std::future::pending::<()>()).await;
                 }
             },
             Err(Error::Closed) => return,
             Err(e) => {
                 tracing::warn!(%path, error = %e, "shared count: reading failed");
-                tokio::time::sleep(session.options().retry.sleep_for(retry)).await;
-                retry = (retry + 1).min(8);
+                backoff.pause(&session, std::future::pending::<()>()).await;
             }
         }
     }

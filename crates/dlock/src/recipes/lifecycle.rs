@@ -1,0 +1,214 @@
+//! The life of a recipe that keeps something running in the background
+//! ([`LeaderLatch`](super::leader_latch::LeaderLatch),
+//! [`LeaderSelector`](super::leader_selector::LeaderSelector),
+//! [`SharedCount`](super::shared_count::SharedCount)): made, started once,
+//! closed once — Curator's `State` of each, with its "cannot be started more
+//! than once" and "already closed" refusals, kept in one place so that the
+//! three cannot drift apart.
+
+use std::future::Future;
+use std::sync::{Mutex as StdMutex, MutexGuard as StdMutexGuard};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::error::{Error, Result};
+use crate::session::Session;
+
+/// Where a recipe is in its life (Curator's `State` of `LeaderLatch`,
+/// `LeaderSelector` and `SharedCount`). A recipe only ever moves forward:
+/// latent, started, closed.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// use dlock::recipes::lifecycle::State;
+/// let session = dlock::connect("embedded").await?;
+/// let latch = dlock::LeaderLatch::new(&session, "/doc/lifecycle")?;
+/// assert_eq!(latch.state(), State::Latent);
+/// latch.start()?;
+/// assert_eq!(latch.state(), State::Started);
+/// latch.close().await?;
+/// assert_eq!(latch.state(), dlock::LatchState::Closed); // the same type
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Made, not started.
+    Latent,
+    /// Started: running in the background.
+    Started,
+    /// Closed (or its session was): nothing runs any more.
+    Closed,
+}
+
+/// A recipe's state and its background task.
+#[derive(Debug)]
+pub(crate) struct Lifecycle {
+    /// What the recipe is called in errors ("latch", "shared count", ...).
+    what: &'static str,
+    state: watch::Sender<State>,
+    task: StdMutex<Option<JoinHandle<()>>>,
+}
+
+/// How long a background task pauses after failed attempts in a row: the
+/// session's retry policy, growing up to the ninth failure.
+#[derive(Debug, Default)]
+pub(crate) struct Backoff(u32);
+
+impl Backoff {
+    /// A success: the next failure pauses the least again.
+    pub fn reset(&mut self) {
+        self.0 = 0;
+    }
+
+    /// Waits out the pause for one more failure; `false` if `stop` came
+    /// first.
+    pub async fn pause(&mut self, session: &Session, stop: impl Future) -> bool {
+        let pause = session.options().retry.sleep_for(self.0.min(8));
+        self.0 += 1;
+        tokio::select! {
+            biased;
+            _ = stop => false,
+            _ = tokio::time::sleep(pause) => true,
+        }
+    }
+}
+
+/// Locks a std mutex, ignoring poison: what the recipes guard with one is
+/// left consistent at every await-free step, so a panic elsewhere does not
+/// make it unusable.
+pub(crate) fn lock<T>(mutex: &StdMutex<T>) -> StdMutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Lifecycle {
+    pub fn new(what: &'static str) -> Self {
+        Lifecycle {
+            what,
+            state: watch::channel(State::Latent).0,
+            task: StdMutex::new(None),
+        }
+    }
+
+    pub fn state(&self) -> State {
+        *self.state.borrow()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<State> {
+        self.state.subscribe()
+    }
+
+    /// Latent → started. Curator refuses a second start, even after a
+    /// close, and so do we.
+    pub fn begin(&self, path: &str) -> Result<()> {
+        let started = self.state.send_if_modified(|state| {
+            let latent = *state == State::Latent;
+            if latent {
+                *state = State::Started;
+            }
+            latent
+        });
+        match started {
+            true => Ok(()),
+            false => Err(Error::InvalidArgument(format!(
+                "the {} at {path} cannot be started more than once",
+                self.what
+            ))),
+        }
+    }
+
+    /// Takes back a [`begin`](Self::begin) whose start failed before
+    /// anything ran, so that starting may be tried again.
+    pub fn unbegin(&self) {
+        self.state
+            .send_if_modified(|state| std::mem::replace(state, State::Latent) == State::Started);
+    }
+
+    /// Begins and runs `task` on the current tokio runtime. The runtime is
+    /// looked for first: without one, the recipe stays latent.
+    pub fn start(&self, path: &str, task: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::InvalidArgument(format!("a {} runs on a tokio runtime", self.what))
+        })?;
+        self.begin(path)?;
+        // Not kept if closed already: by a close that told the task to stop,
+        // or by the task itself (its session was closed) — either way it
+        // ends by itself, and the start did happen.
+        let _ = self.attach(runtime.spawn(task));
+        Ok(())
+    }
+
+    /// Keeps `task` as the recipe's background task, unless the recipe was
+    /// closed since it began: then the task is handed back.
+    pub fn attach(&self, task: JoinHandle<()>) -> std::result::Result<(), JoinHandle<()>> {
+        // Checked under the task's lock: a close either sees the task or
+        // happened before this check.
+        let mut slot = lock(&self.task);
+        if self.state() != State::Started {
+            return Err(task);
+        }
+        *slot = Some(task);
+        Ok(())
+    }
+
+    /// Started → closed, handing back the task to stop.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if never started; [`Error::Closed`] if
+    /// closed already.
+    pub fn close(&self, path: &str) -> Result<Option<JoinHandle<()>>> {
+        let mut was = State::Started;
+        self.state.send_if_modified(|state| {
+            was = *state;
+            let started = *state == State::Started;
+            if started {
+                *state = State::Closed;
+            }
+            started
+        });
+        self.check(was, path)?;
+        Ok(lock(&self.task).take())
+    }
+
+    /// Closed, whatever the state was (an idempotent close; a session that
+    /// closed under the recipe), handing back the task, if any.
+    pub fn force_close(&self) -> Option<JoinHandle<()>> {
+        self.state
+            .send_if_modified(|state| std::mem::replace(state, State::Closed) != State::Closed);
+        lock(&self.task).take()
+    }
+
+    /// `Ok` while started.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] before the start; [`Error::Closed`] after
+    /// the close.
+    pub fn ensure_started(&self, path: &str) -> Result<()> {
+        self.check(self.state(), path)
+    }
+
+    /// As [`ensure_started`](Self::ensure_started), for a `state` seen
+    /// before.
+    pub fn check(&self, state: State, path: &str) -> Result<()> {
+        match state {
+            State::Started => Ok(()),
+            State::Closed => Err(Error::Closed),
+            State::Latent => Err(Error::InvalidArgument(format!(
+                "the {} at {path} was not started",
+                self.what
+            ))),
+        }
+    }
+
+    /// Waits for a task that was told to stop to end by itself, so that its
+    /// clean-up (deleting a node, say) is done when the close returns.
+    pub async fn join(task: Option<JoinHandle<()>>, path: &str) {
+        if let Some(task) = task {
+            if let Err(e) = task.await {
+                tracing::error!(%path, error = %e, "a recipe's background task failed");
+            }
+        }
+    }
+}
