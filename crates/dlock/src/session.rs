@@ -114,7 +114,7 @@ impl EmbeddedServer {
 /// built on. Cheap to clone; clones share the session. When the last clone
 /// is dropped the session is closed.
 ///
-/// Connect one with [`connect`](crate::connect) (by endpoint URL) or from a
+/// Connect one with [`connect`] (by endpoint URL) or from a
 /// backend directly, e.g. [`EmbeddedServer::connect`](crate::store::embedded::EmbeddedServer::connect).
 ///
 /// ```

@@ -99,7 +99,7 @@ impl Mutex {
         Deadline::within(None, |d| self.acquire_until(d)).await
     }
 
-    /// Waits at most `timeout`; fails with [`Error::Timeout`] (leaving no node
+    /// Waits at most `timeout`; fails with [`Error::Timeout`](crate::Error::Timeout) (leaving no node
     /// behind) if the lock could not be had in time.
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
         Deadline::within(Some(timeout), |d| self.acquire_until(d)).await

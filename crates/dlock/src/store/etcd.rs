@@ -69,7 +69,7 @@
 //!   (measured: about +0.2 ms per listing per thousand acquisitions). So an
 //!   ephemeral sequential node's digits depend only on its path, and the
 //!   session recycles protection prefixes
-//!   ([`Session`]): a client acquiring a lock again uses
+//!   ([`Session`](crate::Session)): a client acquiring a lock again uses
 //!   the same key again. A listing tells each child's own create revision
 //!   ([`Child::czxid`]), so a waiter never mistakes a newer node for the
 //!   one it queued behind under the same name.

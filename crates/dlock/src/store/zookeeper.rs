@@ -38,7 +38,7 @@
 //!
 //! # Faults
 //!
-//! [`Session::faults`] is available; what each hook does on ZooKeeper:
+//! [`Session::faults`](crate::Session::faults) is available; what each hook does on ZooKeeper:
 //! - [`Faults::expire`] ends the session **on the server** now, as an
 //!   expiry would: the server deletes the session's ephemeral nodes in one
 //!   transaction and other sessions' watches fire. It returns once the

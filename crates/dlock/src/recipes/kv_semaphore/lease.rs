@@ -9,7 +9,7 @@ use crate::recipes::guard::Acquisition;
 /// A slot of a [`KvSemaphore`](super::KvSemaphore): an owned object, free to move between
 /// tasks. Give it back with [`release`](Self::release); dropping it gives it
 /// back in the background. If the session is lost, so is the slot: the
-/// others prune it ([`lost`](Self::lost) tells).
+/// others prune it ([`lost`](crate::Acquisition::lost) tells).
 #[derive(Debug)]
 #[must_use = "dropping the lease gives it back"]
 pub struct KvLease {
@@ -48,8 +48,8 @@ impl KvLease {
     }
 
     /// Gives the slot back: removes us from the record (by compare-and-set,
-    /// pruning dead holders) and deletes our entry. Reports [`Error::Lost`]
-    /// if the slot had been lost before — [`Error::Closed`] if its session
+    /// pruning dead holders) and deletes our entry. Reports [`Error::Lost`](crate::Error::Lost)
+    /// if the slot had been lost before — [`Error::Closed`](crate::Error::Closed) if its session
     /// was closed (which took the entry; the others prune the record).
     ///
     /// Cancellation-safe: if this future is dropped before it is done, the

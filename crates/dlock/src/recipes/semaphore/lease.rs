@@ -59,9 +59,9 @@ impl Lease {
     }
 
     /// Gives the lease back: deletes its node (a node already gone is fine,
-    /// as in Curator). Reports [`Error::Lost`] if the lease had been lost
+    /// as in Curator). Reports [`Error::Lost`](crate::Error::Lost) if the lease had been lost
     /// before, so the caller learns its work was not protected —
-    /// [`Error::Closed`] if its session was closed (which took the node).
+    /// [`Error::Closed`](crate::Error::Closed) if its session was closed (which took the node).
     ///
     /// Cancellation-safe: if this future is dropped before the node is
     /// deleted, the lease is given back in the background.
