@@ -290,6 +290,9 @@ async fn fenced_append(
         let (data, stat) = match session.get_data(resource).await {
             Ok(read) => read,
             Err(e) if e.is_retryable() => continue,
+            // The session ended under us (a failover slower than its
+            // timeout, or a request that found it moved): so did the hold.
+            Err(e) if e.is_session_lost() => return Ok(false),
             Err(e) => return Err(e.into()),
         };
         let mut log = String::from_utf8(data)?;
