@@ -328,9 +328,19 @@ fn consul_cluster_survives_losing_its_leader() {
     );
     let new_leader = c.leader_index().expect("new leader");
     assert_ne!(new_leader, leader);
-    let (code, body) = c
-        .http(new_leader, "GET", "/v1/kv/testkit/k?raw", None)
-        .unwrap();
+    // A consistent read: a new leader answers default-mode reads before it
+    // has applied its predecessor's last entries (seen under load: 404),
+    // and refuses consistent ones ("not ready") until it has.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (code, body) = loop {
+        let read = c
+            .http(new_leader, "GET", "/v1/kv/testkit/k?raw&consistent", None)
+            .unwrap();
+        if read.0 == 200 || Instant::now() > deadline {
+            break read;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!((code, body.as_str()), (200, "v"));
 
     let t = Instant::now();
