@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
@@ -266,7 +265,9 @@ async fn killing_the_leader_under_contention_keeps_one_holder() -> Result<()> {
     setup.create("/fenced/resource", b"", persistent()).await?;
     // (version the write made, token, first write of its section)
     let log = Arc::new(StdMutex::new(Vec::<(i32, i64, bool)>::new()));
-    let sections = Arc::new(AtomicUsize::new(0));
+    // Finished critical sections, awaited through the channel.
+    let (sections, _) = tokio::sync::watch::channel(0usize);
+    let sections = Arc::new(sections);
     let stop = Arc::new(tokio::sync::Notify::new());
     let mut clients = Vec::new();
     for _ in 0..3 {
@@ -300,7 +301,7 @@ async fn killing_the_leader_under_contention_keeps_one_holder() -> Result<()> {
                             Err(_) => break,
                         }
                     }
-                    sections.fetch_add(1, Ordering::SeqCst);
+                    sections.send_modify(|n| *n += 1);
                     let _ = held.release().await;
                 }
                 #[allow(unreachable_code)]
@@ -315,11 +316,9 @@ async fn killing_the_leader_under_contention_keeps_one_holder() -> Result<()> {
         }));
     }
     let wait_for = |n: usize| {
-        let sections = sections.clone();
+        let mut rx = sections.subscribe();
         async move {
-            while sections.load(Ordering::SeqCst) < n {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            let _ = rx.wait_for(|&done| done >= n).await;
         }
     };
     tokio::time::timeout(WITHIN, wait_for(6))
@@ -327,7 +326,7 @@ async fn killing_the_leader_under_contention_keeps_one_holder() -> Result<()> {
         .context("sections before the kill")?;
     let leader = cluster.leader_index().context("a leader")?;
     cluster.kill(leader);
-    let before = sections.load(Ordering::SeqCst);
+    let before = *sections.borrow();
     tokio::time::timeout(WITHIN * 3, wait_for(before + 6))
         .await
         .context("progress after the leader was killed")?;
