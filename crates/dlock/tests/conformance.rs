@@ -562,14 +562,7 @@ async fn a_node_named_after_a_siblings_sequence_takes_its_place(h: &Harness) -> 
     Ok(())
 }
 
-per_backend!({
-    embedded => crate::common::embedded(),
-    zookeeper => crate::common::zookeeper(),
-    #[cfg(feature = "etcd")]
-    etcd => crate::common::etcd(),
-    #[cfg(feature = "consul")]
-    consul => crate::common::consul(),
-} {
+per_backend!(every_backend {
     fencing_tokens_only_grow,
     ephemeral_nodes_die_with_their_session,
     ephemeral_nodes_cannot_have_children,

@@ -845,14 +845,7 @@ public class LatchPeer {
     }
 }
 
-per_backend!({
-    embedded => crate::common::embedded(),
-    zookeeper => crate::common::zookeeper(),
-    #[cfg(feature = "etcd")]
-    etcd => crate::common::etcd(),
-    #[cfg(feature = "consul")]
-    consul => crate::common::consul(),
-} {
+per_backend!(every_backend {
     the_earliest_candidate_leads,
     a_follower_leaving_changes_nothing,
     candidates_take_turns_alone,

@@ -539,8 +539,12 @@ async fn tokens_keep_growing_after_the_lock_directory_is_recreated(h: &Harness) 
         "{} after {first_token}",
         second.token()
     );
-    if s.backend() != dlock::store::BackendKind::Etcd {
-        // ZooKeeper numbering (etcd's suffix is unique, not counted).
+    if matches!(
+        s.backend(),
+        dlock::store::BackendKind::Embedded | dlock::store::BackendKind::ZooKeeper
+    ) {
+        // ZooKeeper numbering (etcd's and Consul's suffixes are unique,
+        // not counted).
         let key = |p: &str| sequence_key(p, &["lock-"]).to_string();
         ensure!(
             key(second.node()) == key(&first_name),

@@ -673,14 +673,7 @@ async fn semaphore_directories_are_reaped(h: &Harness) -> Result<()> {
     Ok(())
 }
 
-per_backend!({
-    embedded => crate::common::embedded(),
-    zookeeper => crate::common::zookeeper(),
-    #[cfg(feature = "etcd")]
-    etcd => crate::common::etcd(),
-    #[cfg(feature = "consul")]
-    consul => crate::common::consul(),
-} {
+per_backend!(every_backend {
     bad_quantities_fail_fast,
     raising_the_count_wakes_the_waiter,
     lowering_the_count_never_revokes,

@@ -60,14 +60,38 @@
 //! live on the server). After `Lost` the next operation creates a new
 //! session.
 //!
+//! **A holder that dies without closing** (killed, partitioned) keeps its
+//! keys until Consul invalidates the session: Consul waits twice the TTL
+//! before it does, so the next acquirer gets in after about 2 × TTL —
+//! **20 s with the 10 s minimum** (measured: 20.0 s from the kill to the
+//! next acquisition, `tests/consul_backend.rs`,
+//! `a_killed_holder_loses_its_slot_when_the_ttl_runs_out`). The holder
+//! itself reports `Lost` after one TTL without an answered renewal, well
+//! before Consul frees its keys; a close, or a session destroyed from
+//! outside, frees them at once.
+//!
 //! **Lock delay: 0 s by default** (`?lock-delay=15s` to change it). Consul's
 //! own default, 15 s, forbids acquiring the keys of an invalidated session
 //! for that long; this backend gives every node a new name anyway, and a
 //! node named again after a loss (an expiry retried) must be creatable at
-//! once. Fencing tokens, not lock delays, protect resources.
+//! once. Fencing tokens, not lock delays, protect resources. With a lock
+//! delay, a session that ends (expiry, destroy, `Lost`) also keeps its
+//! keys' names from being acquired again for that long: an expired
+//! holder's hand-over takes 2 × TTL plus nothing (new names), but a retry
+//! that recreates a node under the same name (a leader latch's or a
+//! lease's node after a loss) waits out the delay.
 //!
 //! # Operations
 //!
+//! - Consul's key URLs refuse characters Go does not count as printable
+//!   (non-ASCII spaces such as U+00A0 or U+3000, format characters such as
+//!   U+200B, unassigned code points), which dlock's path rules accept: such
+//!   a path is refused with [`Error::InvalidPath`] before anything is
+//!   written (a create of a non-ASCII path reads its key first to find
+//!   out). Values over 512 KiB (about 384 KiB through a transaction, where
+//!   they travel in base64) are [`Error::InvalidArgument`] naming the node.
+//! - ACL denials are [`Error::NoAuth`] naming the node, from the KV
+//!   endpoint (403) as from a transaction (a 409 "Permission denied").
 //! - Creates are one transaction (`check-not-exists` + `set` or `lock`);
 //!   [`create_and_list`](Store::create_and_list) adds a `get-tree` of the
 //!   directory to it, so it is one round trip after the ancestor reads.
@@ -286,6 +310,23 @@ impl ConsulStore {
             403 => Error::NoAuth {
                 path: path.to_string(),
             },
+            // A value over Consul's limit (512 KiB a key, and as much for
+            // a transaction's body, where values travel in base64).
+            413 => Error::InvalidArgument(format!(
+                "{path}: the value is too large for Consul (at most 512 KiB a key, \
+                 about 384 KiB in one transaction): {}",
+                resp.text()
+            )),
+            // Consul's HTTP server answers a bare 400 to a URL whose path
+            // has a character Go does not count as printable (a non-ASCII
+            // space, a format character, an unassigned code point): dlock's
+            // path rules accept those, Consul's key URLs do not.
+            400 if resp.text().trim().is_empty() => Error::InvalidPath {
+                path: path.to_string(),
+                reason: "Consul refuses keys with characters Go does not count as printable \
+                         (non-ASCII spaces, format characters, unassigned code points)"
+                    .into(),
+            },
             500..=599 => {
                 tracing::debug!(endpoint = %self.http.endpoint, "Consul answered {}: {}", resp.status, resp.text());
                 Error::ConnectionLoss
@@ -411,6 +452,13 @@ impl ConsulStore {
                     self.keeper.lose(session);
                     return Err(Error::SessionExpired);
                 }
+                // ACLs deny a transaction's operation as its failure (409),
+                // not as a 403 like the KV endpoint.
+                if failure.what.contains("Permission denied") {
+                    return Err(Error::NoAuth {
+                        path: path.to_string(),
+                    });
+                }
                 Ok(Err(failure))
             }
             _ => Err(self.refused(&resp, path)),
@@ -489,7 +537,22 @@ impl ConsulStore {
         let (session, uuid) = self.keeper.current().await?;
         let parent = path::parent(path);
         let ancestors: Vec<&str> = path::ancestors(path).collect();
-        let found = futures::future::try_join_all(ancestors.iter().map(|a| self.entry(a))).await?;
+        // Consul takes any key in a transaction but refuses some in URLs
+        // (see `refused`): a node created with such a name could never be
+        // read, watched or deleted by key. Reading the key itself first
+        // refuses it before anything is written; only non-ASCII paths need
+        // it (every ASCII character dlock accepts is printable).
+        let probe = async {
+            match path.is_ascii() {
+                true => Ok(None),
+                false => self.entry(path).await,
+            }
+        };
+        let (found, _) = futures::future::try_join(
+            futures::future::try_join_all(ancestors.iter().map(|a| self.entry(a))),
+            probe,
+        )
+        .await?;
         for (ancestor, entry) in ancestors.iter().zip(&found) {
             if entry.as_ref().is_some_and(|e| e.session.is_some()) {
                 return Err(Error::NoChildrenForEphemerals {

@@ -320,6 +320,8 @@ macro_rules! per_backend {
             zookeeper => $crate::common::zookeeper(),
             #[cfg(feature = "etcd")]
             etcd => $crate::common::etcd(),
+            #[cfg(feature = "consul")]
+            consul => $crate::common::consul(),
         } $cases);
     };
     ({ $($(#[$attr:meta])* $backend:ident => $harness:expr),+ $(,)? } $cases:tt) => {
