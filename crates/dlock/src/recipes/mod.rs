@@ -1,10 +1,12 @@
 //! The recipes, each written once over the store contract.
 
+pub mod consul_lock;
 pub(crate) mod deadline;
 pub mod error_policy;
 pub mod guard;
 pub mod inspect;
 pub mod kv_semaphore;
+pub mod layout;
 pub mod leader_latch;
 pub mod leader_selector;
 pub mod multi_lock;
