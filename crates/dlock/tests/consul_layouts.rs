@@ -103,6 +103,29 @@ async fn kv_semaphore_consul_layout_keeps_the_limit(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// `inspect` tells both layouts: a ConsulLock is a mutex with its holder,
+/// a Consul-layout semaphore lists its holders.
+async fn inspect_reads_consuls_layouts(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let lock = ConsulLock::new(&s, &h.path("/il"))?.acquire().await?;
+    let seen = dlock::inspect(&s, &h.path("/il")).await?;
+    ensure!(seen.recipe == dlock::RecipeKind::Mutex, "{:?}", seen.recipe);
+    ensure!(seen.participants.len() == 1 && seen.participants[0].node == lock.node());
+    lock.release().await?;
+    let sem = KvSemaphore::new(&s, &h.path("/is"), 2)?.with_layout(Layout::Consul);
+    let lease = sem.acquire().await?;
+    let seen = dlock::inspect(&s, &h.path("/is")).await?;
+    ensure!(
+        seen.recipe == dlock::RecipeKind::KvSemaphore,
+        "{:?}",
+        seen.recipe
+    );
+    ensure!(seen.participants.len() == 1, "{:?}", seen.participants);
+    ensure!(seen.participants[0].role == dlock::Role::Holder);
+    lease.release().await?;
+    Ok(())
+}
+
 per_backend!({
     embedded => crate::common::embedded(),
     zookeeper => crate::common::zookeeper(),
@@ -114,6 +137,7 @@ per_backend!({
     consul_lock_excludes_and_hands_over,
     consul_lock_takes_over_a_released_key,
     kv_semaphore_consul_layout_keeps_the_limit,
+    inspect_reads_consuls_layouts,
 });
 
 /// On Consul the keys carry the flag values Consul's tools require.
