@@ -160,3 +160,24 @@ fn consul_lock_and_dlock_lock_layout_consul_exclude_each_other() {
     assert_eq!(leftovers(&prefix), "", "keys left behind");
     assert!(started.elapsed() < Duration::from_secs(60));
 }
+
+#[test]
+fn only_dlock_lock_has_consuls_lock_layout() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .env("DLOCK_ENDPOINT", "consul://127.0.0.1:1")
+        .args(["read-lock", "--layout", "consul", "/x", "--", "true"])
+        .output()
+        .expect("run dlock");
+    assert_eq!(out.status.code(), Some(64), "a usage error");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("only `dlock lock`"), "{stderr}");
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(["lock", "--layout", "zookeeper", "/x", "--", "true"])
+        .output()
+        .expect("run dlock");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("expected \"curator\" or \"consul\""),
+        "{stderr}"
+    );
+}
