@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
-use dlock::{Hold, Lockable, ReadWriteLock, Session};
+use dlock::{Hold, Layout, Lockable, ReadWriteLock, Session};
 
 use crate::exit::Exit;
 use crate::run::{Holding, RunOptions, Runner};
@@ -16,6 +16,11 @@ use crate::Global;
 pub struct LockArgs {
     /// The lock's path, e.g. /locks/nightly-backup.
     pub path: String,
+    /// Whose node layout to use: `curator` (Curator's InterProcessMutex)
+    /// or `consul` (Consul's `api.Lock`, as `consul lock` writes it: the
+    /// key PATH/.lock); `lock` only.
+    #[arg(long, default_value_t = Layout::Curator)]
+    pub layout: Layout,
     #[command(flatten)]
     pub run: RunOptions,
 }
@@ -63,9 +68,17 @@ where
 /// `dlock lock|read-lock|write-lock PATH -- CMD...`
 pub async fn lock(global: &Global, args: LockArgs, kind: LockKind) -> Result<u8> {
     dlock::path::validate(&args.path)?;
+    if args.layout == Layout::Consul && !matches!(kind, LockKind::Mutex) {
+        return Err(Exit::Usage
+            .with("--layout consul is Consul's api.Lock: only `dlock lock` has it")
+            .into());
+    }
     let endpoint = global.endpoint()?;
     in_session(global, |session| async move {
         let lock: Box<dyn Lockable> = match kind {
+            LockKind::Mutex if args.layout == Layout::Consul => {
+                Box::new(dlock::ConsulLock::new(&session, &args.path)?)
+            }
             LockKind::Mutex => Box::new(dlock::Mutex::new(&session, &args.path)?),
             LockKind::Read => Box::new(ReadWriteLock::new(&session, &args.path)?.read_half()),
             LockKind::Write => Box::new(ReadWriteLock::new(&session, &args.path)?.write_half()),
@@ -203,6 +216,11 @@ pub struct SemaphoreArgs {
     /// SemaphoreV2 layout.
     #[arg(long)]
     pub kv: bool,
+    /// Whose node layout the KvSemaphore uses: `curator` (dlock's own
+    /// record) or `consul` (Consul's `api.Semaphore`, as `consul lock -n N`
+    /// writes it; implies --kv).
+    #[arg(long, default_value_t = Layout::Curator)]
+    pub layout: Layout,
     #[command(flatten)]
     pub run: RunOptions,
 }
@@ -218,7 +236,8 @@ pub async fn semaphore(global: &Global, args: SemaphoreArgs) -> Result<u8> {
             ))
             .into());
     }
-    if args.kv && args.qty != 1 {
+    let kv = args.kv || args.layout == Layout::Consul;
+    if kv && args.qty != 1 {
         return Err(Exit::Usage
             .with("the KvSemaphore gives one lease per session: --kv takes no --qty")
             .into());
@@ -227,8 +246,9 @@ pub async fn semaphore(global: &Global, args: SemaphoreArgs) -> Result<u8> {
     in_session(global, |session| async move {
         let t = args.run.timeout;
         let acquire = async {
-            let holds: Vec<Box<dyn Hold>> = if args.kv {
-                let sem = dlock::KvSemaphore::new(&session, &args.path, args.leases)?;
+            let holds: Vec<Box<dyn Hold>> = if kv {
+                let sem = dlock::KvSemaphore::new(&session, &args.path, args.leases)?
+                    .with_layout(args.layout);
                 let lease = within(t, |t| sem.acquire_timeout(t), sem.acquire()).await?;
                 vec![Box::new(lease)]
             } else {

@@ -88,11 +88,13 @@ pub mod store;
 
 pub use endpoint::{Credentials, Endpoint, TlsFiles};
 pub use error::{Error, Result};
+pub use recipes::consul_lock::ConsulLock;
 pub use recipes::election::Candidate;
 pub use recipes::error_policy::ErrorPolicy;
 pub use recipes::guard::{Acquisition, LockGuard};
 pub use recipes::inspect::{inspect, Access, Contender, Foreign, Inspection, RecipeKind, Role};
 pub use recipes::kv_semaphore::{KvLease, KvSemaphore};
+pub use recipes::layout::Layout;
 pub use recipes::leader_latch::{
     CloseMode, LatchState, LeaderLatch, LeaderParticipant, Leadership, LeadershipEvent,
 };

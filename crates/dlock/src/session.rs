@@ -207,6 +207,20 @@ impl Session {
         self.status().session_id
     }
 
+    /// The current session as the store's own tools name it, and its id
+    /// (see [`Store::native_session_id`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// let session = dlock::connect("embedded").await?;
+    /// let (id, name) = session.native_session_id();
+    /// assert_eq!((id, name.len()), (session.session_id(), 16));
+    /// # Ok(()) }
+    /// ```
+    pub fn native_session_id(&self) -> (SessionId, String) {
+        self.inner.store.native_session_id()
+    }
+
     /// The session timeout the server granted.
     pub fn session_timeout(&self) -> Duration {
         self.inner.store.session_timeout()
@@ -269,6 +283,12 @@ impl Session {
     /// Creates a node. A sequential path is checked with its future suffix.
     pub async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
         check_create_path(path, opts.mode)?;
+        if let Some(tag) = opts.tag.filter(|&t| t < crate::store::TAG_MIN) {
+            return Err(Error::InvalidArgument(format!(
+                "tag {tag:#x} of {path} is below {:#x}: smaller values are data versions",
+                crate::store::TAG_MIN
+            )));
+        }
         self.inner.store.create(path, data, opts).await
     }
 

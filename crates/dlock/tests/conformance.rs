@@ -119,6 +119,63 @@ async fn versions_guard_writes(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// A tagged node (Consul's tools' keys) still guards writes by version:
+/// 0 at creation, changed by every set (by how much is the backend's), and
+/// stale versions are refused; tags below `TAG_MIN` are refused.
+async fn tagged_nodes_keep_versions_for_compare_and_set(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let p = h.path("/tagged");
+    let tag = 0xe0f6_9a2b_aa41_4de0;
+    let created = s
+        .create(
+            &p,
+            b"a",
+            CreateOptions::new(CreateMode::Ephemeral)
+                .with_parents()
+                .with_tag(tag),
+        )
+        .await?;
+    ensure!(created.stat.version == 0, "{:?}", created.stat);
+    let set = s.set_data(&p, b"b", Some(0)).await?;
+    ensure!(set.version > 0, "a set changes the version: {set:?}");
+    let (data, stat) = s.get_data(&p).await?;
+    ensure!(data == b"b" && stat.version == set.version, "{stat:?}");
+    let err = s.set_data(&p, b"c", Some(0)).await.unwrap_err();
+    ensure!(matches!(err, Error::BadVersion { .. }), "{err}");
+    let again = s.set_data(&p, b"c", Some(stat.version)).await?;
+    ensure!(again.version != stat.version, "{again:?}");
+    let err = s.delete(&p, Some(stat.version)).await.unwrap_err();
+    ensure!(matches!(err, Error::BadVersion { .. }), "{err}");
+    s.delete(&p, Some(again.version)).await?;
+    let low = CreateOptions::new(CreateMode::Persistent).with_tag(7);
+    let err = s.create(&p, b"", low).await.unwrap_err();
+    ensure!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    ensure!(s.exists(&p).await?.is_none());
+    Ok(())
+}
+
+/// The native session id names the session ephemeral nodes report as their
+/// owner, is path-safe, and differs between sessions.
+async fn native_session_ids_name_the_owner(h: &Harness) -> Result<()> {
+    let (a, b) = (h.session().await, h.session().await);
+    let node = a.create(&h.path("/native"), b"", ephemeral()).await?;
+    let (id, name) = a.native_session_id();
+    ensure!(
+        id == node.stat.ephemeral_owner && id == a.session_id(),
+        "{id:#x} {:?}",
+        node.stat
+    );
+    ensure!(!name.is_empty() && !name.contains('/'), "{name:?}");
+    let named = a
+        .create(&h.path(&format!("/{name}")), b"", ephemeral())
+        .await?;
+    ensure!(b.native_session_id().1 != name);
+    for p in [&named.path, &node.path] {
+        a.delete(p, None).await?;
+    }
+    Ok(())
+}
+
 async fn errors_name_the_node(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let p = h.path("/err");
@@ -580,6 +637,8 @@ per_backend!(every_backend {
     a_lost_create_reply_still_creates_the_node,
     a_lost_delete_reply_still_deletes_the_node,
     a_node_named_after_a_siblings_sequence_takes_its_place,
+    tagged_nodes_keep_versions_for_compare_and_set,
+    native_session_ids_name_the_owner,
 });
 
 // ZooKeeper-style stores only; etcd differs (see `dlock::store::etcd`):

@@ -50,8 +50,9 @@ impl Default for ConsulOptions {
     }
 }
 
-/// `$DLOCK_CONSUL`, else the cache where `scripts/consul.sh get` puts it.
-fn consul_binary() -> Result<PathBuf> {
+/// The `consul` binary: `$DLOCK_CONSUL`, else the cache where
+/// `scripts/consul.sh get` puts it (tests run `consul lock` with it).
+pub fn consul_binary() -> Result<PathBuf> {
     let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
     if let Some(p) = var("DLOCK_CONSUL").map(PathBuf::from) {
         if is_executable(&p) {

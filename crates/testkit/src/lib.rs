@@ -78,7 +78,9 @@ mod tls;
 mod util;
 mod zk;
 
-pub use consul::{shared_consul, try_shared_consul, ConsulCluster, ConsulOptions, ConsulServer};
+pub use consul::{
+    consul_binary, shared_consul, try_shared_consul, ConsulCluster, ConsulOptions, ConsulServer,
+};
 pub use curator::{classpath as curator_classpath, CuratorProbe};
 pub use etcd::{shared_etcd, try_shared_etcd, EtcdCluster, EtcdOptions, EtcdServer, EtcdTls};
 pub use port::free_port;

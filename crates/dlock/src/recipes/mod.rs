@@ -1,11 +1,13 @@
 //! The recipes, each written once over the store contract.
 
+pub mod consul_lock;
 pub(crate) mod deadline;
 pub mod election;
 pub mod error_policy;
 pub mod guard;
 pub mod inspect;
 pub mod kv_semaphore;
+pub mod layout;
 pub mod leader_latch;
 pub mod leader_selector;
 pub mod lifecycle;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::consul_lock::ConsulLock;
 use super::deadline::Deadline;
 use super::guard::{guarded_by, Acquisition, LockGuard};
 use super::kv_semaphore::KvLease;
@@ -92,6 +93,7 @@ macro_rules! lockable {
 
 lockable! {
     Mutex => |lock, deadline| lock.acquire_until(deadline);
+    ConsulLock => |lock, deadline| lock.acquire_until(deadline);
     SemaphoreMutex => |lock, deadline| lock.acquire_until(deadline);
     ReadHalf => |half, deadline| half.0.read_until(deadline);
     WriteHalf => |half, deadline| half.0.write_until(deadline);

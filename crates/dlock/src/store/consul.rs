@@ -23,11 +23,20 @@
 //! - **The data version is the key's `Flags`**: 0 at creation, +1 by every
 //!   `set_data` (a compare-and-set on `ModifyIndex` that writes `Flags + 1`).
 //!   Writing a key by other means (`consul kv put` sets `Flags` to 0) resets
-//!   it. `czxid` is `CreateIndex` — Consul's Raft index, so it only grows,
+//!   it. **Except for tagged keys**: `Flags` of at least 2^32
+//!   ([`TAG_MIN`](super::TAG_MIN)) are a tag
+//!   ([`CreateOptions::with_tag`](super::CreateOptions::with_tag)) — such as
+//!   `api.Lock`'s `0x2ddccbc058a50c18` and `api.Semaphore`'s
+//!   `0xe0f69a2baa414de0`, which Consul's tools require on their keys and
+//!   keep on every write — and every write keeps them; the version of such
+//!   a key is `ModifyIndex − CreateIndex` (0 at creation; a write moves
+//!   `ModifyIndex`, so compare-and-set on it is exact). So keys that
+//!   `consul lock` writes read as tagged nodes, and ours as theirs. `czxid` is `CreateIndex` — Consul's Raft index, so it only grows,
 //!   store-wide: the fencing token — and `mzxid` is `ModifyIndex`.
 //! - **Ephemeral nodes** are keys acquired by the client's Consul session
 //!   (the `Session` field); `ephemeral_owner` is the session's id (the
-//!   first 63 bits of its UUID).
+//!   first 63 bits of its UUID), and
+//!   [`native_session_id`](Store::native_session_id) the UUID itself.
 //! - **Parents are implicit**, as on etcd (see `store::etcd`): a path
 //!   exists if it is a key or keys exist below `key/`; parents made by
 //!   `create_parents` write nothing and vanish with their last descendant
@@ -140,7 +149,7 @@ use self::keys::{Entry, Layout};
 use self::watch::Kind;
 use super::{
     BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId, SessionStatus,
-    Stat, Store, Watch,
+    Stat, Store, Watch, TAG_MIN,
 };
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
@@ -578,10 +587,15 @@ impl ConsulStore {
             let position = (!sequential)
                 .then(|| self.position_of(session, &full))
                 .flatten();
+            let flags = opts.tag.unwrap_or(0);
             let mut ops = vec![kv("check-not-exists", &key)];
             ops.push(match ephemeral {
-                true => with(write("lock", &key, data, 0), "Session", uuid.clone().into()),
-                false => write("set", &key, data, 0),
+                true => with(
+                    write("lock", &key, data, flags),
+                    "Session",
+                    uuid.clone().into(),
+                ),
+                false => write("set", &key, data, flags),
             });
             if let Some((sibling, created)) = &position {
                 ops.push(with(
@@ -685,6 +699,14 @@ impl Store for ConsulStore {
         self.keeper.ttl
     }
 
+    /// The Consul session's UUID, as `consul lock` writes it in a
+    /// semaphore's record.
+    fn native_session_id(&self) -> (SessionId, String) {
+        // The id comes from the UUID, so the two always match.
+        let uuid = self.keeper.machine.lock().backend.uuid.clone();
+        (keys::session_id(&uuid), uuid)
+    }
+
     async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
         let (created, _) = self.create_in(path, data, opts, None).await?;
         self.keeper.machine.lost_create_reply()?;
@@ -731,7 +753,7 @@ impl Store for ConsulStore {
                         path: path.to_string(),
                     })
                 }
-                Some(e) if version.is_some_and(|v| e.flags != v as u64) => {
+                Some(e) if version.is_some_and(|v| e.version() != v) => {
                     return Err(Error::BadVersion {
                         path: path.to_string(),
                     })
@@ -759,13 +781,13 @@ impl Store for ConsulStore {
                     path: path.to_string(),
                 });
             };
-            if version.is_some_and(|v| entry.flags != v as u64) {
+            if version.is_some_and(|v| entry.version() != v) {
                 return Err(Error::BadVersion {
                     path: path.to_string(),
                 });
             }
             let op = with(
-                write("cas", &key, data, entry.flags + 1),
+                write("cas", &key, data, entry.next_flags()),
                 "Index",
                 entry.modify_index.into(),
             );
@@ -900,7 +922,11 @@ struct Planned {
     key: bool,
     /// Keys below it.
     below: usize,
+    /// Its `Flags` (a version, or a tag: see `Entry::is_tagged`).
     flags: u64,
+    /// Its data version; `None` once a multi set a tagged key (its next
+    /// version is only known after the transaction).
+    version: Option<i32>,
     ephemeral: bool,
     /// The modify index read, while the multi has not touched it yet.
     pinned: Option<u64>,
@@ -947,6 +973,7 @@ impl ConsulStore {
                         key: true,
                         below,
                         flags: e.flags,
+                        version: Some(e.version()),
                         ephemeral: e.session.is_some(),
                         pinned: Some(e.modify_index),
                         touched: false,
@@ -976,7 +1003,7 @@ impl ConsulStore {
                     if !n.exists && path != "/" {
                         return fail(i, no_node(path));
                     }
-                    if version.is_some_and(|v| n.flags != v as u64) {
+                    if version.is_some_and(|v| n.version != Some(v)) {
                         return fail(i, Error::BadVersion { path: path.clone() });
                     }
                     if let (Some(index), false) = (n.pinned, n.touched) {
@@ -1019,6 +1046,7 @@ impl ConsulStore {
                         Planned {
                             exists: true,
                             key: true,
+                            version: Some(0),
                             ephemeral: mode.is_ephemeral(),
                             touched: true,
                             ..Planned::default()
@@ -1039,18 +1067,23 @@ impl ConsulStore {
                     if !n.key {
                         return fail(i, no_node(path));
                     }
-                    if version.is_some_and(|v| n.flags != v as u64) {
+                    if version.is_some_and(|v| n.version != Some(v)) {
                         return fail(i, Error::BadVersion { path: path.clone() });
                     }
                     let key = self.layout.key(path);
+                    let next = match n.flags >= TAG_MIN {
+                        true => n.flags,
+                        false => n.flags + 1,
+                    };
                     txn.push(match (n.pinned, n.touched) {
                         (Some(index), false) => {
-                            with(write("cas", &key, data, n.flags + 1), "Index", index.into())
+                            with(write("cas", &key, data, next), "Index", index.into())
                         }
-                        _ => write("set", &key, data, n.flags + 1),
+                        _ => write("set", &key, data, next),
                     });
                     if let Some(n) = view.get_mut(path.as_str()) {
-                        n.flags += 1;
+                        n.flags = next;
+                        n.version = (next < TAG_MIN).then_some(next.min(i32::MAX as u64) as i32);
                         n.touched = true;
                     }
                     fulls.push(path.clone());
@@ -1063,7 +1096,7 @@ impl ConsulStore {
                     if n.below > 0 {
                         return fail(i, Error::NotEmpty { path: path.clone() });
                     }
-                    if version.is_some_and(|v| n.flags != v as u64) {
+                    if version.is_some_and(|v| n.version != Some(v)) {
                         return fail(i, Error::BadVersion { path: path.clone() });
                     }
                     let key = self.layout.key(path);

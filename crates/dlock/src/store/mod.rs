@@ -22,6 +22,19 @@
 //! - **Watches** are one-shot and also fire on any session state change, so a
 //!   waiter never sleeps through a suspension or an expiry.
 //! - **Ordering** of sequential children follows [`sort_sequenced`].
+//! - **Tags** ([`CreateOptions::with_tag`]): a 64-bit mark a node is
+//!   created with, for the store's own tools to recognise it by (Consul:
+//!   the key's `Flags`, which `api.Lock` and `api.Semaphore` check).
+//!   Backends without such a field (embedded, ZooKeeper, etcd) drop it. A
+//!   tagged node's data version still serves compare-and-set: 0 at
+//!   creation, and a set changes it — by 1 where the store keeps its own
+//!   version, by the store indexes passed on Consul (where `Flags` hold
+//!   the tag instead of the version). Tags are at least [`TAG_MIN`], so
+//!   that no backend can mistake one for a version.
+//! - **Native session ids** ([`Store::native_session_id`]): the session's
+//!   identity as the store's own tools write it (Consul: the session
+//!   UUID), for layouts shared with them. Path-safe, and paired with the
+//!   [`SessionId`] ephemeral nodes of that session report as their owner.
 
 #[cfg(feature = "consul")]
 pub mod consul;
@@ -88,12 +101,19 @@ impl CreateMode {
     }
 }
 
+/// The smallest valid tag ([`CreateOptions::with_tag`]): 2^32, above every
+/// data version, so that a store keeping versions and tags in one field
+/// (Consul's `Flags`) tells them apart.
+pub const TAG_MIN: u64 = 1 << 32;
+
 /// Options of a create.
 ///
 /// ```
 /// use dlock::store::{CreateMode, CreateOptions};
 /// let opts = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
 /// assert!(opts.create_parents);
+/// let tagged = CreateOptions::new(CreateMode::Ephemeral).with_tag(0x2ddccbc058a50c18);
+/// assert_eq!(tagged.tag, Some(0x2ddccbc058a50c18));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CreateOptions {
@@ -102,6 +122,10 @@ pub struct CreateOptions {
     /// Create missing ancestors, as empty [`CreateMode::Container`] nodes
     /// (Curator's `creatingParentContainersIfNeeded`).
     pub create_parents: bool,
+    /// A mark for the store's own tools (see the [module docs](self)):
+    /// Consul's `Flags`; dropped by backends without such a field. At
+    /// least [`TAG_MIN`].
+    pub tag: Option<u64>,
 }
 
 impl CreateOptions {
@@ -110,7 +134,15 @@ impl CreateOptions {
         CreateOptions {
             mode,
             create_parents: false,
+            tag: None,
         }
+    }
+
+    /// Tags the node (Consul: the key's `Flags`); a create with a tag below
+    /// [`TAG_MIN`] fails with [`Error::InvalidArgument`](crate::Error::InvalidArgument).
+    pub fn with_tag(mut self, tag: u64) -> Self {
+        self.tag = Some(tag);
+        self
     }
 
     /// Also create missing ancestors as containers.
@@ -463,6 +495,14 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// The session timeout the server granted.
     fn session_timeout(&self) -> Duration;
+
+    /// The current session as the store's own tools name it (Consul: its
+    /// UUID; elsewhere its id in 16 hex digits), with the [`SessionId`]
+    /// its ephemeral nodes report as their owner. Path-safe (no `/`).
+    fn native_session_id(&self) -> (SessionId, String) {
+        let id = self.status().borrow().session_id;
+        (id, format!("{:016x}", id as u64))
+    }
 
     /// Creates a node. A sequential node's path is `path` followed by the
     /// 10-digit sequence (ZooKeeper: the parent's cversion).

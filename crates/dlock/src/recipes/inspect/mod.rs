@@ -90,10 +90,14 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
     };
     let any = |is: fn(&str) -> bool| names.iter().any(|n| is(n));
     let inspection = if kv_semaphore::is_layout(&names) {
-        found(
-            RecipeKind::KvSemaphore,
-            kv_semaphore_at(session, path).await?,
-        )
+        match dot_lock_at(session, path).await? {
+            Ok(layout) => found(
+                RecipeKind::KvSemaphore,
+                kv_semaphore_at(session, path, layout).await?,
+            ),
+            // Consul's `api.Lock` key (a ConsulLock): a mutex's one holder.
+            Err(holder) => found(RecipeKind::Mutex, vec![holder]),
+        }
     } else if semaphore::is_layout(&names) {
         found(RecipeKind::Semaphore, semaphore_at(session, path).await?)
     } else if names.iter().any(|n| rwlock::is_writer(n).is_some()) {
@@ -137,7 +141,7 @@ async fn unrecognised(session: &Session, path: &str, none: Inspection) -> Result
     {
         return Ok(Inspection {
             recipe: RecipeKind::KvSemaphore,
-            participants: kv_semaphore_at(session, path).await?,
+            participants: kv_semaphore_at(session, path, crate::Layout::Curator).await?,
             ..none
         });
     }
@@ -246,10 +250,41 @@ async fn semaphore_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
     Ok(all)
 }
 
+/// What the `.lock` child of `path` is: a KV semaphore's record, in dlock's
+/// or Consul's layout (`Ok`), or — owned by a session — the key of Consul's
+/// `api.Lock` layout, whose holder is returned (`Err`).
+async fn dot_lock_at(
+    session: &Session,
+    path: &str,
+) -> Result<std::result::Result<crate::Layout, Contender>> {
+    let node = path::join(path, kv_semaphore::RECORD);
+    match session.get_data(&node).await {
+        Ok((data, stat)) if stat.ephemeral_owner != 0 => Ok(Err(Contender {
+            role: Role::Holder,
+            token: stat.token(),
+            session: stat.ephemeral_owner,
+            node,
+            data,
+            access: None,
+            foreign: None,
+        })),
+        Ok((data, _)) if kv_semaphore::Record::parse_consul(&node, &data).is_ok() => {
+            Ok(Ok(crate::Layout::Consul))
+        }
+        Ok(_) | Err(Error::NoNode { .. }) => Ok(Ok(crate::Layout::Curator)),
+        Err(e) => Err(e),
+    }
+}
+
 /// A KV semaphore's entries: holders in the order the record admitted them,
 /// then waiters in the order they came.
-async fn kv_semaphore_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
-    let holders = crate::KvSemaphore::new(session, path, 1)?.holders().await?;
+async fn kv_semaphore_at(
+    session: &Session,
+    path: &str,
+    layout: crate::Layout,
+) -> Result<Vec<Contender>> {
+    let sem = crate::KvSemaphore::new(session, path, 1)?.with_layout(layout);
+    let holders = sem.holders().await?;
     let mut all = Vec::new();
     for child in session.children(path).await.or_else(|e| match e {
         Error::NoNode { .. } => Ok(Vec::new()),

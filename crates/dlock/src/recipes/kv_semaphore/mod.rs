@@ -18,6 +18,30 @@
 //! polling. Release removes the holder by compare-and-set (pruning again),
 //! deletes the record when no holder is left, and deletes the entry.
 //!
+//! # Consul's layout
+//!
+//! With [`KvSemaphore::with_layout`]`(`[`Layout::Consul`]`)` the nodes are
+//! exactly those of Consul's `api.Semaphore` (`consul lock -n N <path>`; a
+//! compatibility contract, see [`layout`](crate::recipes::layout)): entries
+//! named after the store's native session id
+//! ([`Session::native_session_id`]: the Consul session UUID), the record
+//! `{"Limit":N,"Holders":{"<UUID>":true}}`, every node tagged
+//! [`CONSUL_SEMAPHORE_FLAGS`](crate::recipes::layout::CONSUL_SEMAPHORE_FLAGS).
+//! A holder is alive while its entry is owned by a session (Consul's
+//! sessions may leave the key behind without a session, so a listed name
+//! is not enough: each entry's owner is read). On Consul, dlock and
+//! `consul lock -n N` on one path then never hold more than N slots
+//! together. Unlike `api.Semaphore`, a contender that loses a
+//! compare-and-set race looks again at once (Consul's sleeps 5 s,
+//! hashicorp/consul#2767) and waits on watches of the record and entries
+//! (blocking queries on Consul), never by polling.
+//!
+//! dlock's own layout stays the default on every backend, Consul
+//! included: dlock clients of earlier versions on Consul use it, and a
+//! contender in one layout does not see the other's holders — a default
+//! that changed with the backend would break that exclusion (and recipes
+//! never choose by backend).
+//!
 //! Every contender states the limit; a record with a different limit is a
 //! configuration error and fails with [`Error::InvalidArgument`] naming both.
 //!
@@ -37,6 +61,7 @@ pub use self::lease::KvLease;
 use self::place::{raced, Place};
 pub use self::record::Record;
 use super::deadline::Deadline;
+pub use super::layout::Layout;
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
@@ -108,9 +133,35 @@ impl KvSemaphore {
                 session: session.clone(),
                 dir: path.to_string(),
                 record: path::join(path, RECORD),
+                layout: Layout::Curator,
             },
             limit,
         })
+    }
+
+    /// Uses `layout`'s nodes: [`Layout::Consul`] for Consul's
+    /// `api.Semaphore` (see the [module docs](self)).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use dlock::{KvSemaphore, Layout};
+    /// let session = dlock::connect("embedded").await?;
+    /// let sem = KvSemaphore::new(&session, "/doc/kv-consul", 2)?.with_layout(Layout::Consul);
+    /// let lease = sem.acquire().await?;
+    /// assert_eq!(lease.holder(), session.native_session_id().1);
+    /// let (data, _) = session.get_data("/doc/kv-consul/.lock").await?;
+    /// assert!(String::from_utf8(data).unwrap().starts_with(r#"{"Limit":2,"Holders":{"#));
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_layout(mut self, layout: Layout) -> Self {
+        self.place.layout = layout;
+        self
+    }
+
+    /// The layout this semaphore uses.
+    pub fn layout(&self) -> Layout {
+        self.place.layout
     }
 
     /// The semaphore's path.

@@ -7,6 +7,7 @@ use super::{holder_id, KvLease, Record, RECORD};
 use crate::error::{Error, Result};
 use crate::path;
 use crate::recipes::guard::Acquisition;
+use crate::recipes::layout::{Layout, CONSUL_SEMAPHORE_FLAGS};
 use crate::recipes::queue::HeldNode;
 use crate::session::Session;
 use crate::store::{CreateMode, CreateOptions, Created, FencingToken, Stat, Watch};
@@ -17,6 +18,7 @@ pub(super) struct Place {
     pub(super) session: Session,
     pub(super) dir: String,
     pub(super) record: String,
+    pub(super) layout: Layout,
 }
 
 /// What a contender saw in one look.
@@ -45,7 +47,15 @@ impl Place {
     /// between naming the entry and creating it.
     pub(super) async fn enter(&self) -> Result<Entry> {
         let session = &self.session;
-        let id = holder_id(session.session_id());
+        // Consul's contenders are named after the session's UUID, ours after
+        // its number; either way the entry must end up owned by `owner`.
+        let (owner, id) = match self.layout {
+            Layout::Curator => {
+                let owner = session.session_id();
+                (owner, holder_id(owner))
+            }
+            Layout::Consul => session.native_session_id(),
+        };
         let token = uuid::Uuid::new_v4().to_string().into_bytes();
         // Armed before the create: if we are cancelled while it is in
         // flight, an entry it made is found by its token and removed.
@@ -57,7 +67,7 @@ impl Place {
             created: None,
             armed: true,
         };
-        let opts = CreateOptions::new(CreateMode::Ephemeral).with_parents();
+        let opts = self.tagged(CreateOptions::new(CreateMode::Ephemeral).with_parents());
         let created = session.retrying(|| session.create(&entry.path, &entry.token, opts));
         let created = match created.await {
             Err(Error::NodeExists { .. }) => {
@@ -78,7 +88,7 @@ impl Place {
             created => created,
         };
         match created {
-            Ok(created) if holder_id(created.stat.ephemeral_owner) == entry.id => {
+            Ok(created) if created.stat.ephemeral_owner == owner => {
                 entry.created = Some(created);
                 Ok(entry)
             }
@@ -90,6 +100,14 @@ impl Place {
                 entry.armed = !matches!(e, Error::NoNode { .. });
                 Err(e)
             }
+        }
+    }
+
+    /// `opts` with the layout's tag, if it has one.
+    fn tagged(&self, opts: CreateOptions) -> CreateOptions {
+        match self.layout {
+            Layout::Curator => opts,
+            Layout::Consul => opts.with_tag(CONSUL_SEMAPHORE_FLAGS),
         }
     }
 
@@ -118,7 +136,7 @@ impl Place {
         let record = match self.found(|| store.get_data(&self.record, watch)).await? {
             Some((data, stat, w)) => {
                 watches.extend(w);
-                Some((Record::parse(&self.record, &data)?, stat))
+                Some((Record::decode(self.layout, &self.record, &data)?, stat))
             }
             None => None,
         };
@@ -128,9 +146,28 @@ impl Place {
             .unzip();
         watches.extend(w.flatten());
         let names = children.into_iter().flatten().map(|c| c.name);
+        let mut live: HashSet<String> = names.filter(|n| n != RECORD).collect();
+        if self.layout == Layout::Consul {
+            // Consul's sessions release (not delete) their keys when they
+            // end: an entry is alive only while a session owns it.
+            let entries: Vec<String> = live.iter().cloned().collect();
+            let owners = futures::future::try_join_all(entries.iter().map(|name| {
+                let node = path::join(&self.dir, name);
+                async move { self.found(|| store.exists(&node, false)).await }
+            }))
+            .await?;
+            for (name, found) in entries.iter().zip(owners) {
+                let owned = found
+                    .and_then(|(stat, _)| stat)
+                    .is_some_and(|s| s.ephemeral_owner != 0);
+                if !owned {
+                    live.remove(name);
+                }
+            }
+        }
         Ok(Look {
             record,
-            live: names.filter(|n| n != RECORD).collect(),
+            live,
             watches,
         })
     }
@@ -151,11 +188,11 @@ impl Place {
 
     /// Writes `record` by compare-and-set on `version`, or creates it.
     pub(super) async fn write(&self, record: &Record, version: Option<i32>) -> Result<Stat> {
-        let (session, data) = (&self.session, record.to_json().into_bytes());
+        let (session, data) = (&self.session, record.encode(self.layout).into_bytes());
         match version {
             Some(_) => session.set_data(&self.record, &data, version).await,
             None => {
-                let opts = CreateOptions::new(CreateMode::Persistent);
+                let opts = self.tagged(CreateOptions::new(CreateMode::Persistent));
                 Ok(session.create(&self.record, &data, opts).await?.stat)
             }
         }

@@ -4,6 +4,7 @@
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::recipes::layout::Layout;
 
 /// The decoded `.lock` record.
 ///
@@ -31,7 +32,71 @@ struct Stored<'a> {
     holders: &'a [String],
 }
 
+/// Consul's `api.Semaphore` record: holders as a map of session UUIDs.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ConsulStored {
+    #[serde(rename = "Limit")]
+    limit: u32,
+    #[serde(rename = "Holders", default)]
+    holders: Option<std::collections::BTreeMap<String, bool>>,
+}
+
 impl Record {
+    /// The record in `layout`'s format.
+    pub fn encode(&self, layout: Layout) -> String {
+        match layout {
+            Layout::Curator => self.to_json(),
+            Layout::Consul => self.to_consul_json(),
+        }
+    }
+
+    /// Decodes a record in `layout`'s format.
+    pub fn decode(layout: Layout, path: &str, data: &[u8]) -> Result<Record> {
+        match layout {
+            Layout::Curator => Record::parse(path, data),
+            Layout::Consul => Record::parse_consul(path, data),
+        }
+    }
+
+    /// The record as Consul's `api.Semaphore` writes it.
+    ///
+    /// ```
+    /// use dlock::recipes::kv_semaphore::Record;
+    /// let r = Record { limit: 2, holders: vec!["9a2aef2d-ec29-bf90-d2ae-ab04937b1019".into()] };
+    /// let json = r.to_consul_json();
+    /// assert_eq!(json, r#"{"Limit":2,"Holders":{"9a2aef2d-ec29-bf90-d2ae-ab04937b1019":true}}"#);
+    /// assert_eq!(Record::parse_consul("/s/.lock", json.as_bytes()).unwrap(), r);
+    /// ```
+    pub fn to_consul_json(&self) -> String {
+        let stored = ConsulStored {
+            limit: self.limit,
+            holders: Some(self.holders.iter().map(|h| (h.clone(), true)).collect()),
+        };
+        serde_json::to_string(&stored).expect("a number and strings always serialize")
+    }
+
+    /// Decodes Consul's `api.Semaphore` record, `{"Limit":N,"Holders":{...}}`
+    /// (holders mapped to `false` do not hold; `null` holders are none, as
+    /// Go writes an empty map). Anything else is [`Error::MalformedData`].
+    pub fn parse_consul(path: &str, data: &[u8]) -> Result<Record> {
+        let stored: ConsulStored =
+            serde_json::from_slice(data).map_err(|e| Error::MalformedData {
+                path: path.to_string(),
+                reason: format!("not a Consul semaphore record: {e}"),
+            })?;
+        if stored.limit == 0 {
+            return Err(Error::MalformedData {
+                path: path.to_string(),
+                reason: "the Consul semaphore record has a \"Limit\" of 0".into(),
+            });
+        }
+        let holders = stored.holders.unwrap_or_default().into_iter();
+        Ok(Record {
+            limit: stored.limit,
+            holders: holders.filter(|(_, held)| *held).map(|(h, _)| h).collect(),
+        })
+    }
+
     /// The record as JSON.
     pub fn to_json(&self) -> String {
         let stored = Stored {

@@ -42,6 +42,31 @@ impl Entry {
             .unwrap_or_default()
     }
 
+    /// Whether `Flags` hold a tag (see `store::TAG_MIN`) rather than the
+    /// data version.
+    pub fn is_tagged(&self) -> bool {
+        self.flags >= crate::store::TAG_MIN
+    }
+
+    /// The data version: `Flags`, or for a tagged key the Raft indexes
+    /// passed since its creation (0 at creation; every write moves
+    /// `ModifyIndex`, so it is exact for compare-and-set).
+    pub fn version(&self) -> i32 {
+        match self.is_tagged() {
+            true => self.modify_index.saturating_sub(self.create_index),
+            false => self.flags,
+        }
+        .min(i32::MAX as u64) as i32
+    }
+
+    /// The `Flags` a set writes: the next version, or the tag unchanged.
+    pub fn next_flags(&self) -> u64 {
+        match self.is_tagged() {
+            true => self.flags,
+            false => self.flags + 1,
+        }
+    }
+
     /// The owning session, as a session id (0: none).
     pub fn owner(&self) -> SessionId {
         self.session.as_deref().map_or(0, session_id)
@@ -178,7 +203,7 @@ pub fn stat(e: &Entry, descendants: usize) -> Stat {
     Stat {
         czxid: e.create_index as i64,
         mzxid: e.modify_index as i64,
-        version: e.flags.min(i32::MAX as u64) as i32,
+        version: e.version(),
         cversion: 0,
         ephemeral_owner: e.owner(),
         num_children: descendants.min(i32::MAX as usize) as i32,

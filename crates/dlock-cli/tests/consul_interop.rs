@@ -1,0 +1,183 @@
+//! `dlock` and `consul lock` (Consul 1.8's own binary) on one prefix, as
+//! real processes against a real Consul agent: with `--layout consul`
+//! they share Consul's `api.Lock` and `api.Semaphore` layouts, so together
+//! they never exceed the limit. Every child appends `in <kind>` and
+//! `out <kind>` to a log (appends are atomic and ordered), from which the
+//! test computes the most holders at once.
+
+#![cfg(feature = "consul")]
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dlock_testkit::{consul_binary, shared_consul};
+
+/// How long each child holds: long enough for holders to overlap.
+const WORK: &str = "0.3";
+
+fn unique(name: &str) -> String {
+    format!("ci-{}/{name}", uuid::Uuid::new_v4().simple())
+}
+
+/// The child's script: log entry, work, log exit.
+fn script(log: &Path, kind: &str) -> String {
+    let log = log.display();
+    format!("echo in {kind} >> {log}; sleep {WORK}; echo out {kind} >> {log}")
+}
+
+fn consul_lock(prefix: &str, limit: u32, log: &Path) -> Child {
+    let mut c = Command::new(consul_binary().expect("the consul binary"));
+    c.arg("lock")
+        .arg(format!("-http-addr={}", shared_consul().endpoint()));
+    if limit > 1 {
+        c.arg(format!("-n={limit}"));
+    }
+    c.arg(prefix)
+        .arg(script(log, "consul"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run consul lock")
+}
+
+fn dlock(args: &[&str], log: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .env(
+            "DLOCK_ENDPOINT",
+            format!("consul://{}", shared_consul().endpoint()),
+        )
+        .args(args)
+        .args(["--timeout", "30s", "--", "sh", "-c", &script(log, "dlock")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run dlock")
+}
+
+/// Waits for every child; each must succeed.
+fn wait_all(children: Vec<Child>) {
+    for child in children {
+        let out = child.wait_with_output().expect("wait for a child");
+        assert!(
+            out.status.success(),
+            "{:?}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The most holders at once in the log, and how many entries each kind had.
+fn concurrency(log: &Path) -> (usize, usize, usize) {
+    let text = std::fs::read_to_string(log).expect("the log");
+    let (mut now, mut max, mut consul, mut dlock) = (0usize, 0, 0, 0);
+    for line in text.lines() {
+        match line.split_once(' ') {
+            Some(("in", kind)) => {
+                now += 1;
+                max = max.max(now);
+                match kind {
+                    "consul" => consul += 1,
+                    _ => dlock += 1,
+                }
+            }
+            Some(("out", _)) => now -= 1,
+            _ => panic!("unexpected log line {line:?}"),
+        }
+    }
+    assert_eq!(now, 0, "every entry has its exit:\n{text}");
+    (max, consul, dlock)
+}
+
+/// The keys left under `prefix`'s root.
+fn leftovers(prefix: &str) -> String {
+    let root = prefix.split('/').next().expect("a root");
+    let (status, body) = shared_consul()
+        .http("GET", &format!("/v1/kv/{root}/?recurse"), None)
+        .expect("list the root");
+    if status == 404 {
+        String::new()
+    } else {
+        body
+    }
+}
+
+#[test]
+fn consul_lock_n_and_dlock_kv_semaphore_never_exceed_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let prefix = unique("sem");
+    let path = format!("/{prefix}");
+    let started = Instant::now();
+    let mut children = Vec::new();
+    for _ in 0..4 {
+        children.push(consul_lock(&prefix, 3, &log));
+        children.push(dlock(
+            &[
+                "semaphore",
+                "--kv",
+                "--layout",
+                "consul",
+                "--leases",
+                "3",
+                &path,
+            ],
+            &log,
+        ));
+    }
+    wait_all(children);
+    let (max, consul, dlock) = concurrency(&log);
+    eprintln!(
+        "semaphore: max {max} at once; {consul} consul, {dlock} dlock; {:?}",
+        started.elapsed()
+    );
+    assert!(max <= 3, "{max} holders at once, limit 3");
+    assert_eq!((consul, dlock), (4, 4));
+    assert_eq!(leftovers(&prefix), "", "keys left behind");
+}
+
+#[test]
+fn consul_lock_and_dlock_lock_layout_consul_exclude_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let prefix = unique("lock");
+    let path = format!("/{prefix}");
+    let started = Instant::now();
+    let mut children = Vec::new();
+    for _ in 0..3 {
+        children.push(consul_lock(&prefix, 1, &log));
+        children.push(dlock(&["lock", "--layout", "consul", &path], &log));
+    }
+    wait_all(children);
+    let (max, consul, dlock) = concurrency(&log);
+    eprintln!(
+        "lock: max {max} at once; {consul} consul, {dlock} dlock; {:?}",
+        started.elapsed()
+    );
+    assert_eq!(max, 1, "two holders at once");
+    assert_eq!((consul, dlock), (3, 3));
+    assert_eq!(leftovers(&prefix), "", "keys left behind");
+    assert!(started.elapsed() < Duration::from_secs(60));
+}
+
+#[test]
+fn only_dlock_lock_has_consuls_lock_layout() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .env("DLOCK_ENDPOINT", "consul://127.0.0.1:1")
+        .args(["read-lock", "--layout", "consul", "/x", "--", "true"])
+        .output()
+        .expect("run dlock");
+    assert_eq!(out.status.code(), Some(64), "a usage error");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("only `dlock lock`"), "{stderr}");
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(["lock", "--layout", "zookeeper", "/x", "--", "true"])
+        .output()
+        .expect("run dlock");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("expected \"curator\" or \"consul\""),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,145 @@
+//! [`ConsulLock`]: a mutex with the layout of Consul's `api.Lock`, so that
+//! `consul lock <prefix> cmd` and dlock exclude each other on one prefix.
+//!
+//! # Layout (a compatibility contract)
+//!
+//! One node, `<prefix>/.lock`: an **ephemeral** node of the holder's
+//! session (on Consul: the key acquired by the session), tagged
+//! [`CONSUL_LOCK_FLAGS`](super::layout::CONSUL_LOCK_FLAGS) (Consul's tools
+//! refuse a key without it). Its data is the holder's random token, which
+//! tells a create whose reply was lost from someone else's hold.
+//!
+//! - **Acquire**: create the node if absent. If it exists, wait on a watch
+//!   of it (a blocking query on Consul) and try again when it changes. A
+//!   node without an owner is one that `api.Lock` released (it clears the
+//!   session and deletes the key only later, in `Destroy`): it is free, so
+//!   it is deleted by compare-and-set on its version, and the create tried
+//!   again at once.
+//! - **Waiters never sleep after a lost race**: `api.Lock` sleeps 5 s
+//!   before trying again after losing a race for a released key
+//!   (hashicorp/consul#2767); here the loser sees the winner's node and
+//!   watches it.
+//! - **Release** deletes the node (fenced: never a newer holder's).
+//! - **Fencing token**: the node's creation index (Consul: `CreateIndex`),
+//!   which only grows, store-wide. A key acquired again by `api.Lock`
+//!   without being deleted keeps its `CreateIndex`; dlock never does that,
+//!   it always creates.
+//!
+//! Consul's `consul lock` sessions have a lock delay (15 s): after such a
+//! session is *invalidated* while holding (not on a normal release), Consul
+//! refuses to lock the key for that long, and an acquire meanwhile fails
+//! with a backend error rather than waiting. dlock's own sessions use no
+//! lock delay.
+//!
+//! On ZooKeeper, etcd and the embedded store it is a plain create-if-absent
+//! ephemeral node whose waiters watch it (not fair, unlike
+//! [`Mutex`](crate::Mutex)).
+
+use std::time::Duration;
+
+use super::deadline::Deadline;
+use super::guard::LockGuard;
+use super::layout::CONSUL_LOCK_FLAGS;
+use super::queue::HeldNode;
+use crate::error::{Error, Result};
+use crate::path;
+use crate::session::Session;
+use crate::store::{CreateMode, CreateOptions, Created};
+
+/// The node's name under the prefix (`consul lock`'s default key).
+pub const LOCK_KEY: &str = ".lock";
+
+/// A mutex in Consul's `api.Lock` layout. See the [module docs](self).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// let (a, b) = (dlock::connect("embedded").await?, dlock::connect("embedded").await?);
+/// let lock = dlock::ConsulLock::new(&a, "/doc/consul-lock")?;
+/// let guard = lock.acquire().await?;
+/// assert_eq!(guard.node(), "/doc/consul-lock/.lock");
+/// let other = dlock::ConsulLock::new(&b, "/doc/consul-lock")?;
+/// assert!(other.try_acquire().await?.is_none(), "held");
+/// guard.release().await?;
+/// other.acquire().await?.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ConsulLock {
+    session: Session,
+    prefix: String,
+    node: String,
+}
+
+impl ConsulLock {
+    /// The lock at `prefix` (its node is `<prefix>/.lock`).
+    pub fn new(session: &Session, prefix: &str) -> Result<Self> {
+        path::validate_recipe(prefix, "a lock")?;
+        Ok(ConsulLock {
+            session: session.clone(),
+            prefix: prefix.to_string(),
+            node: path::join(prefix, LOCK_KEY),
+        })
+    }
+
+    /// The lock's prefix.
+    pub fn path(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Waits as long as it takes.
+    pub async fn acquire(&self) -> Result<LockGuard> {
+        Deadline::within(None, |d| self.acquire_until(d)).await
+    }
+
+    /// Waits at most `timeout`; fails with [`Error::Timeout`].
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard> {
+        Deadline::within(Some(timeout), |d| self.acquire_until(d)).await
+    }
+
+    /// Takes the lock only if it is free now.
+    pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
+        self.acquire_until(Deadline::after(Some(Duration::ZERO)))
+            .await
+    }
+
+    pub(crate) async fn acquire_until(&self, deadline: Deadline) -> Result<Option<LockGuard>> {
+        let session = &self.session;
+        let token = uuid::Uuid::new_v4().to_string().into_bytes();
+        let opts = CreateOptions::new(CreateMode::Ephemeral)
+            .with_parents()
+            .with_tag(CONSUL_LOCK_FLAGS);
+        loop {
+            match session.create(&self.node, &token, opts).await {
+                Ok(created) => return Ok(Some(self.guard(created))),
+                // Taken — or our create landed and its reply was lost: the
+                // read tells.
+                Err(Error::NodeExists { .. } | Error::ConnectionLoss) => {}
+                Err(e) => return Err(e),
+            }
+            let (data, stat, watch) = match session.get_data_watch(&self.node).await {
+                Ok(found) => found,
+                Err(Error::NoNode { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            if data == token && stat.ephemeral_owner == session.session_id() {
+                let path = self.node.clone();
+                return Ok(Some(self.guard(Created { path, stat })));
+            }
+            if stat.ephemeral_owner == 0 {
+                // Released by `api.Lock`, not yet destroyed: free. Whoever
+                // changed it first (a Consul waiter acquiring it) wins.
+                match session.delete(&self.node, Some(stat.version)).await {
+                    Ok(()) | Err(Error::NoNode { .. } | Error::BadVersion { .. }) => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            if deadline.passed() || deadline.race(watch.changed()).await.is_none() {
+                return Ok(None);
+            }
+        }
+    }
+
+    fn guard(&self, created: Created) -> LockGuard {
+        LockGuard::new(HeldNode::new(&self.session, &self.prefix, "lock", created))
+    }
+}

@@ -1,0 +1,169 @@
+//! Consul's layouts (`dlock::Layout::Consul`): the `api.Lock` layout of
+//! [`ConsulLock`] and the `api.Semaphore` layout of the `KvSemaphore`, on
+//! every backend; on Consul, the keys carry Consul's flag values.
+//! Interop with the `consul lock` binary is in the CLI's
+//! `consul_interop.rs`.
+
+mod common;
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use common::Harness;
+use dlock::recipes::layout::{CONSUL_LOCK_FLAGS, CONSUL_SEMAPHORE_FLAGS};
+use dlock::store::{CreateMode, CreateOptions};
+use dlock::{ConsulLock, KvSemaphore, Layout};
+
+const WITHIN: Duration = Duration::from_secs(10);
+
+/// One holder at a time; a waiter is woken by the release (a watch, no
+/// retry sleep); tokens grow; release leaves nothing behind.
+async fn consul_lock_excludes_and_hands_over(h: &Harness) -> Result<()> {
+    let (a, b) = (h.session().await, h.session().await);
+    let prefix = h.path("/lock");
+    let (la, lb) = (ConsulLock::new(&a, &prefix)?, ConsulLock::new(&b, &prefix)?);
+    let held = la.acquire().await?;
+    ensure!(held.node() == format!("{prefix}/.lock"), "{}", held.node());
+    ensure!(lb.try_acquire().await?.is_none(), "held by a");
+    let first = held.token();
+    let waiter = tokio::spawn(async move { lb.acquire_timeout(WITHIN).await });
+    // The waiter has watched the node once it sees it held; give it the
+    // chance to be waiting, then release: it must get in well before any
+    // 5 s retry sleep would end.
+    tokio::task::yield_now().await;
+    let released = std::time::Instant::now();
+    held.release().await?;
+    let next = waiter.await??;
+    ensure!(
+        released.elapsed() < Duration::from_secs(3),
+        "handed over in {:?}",
+        released.elapsed()
+    );
+    ensure!(next.token() > first, "{} after {first}", next.token());
+    ensure!(la.try_acquire().await?.is_none(), "held by b");
+    next.release().await?;
+    Ok(())
+}
+
+/// A key that `api.Lock` released (no owner, left until its `Destroy`) is
+/// free: it is taken over, and a stale holder's key is not.
+async fn consul_lock_takes_over_a_released_key(h: &Harness) -> Result<()> {
+    let (a, b) = (h.session().await, h.session().await);
+    let prefix = h.path("/released");
+    let node = format!("{prefix}/.lock");
+    let opts = CreateOptions::new(CreateMode::Persistent)
+        .with_parents()
+        .with_tag(CONSUL_LOCK_FLAGS);
+    a.create(&node, b"", opts).await?;
+    let guard = ConsulLock::new(&b, &prefix)?
+        .acquire_timeout(WITHIN)
+        .await
+        .context("a released key is free")?;
+    let stat = b.exists(&node).await?.context("held")?;
+    ensure!(stat.ephemeral_owner == b.session_id(), "{stat:?}");
+    guard.release().await?;
+    ensure!(a.exists(&node).await?.is_none());
+    Ok(())
+}
+
+/// Consul's semaphore layout: entries named after the native session id,
+/// the record in Consul's format, the limit kept.
+async fn kv_semaphore_consul_layout_keeps_the_limit(h: &Harness) -> Result<()> {
+    let path = h.path("/sem");
+    let sessions = [h.session().await, h.session().await, h.session().await];
+    let sems: Vec<KvSemaphore> = sessions
+        .iter()
+        .map(|s| Ok(KvSemaphore::new(s, &path, 2)?.with_layout(Layout::Consul)))
+        .collect::<Result<_>>()?;
+    let one = sems[0].acquire_timeout(WITHIN).await?;
+    let two = sems[1].acquire_timeout(WITHIN).await?;
+    ensure!(one.holder() == sessions[0].native_session_id().1);
+    ensure!(sems[2].try_acquire().await?.is_none(), "two of two taken");
+    let (data, _) = sessions[0].get_data(&format!("{path}/.lock")).await?;
+    let record: serde_json::Value = serde_json::from_slice(&data)?;
+    ensure!(record["Limit"] == 2, "{record}");
+    for s in &sessions[..2] {
+        ensure!(
+            record["Holders"][s.native_session_id().1] == true,
+            "{record}"
+        );
+    }
+    let third = sems[2].clone();
+    let waiter = tokio::spawn(async move { third.acquire_timeout(WITHIN).await });
+    one.release().await?;
+    let three = waiter.await??;
+    ensure!(three.holder() == sessions[2].native_session_id().1);
+    // A holder whose session ended is pruned.
+    sessions[1].close().await;
+    let again = sems[0].acquire_timeout(WITHIN).await?;
+    for lease in [again, three] {
+        lease.release().await?;
+    }
+    drop(two);
+    Ok(())
+}
+
+/// `inspect` tells both layouts: a ConsulLock is a mutex with its holder,
+/// a Consul-layout semaphore lists its holders.
+async fn inspect_reads_consuls_layouts(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let lock = ConsulLock::new(&s, &h.path("/il"))?.acquire().await?;
+    let seen = dlock::inspect(&s, &h.path("/il")).await?;
+    ensure!(seen.recipe == dlock::RecipeKind::Mutex, "{:?}", seen.recipe);
+    ensure!(seen.participants.len() == 1 && seen.participants[0].node == lock.node());
+    lock.release().await?;
+    let sem = KvSemaphore::new(&s, &h.path("/is"), 2)?.with_layout(Layout::Consul);
+    let lease = sem.acquire().await?;
+    let seen = dlock::inspect(&s, &h.path("/is")).await?;
+    ensure!(
+        seen.recipe == dlock::RecipeKind::KvSemaphore,
+        "{:?}",
+        seen.recipe
+    );
+    ensure!(seen.participants.len() == 1, "{:?}", seen.participants);
+    ensure!(seen.participants[0].role == dlock::Role::Holder);
+    lease.release().await?;
+    Ok(())
+}
+
+per_backend!({
+    embedded => crate::common::embedded(),
+    zookeeper => crate::common::zookeeper(),
+    #[cfg(feature = "etcd")]
+    etcd => crate::common::etcd(),
+    #[cfg(feature = "consul")]
+    consul => crate::common::consul(),
+} {
+    consul_lock_excludes_and_hands_over,
+    consul_lock_takes_over_a_released_key,
+    kv_semaphore_consul_layout_keeps_the_limit,
+    inspect_reads_consuls_layouts,
+});
+
+/// On Consul the keys carry the flag values Consul's tools require.
+#[cfg(feature = "consul")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_consul_the_keys_carry_consuls_flags() {
+    let h = common::consul();
+    let consul = dlock_testkit::shared_consul();
+    let flags = |path: &str| -> Result<u64> {
+        let (status, body) = consul.http("GET", &format!("/v1/kv{path}"), None)?;
+        ensure!(status == 200, "{status} {body}");
+        let v: serde_json::Value = serde_json::from_str(&body)?;
+        v[0]["Flags"].as_u64().context("Flags")
+    };
+    let run = async {
+        let s = h.session().await;
+        let lock = ConsulLock::new(&s, &h.path("/l"))?.acquire().await?;
+        ensure!(flags(&h.path("/l/.lock"))? == CONSUL_LOCK_FLAGS);
+        lock.release().await?;
+        let sem = KvSemaphore::new(&s, &h.path("/s"), 3)?.with_layout(Layout::Consul);
+        let lease = sem.acquire().await?;
+        ensure!(flags(&h.path("/s/.lock"))? == CONSUL_SEMAPHORE_FLAGS);
+        ensure!(flags(&h.path(&format!("/s/{}", lease.holder())))? == CONSUL_SEMAPHORE_FLAGS);
+        lease.release().await?;
+        Ok(())
+    };
+    run.await.expect("flags");
+    h.finish().await;
+}
