@@ -179,6 +179,21 @@ impl<S> StatusMachine<S> {
         }
     }
 
+    /// [`ready`](Self::ready) for a backend that runs operations by session
+    /// id alone (nothing from the slot): the id of the connected session.
+    /// Its fast path takes no lock — one status read per operation, as on
+    /// the hot path of every acquire and release.
+    pub async fn ready_session<Fut>(&self, renew: impl Fn(SessionId) -> Fut) -> Result<SessionId>
+    where
+        Fut: Future<Output = Result<()>>,
+    {
+        let status = self.snapshot();
+        if status.state.is_connected() {
+            return Ok(status.session_id);
+        }
+        self.ready(|_, session| Some(session), renew).await
+    }
+
     /// Replaces the lost session `lost` by the one `open` makes; the status
     /// becomes `Reconnected` with the new session's id. Only one renewal
     /// runs at a time, and one that finds the loss dealt with does nothing.

@@ -215,9 +215,7 @@ impl EmbeddedStore {
     /// The session to run an operation in: waits out a suspension, and opens
     /// a new session after a loss.
     async fn session(&self) -> Result<SessionId> {
-        self.machine
-            .ready(|_, session| Some(session), |lost| self.renew(lost))
-            .await
+        self.machine.ready_session(|lost| self.renew(lost)).await
     }
 
     async fn renew(&self, lost: SessionId) -> Result<()> {

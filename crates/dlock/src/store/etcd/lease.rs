@@ -274,9 +274,7 @@ impl Lease {
     /// The lease to run an operation in: waits out a suspension, grants a
     /// new lease after a loss, fails once closed.
     pub async fn current(self: &Arc<Self>) -> Result<SessionId> {
-        self.machine
-            .ready(|_, lease| Some(lease), |lost| self.renew(lost))
-            .await
+        self.machine.ready_session(|lost| self.renew(lost)).await
     }
 
     /// Replaces the lost lease `lost` by a new one.
