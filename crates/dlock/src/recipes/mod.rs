@@ -1,6 +1,8 @@
 //! The recipes, each written once over the store contract.
 
+pub mod barrier;
 pub(crate) mod deadline;
+pub mod double_barrier;
 pub mod election;
 pub mod error_policy;
 pub mod guard;
