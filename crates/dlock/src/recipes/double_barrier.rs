@@ -13,19 +13,28 @@
 //! Entering creates the member node and waits for `ready`; leaving deletes
 //! the member node, waits until no member node is left and deletes `ready`
 //! (a missing one is fine). Every child but `ready` counts as a member, so
-//! dlock and Curator members on one path count together.
+//! dlock and Curator members on one path count together. (Curator 5.4's
+//! leave sorts the members by name: the lowest keeps its node, watching the
+//! highest, until it is alone; the others delete theirs and watch the
+//! lowest; whoever finds at most itself left deletes `ready`. A dlock
+//! member that is gone early only lets those watches fire sooner.)
 //!
-//! Unlike Curator, a timed-out or cancelled `enter` deletes its member node,
-//! and entering waits for each member, not only for `ready` (Curator 5.4
-//! could pass a timed enter early on a spurious wake-up, fixed after 5.9).
+//! Unlike Curator: a timed-out or cancelled `enter` deletes its member node;
+//! entering waits for each member, not only for `ready` (Curator 5.4 could
+//! pass a timed enter early on a spurious wake-up, fixed after 5.9); and
+//! leaving waits until no member is left, where a Curator member that is
+//! not the lowest may end once one other member is left.
 
+use std::ops::Deref;
 use std::time::Duration;
 
 use super::deadline::Deadline;
+use super::guard::Acquisition;
+use super::queue::{HeldNode, PendingNode};
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
-use crate::store::{CreateMode, CreateOptions};
+use crate::store::{CreateMode, CreateOptions, Created};
 
 /// Curator's name of the node that opens the barrier.
 pub const READY_NODE: &str = "ready";
@@ -136,25 +145,26 @@ impl DoubleBarrier {
     async fn enter_until(&self, deadline: Deadline) -> Result<Option<BarrierMember>> {
         let session = &self.session;
         let id = uuid::Uuid::new_v4().to_string();
+        let node = path::join(&self.path, &id);
         // Armed before the create: if we are dropped while it is under way,
         // the node it may have made goes too.
+        let pending = PendingNode::new(session, &node);
+        let data = &session.options().default_data;
+        let opts = CreateOptions::new(CreateMode::Ephemeral).with_parents();
+        let stat = match session.retrying(|| session.create(&node, data, opts)).await {
+            Ok(created) => created.stat,
+            // A create whose reply was lost, retried.
+            Err(Error::NodeExists { .. }) => session.exists(&node).await?.unwrap_or_default(),
+            Err(e) => return Err(e),
+        };
+        pending.disarm();
+        let created = Created { path: node, stat };
         let mut member = BarrierMember {
-            session: session.clone(),
+            acquisition: Acquisition::new(HeldNode::new(session, &self.path, "member", created)),
             dir: self.path.clone(),
-            node: path::join(&self.path, &id),
             armed: true,
         };
         let ready = path::join(&self.path, READY_NODE);
-        let data = &session.options().default_data;
-        let opts = CreateOptions::new(CreateMode::Ephemeral).with_parents();
-        match session
-            .retrying(|| session.create(&member.node, data, opts))
-            .await
-        {
-            // A create whose reply was lost and that we retried.
-            Ok(_) | Err(Error::NodeExists { .. }) => {}
-            Err(e) => return Err(e),
-        }
         loop {
             let (children, watch) = session.children_watch(&self.path).await?;
             if children.iter().any(|c| c.name == READY_NODE) {
@@ -191,15 +201,15 @@ impl DoubleBarrier {
 /// let barrier = dlock::DoubleBarrier::new(&session, "/barriers/member", 1)?;
 /// let member = barrier.enter().await?;
 /// assert!(session.exists(member.path()).await?.is_some());
+/// assert!(!member.is_lost() && member.token().0 > 0); // an Acquisition
 /// member.leave().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
 #[must_use = "a member that is dropped leaves without waiting for the others"]
 pub struct BarrierMember {
-    session: Session,
+    acquisition: Acquisition,
     dir: String,
-    node: String,
     armed: bool,
 }
 
@@ -214,7 +224,7 @@ impl BarrierMember {
     /// # member.leave().await?; Ok(()) }
     /// ```
     pub fn path(&self) -> &str {
-        &self.node
+        self.acquisition.node()
     }
 
     /// Leaves, and waits until every member has left.
@@ -252,7 +262,7 @@ impl BarrierMember {
 
     async fn leave_until(mut self, deadline: Deadline) -> Result<Option<()>> {
         self.delete().await?;
-        let session = &self.session;
+        let session = &self.acquisition.held_node().session;
         loop {
             let (children, watch) = match session.children_watch(&self.dir).await {
                 Ok(listed) => listed,
@@ -274,7 +284,8 @@ impl BarrierMember {
 
     /// Deletes the member node (gone already: fine) and disarms the drop.
     async fn delete(&mut self) -> Result<()> {
-        self.session.delete_guaranteed(&self.node).await?;
+        let session = &self.acquisition.held_node().session;
+        session.delete_guaranteed(self.acquisition.node()).await?;
         self.armed = false;
         Ok(())
     }
@@ -288,10 +299,21 @@ impl BarrierMember {
     }
 }
 
+/// A member is an [`Acquisition`]: its node's creation is its fencing
+/// token, and it is lost with its session.
+impl Deref for BarrierMember {
+    type Target = Acquisition;
+
+    fn deref(&self) -> &Acquisition {
+        &self.acquisition
+    }
+}
+
 impl Drop for BarrierMember {
     fn drop(&mut self) {
         if self.armed {
-            self.session.delete_in_background(self.node.clone());
+            let session = &self.acquisition.held_node().session;
+            session.delete_in_background(self.acquisition.node().to_string());
         }
     }
 }
