@@ -443,3 +443,104 @@ async fn count_in(session: Session, command: CountCommand) -> Result<u8> {
     };
     Ok(code)
 }
+
+/// `dlock barrier ...`: a Barrier (Curator's DistributedBarrier).
+#[derive(Debug, clap::Subcommand)]
+pub enum BarrierCommand {
+    /// Close the barrier (create its node; set already: nothing to do).
+    ///
+    /// Example: dlock barrier set /barriers/deploy
+    Set {
+        /// The barrier's path.
+        path: String,
+    },
+    /// Open the barrier (delete its node), letting every waiter go.
+    ///
+    /// Example: dlock barrier remove /barriers/deploy
+    Remove {
+        /// The barrier's path.
+        path: String,
+    },
+    /// Wait while the barrier is set (exit 65 if --timeout passes first).
+    ///
+    /// Example: dlock barrier wait /barriers/deploy --timeout 10m
+    Wait {
+        /// The barrier's path.
+        path: String,
+        /// How long to wait (default: forever).
+        #[arg(long, value_parser = crate::duration::parse)]
+        timeout: Option<Duration>,
+    },
+}
+
+/// Runs a `barrier` command.
+pub async fn barrier(global: &Global, command: BarrierCommand) -> Result<u8> {
+    in_session(global, |session| async move {
+        match command {
+            BarrierCommand::Set { path } => {
+                dlock::Barrier::new(&session, &path)?.set_barrier().await?
+            }
+            BarrierCommand::Remove { path } => {
+                dlock::Barrier::new(&session, &path)?
+                    .remove_barrier()
+                    .await?
+            }
+            BarrierCommand::Wait { path, timeout } => {
+                let barrier = dlock::Barrier::new(&session, &path)?;
+                within(
+                    timeout,
+                    |t| barrier.wait_on_barrier_timeout(t),
+                    barrier.wait_on_barrier(),
+                )
+                .await
+                .map_err(|e| match e {
+                    dlock::Error::Timeout(t) => Exit::Timeout
+                        .with(format!("{path} is still set after {t:?}"))
+                        .into(),
+                    other => anyhow::Error::new(other),
+                })?
+            }
+        }
+        Ok(0)
+    })
+    .await
+}
+
+/// Arguments of `double-barrier`.
+#[derive(Debug, Args)]
+pub struct DoubleBarrierArgs {
+    /// The barrier's path.
+    pub path: String,
+    /// How many members open the barrier (all must agree).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub count: u32,
+    // `--timeout` bounds entering (exit 65) and, again, the wait for the
+    // others to leave (reported; the command's exit code is kept).
+    #[command(flatten)]
+    pub run: RunOptions,
+}
+
+/// `dlock double-barrier PATH --count N -- CMD...`: enter, run CMD as a
+/// member (DLOCK_NODE is our member node), leave.
+pub async fn double_barrier(global: &Global, args: DoubleBarrierArgs) -> Result<u8> {
+    dlock::path::validate(&args.path)?;
+    let endpoint = global.endpoint()?;
+    in_session(global, |session| async move {
+        let barrier = dlock::DoubleBarrier::new(&session, &args.path, args.count as usize)?;
+        let t = args.run.timeout;
+        let enter = async {
+            let member = within(t, |t| barrier.enter_timeout(t), barrier.enter()).await?;
+            let acquisition = (*member).clone();
+            let leave = Box::pin(async move {
+                match t {
+                    Some(t) => member.leave_timeout(t).await,
+                    None => member.leave().await,
+                }
+            });
+            Ok(Holding::ending(acquisition, leave, std::future::pending()))
+        };
+        let mut runner = Runner::new(&session, &endpoint, &args.run)?;
+        Ok(runner.run(&args.path, enter).await?.code)
+    })
+    .await
+}

@@ -117,6 +117,19 @@ enum Command {
     /// Read or change a SharedCount (Curator-compatible 4-byte counter).
     #[command(subcommand)]
     Count(commands::CountCommand),
+    /// Set, remove or wait on the Barrier at PATH (Curator's
+    /// DistributedBarrier layout).
+    ///
+    /// Example: dlock barrier wait /barriers/deploy --timeout 10m
+    #[command(subcommand)]
+    Barrier(commands::BarrierCommand),
+    /// Enter the DoubleBarrier at PATH, run CMD once COUNT members are in,
+    /// then leave and wait until all have left (Curator's
+    /// DistributedDoubleBarrier layout). --timeout bounds entering (exit 65)
+    /// and, again, the wait for the others to leave.
+    ///
+    /// Example: dlock double-barrier /barriers/batch --count 3 -- ./step.sh
+    DoubleBarrier(commands::DoubleBarrierArgs),
     /// Show the holders and waiters at PATH, in queue order.
     Inspect(commands::InspectArgs),
     /// Ask the owner of a lock node to release it (Curator-compatible).
@@ -174,6 +187,8 @@ fn main() -> ExitCode {
             Command::Semaphore(args) => commands::semaphore(&global, args).await,
             Command::Elect(args) => commands::elect(&global, args).await,
             Command::Count(command) => commands::count(&global, command).await,
+            Command::Barrier(command) => commands::barrier(&global, command).await,
+            Command::DoubleBarrier(args) => commands::double_barrier(&global, args).await,
             Command::Inspect(args) => commands::inspect(&global, args).await,
             Command::Revoke(args) => commands::revoke(&global, args).await,
             Command::Bench(args) => bench::run(&global, args).await.map(|()| 0),

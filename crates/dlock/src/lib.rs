@@ -88,7 +88,9 @@ pub mod store;
 
 pub use endpoint::{Credentials, Endpoint, TlsFiles};
 pub use error::{Error, Result};
+pub use recipes::barrier::Barrier;
 pub use recipes::consul_lock::ConsulLock;
+pub use recipes::double_barrier::{BarrierMember, DoubleBarrier};
 pub use recipes::election::Candidate;
 pub use recipes::error_policy::ErrorPolicy;
 pub use recipes::guard::{Acquisition, LockGuard};

@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use common::{await_children, Harness};
 use dlock::store::{CreateMode, CreateOptions};
-use dlock::{Error, Lockable, Mutex, ReadWriteLock, Session};
+use dlock::{Barrier, DoubleBarrier, Error, Lockable, Mutex, ReadWriteLock, Session};
 
 type Probe = dlock_testkit::CuratorProbe;
 
@@ -289,7 +289,93 @@ async fn mixed_semaphore_mutex_buyers_sell_exactly_the_stock(h: &Harness) -> Res
     mixed_buyers_sell_exactly_the_stock(h, "semaphore-mutex").await
 }
 
+/// A barrier Curator sets holds a dlock waiter until Curator removes it, and
+/// a barrier dlock sets holds a Curator waiter until dlock removes it.
+async fn barriers_cross_implementations(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/interop/barrier");
+    let mut curator = Probe::start(&zk(h))?;
+    let barrier = Barrier::new(&s, &path)?;
+
+    ensure!(curator.ask(&format!("barrier-set {path}"))? == "set");
+    let err = (barrier.wait_on_barrier_timeout(Duration::from_millis(300)))
+        .await
+        .unwrap_err();
+    ensure!(matches!(err, Error::Timeout(_)), "{err}");
+    let waiting = tokio::spawn({
+        let barrier = barrier.clone();
+        async move { barrier.wait_on_barrier().await }
+    });
+    ensure!(curator.ask(&format!("barrier-remove {path}"))? == "removed");
+    tokio::time::timeout(Duration::from_secs(10), waiting).await???;
+
+    barrier.set_barrier().await?;
+    ensure!(curator.ask(&format!("barrier-wait {path} 300"))? == "timeout passed");
+    curator.send(&format!("barrier-wait {path} -1"))?;
+    barrier.remove_barrier().await?;
+    ensure!(curator.next_line(Duration::from_secs(10))? == "passed");
+    Ok(())
+}
+
+/// Two dlock and two Curator members of one DoubleBarrier for 4 on one path:
+/// nobody is in before the fourth enters, and all are out once the last
+/// leaves (a dlock member not before).
+async fn double_barrier_members_mix(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/interop/double");
+    let within = Duration::from_secs(20);
+    let mut curator = Probe::start(&zk(h))?;
+    curator.send(&format!("dbenter c1 {path} 4"))?;
+    curator.send(&format!("dbenter c2 {path} 4"))?;
+    let barrier = DoubleBarrier::new(&s, &path, 4)?;
+    let first = tokio::spawn({
+        let barrier = barrier.clone();
+        async move { barrier.enter().await }
+    });
+    await_children(&s, &path, 3, within).await?;
+    ensure!(!first.is_finished(), "dlock entered with 3 of 4");
+    ensure!(
+        curator.next_line(Duration::ZERO).is_err(),
+        "Curator entered with 3 of 4"
+    );
+    let second = barrier.enter().await?;
+    let first = tokio::time::timeout(within, first).await???;
+    let mut entered = [curator.next_line(within)?, curator.next_line(within)?];
+    entered.sort();
+    ensure!(entered == ["entered c1", "entered c2"], "{entered:?}");
+
+    curator.send("dbleave c1")?;
+    curator.send("dbleave c2")?;
+    let leaving = tokio::spawn(first.leave());
+    // Curator 5.4's leave: the lowest-named member keeps its node until it
+    // is alone, the others delete theirs at once. Wait (by watch) until at
+    // most the second dlock member and that lowest one are left.
+    let last = dlock::path::node_name(second.path()).to_string();
+    tokio::time::timeout(within, async {
+        loop {
+            let (children, watch) = s.children_watch(&path).await?;
+            let members: Vec<_> = children.iter().filter(|c| c.name != "ready").collect();
+            if members.len() <= 2 && members.iter().any(|c| c.name == last) {
+                return anyhow::Ok(());
+            }
+            watch.changed().await;
+        }
+    })
+    .await??;
+    // dlock's leave waits for every member.
+    ensure!(!leaving.is_finished(), "dlock left before the last member");
+    second.leave().await?;
+    tokio::time::timeout(within, leaving).await???;
+    let mut left = [curator.next_line(within)?, curator.next_line(within)?];
+    left.sort();
+    ensure!(left == ["left c1", "left c2"], "{left:?}");
+    await_children(&s, &path, 0, within).await?;
+    Ok(())
+}
+
 per_backend!(zookeeper => crate::common::zookeeper();
+    barriers_cross_implementations,
+    double_barrier_members_mix,
     curator_holder_excludes_dlock,
     dlock_holder_excludes_curator,
     an_expired_dlock_holder_hands_over_to_curator,

@@ -14,6 +14,8 @@
 //   quit
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.barriers.DistributedBarrier;
+import org.apache.curator.framework.recipes.barriers.DistributedDoubleBarrier;
 import org.apache.curator.framework.recipes.leader.LeaderLatch;
 import org.apache.curator.framework.recipes.leader.Participant;
 import org.apache.curator.framework.recipes.locks.*;
@@ -27,6 +29,14 @@ import java.util.concurrent.TimeUnit;
 public class CuratorProbe {
     static final Map<String, InterProcessLock> held = new HashMap<>();
     static final Map<String, Lease> leases = new HashMap<>();
+    static final Map<String, DistributedDoubleBarrier> members = new java.util.concurrent.ConcurrentHashMap<>();
+
+    /** Runs a blocking barrier call on its own thread; it answers when done. */
+    static void background(String what, java.util.concurrent.Callable<Boolean> call) {
+        new Thread(() -> {
+            try { say((call.call() ? "" : "timeout ") + what); } catch (Exception e) { say("error " + what + " " + e); }
+        }).start();
+    }
 
     static synchronized void say(String line) {
         System.out.println(line);
@@ -96,6 +106,35 @@ public class CuratorProbe {
                     case "count": {
                         byte[] d = client.getData().forPath(w[1]);
                         say("count " + java.nio.ByteBuffer.wrap(d).getInt());
+                        break;
+                    }
+                    case "barrier-set":
+                        new DistributedBarrier(client, w[1]).setBarrier();
+                        say("set");
+                        break;
+                    case "barrier-remove":
+                        new DistributedBarrier(client, w[1]).removeBarrier();
+                        say("removed");
+                        break;
+                    case "barrier-wait": {
+                        // barrier-wait PATH MS: answers "passed" or "timeout passed".
+                        DistributedBarrier b = new DistributedBarrier(client, w[1]);
+                        long ms = Long.parseLong(w[2]);
+                        background("passed", () -> { if (ms < 0) { b.waitOnBarrier(); return true; } return b.waitOnBarrier(ms, TimeUnit.MILLISECONDS); });
+                        break;
+                    }
+                    case "dbenter": {
+                        // dbenter ID PATH COUNT: one member; answers "entered ID".
+                        DistributedDoubleBarrier b = new DistributedDoubleBarrier(client, w[2], Integer.parseInt(w[3]));
+                        members.put(w[1], b);
+                        background("entered " + w[1], () -> b.enter(60, TimeUnit.SECONDS));
+                        break;
+                    }
+                    case "dbleave": {
+                        // dbleave ID: answers "left ID" once every member has left.
+                        DistributedDoubleBarrier b = members.remove(w[1]);
+                        if (b == null) { say("error no member " + w[1]); break; }
+                        background("left " + w[1], () -> b.leave(60, TimeUnit.SECONDS));
                         break;
                     }
                     case "quit":

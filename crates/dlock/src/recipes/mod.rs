@@ -1,7 +1,9 @@
 //! The recipes, each written once over the store contract.
 
+pub mod barrier;
 pub mod consul_lock;
 pub(crate) mod deadline;
+pub mod double_barrier;
 pub mod election;
 pub mod error_policy;
 pub mod guard;
