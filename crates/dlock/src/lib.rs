@@ -28,6 +28,10 @@
 //! | one leader, stays in the race | [`LeaderLatch`] | `LeaderLatch` | leader = first; epoch per term |
 //! | one leader at a time, taking turns | [`LeaderSelector`] | `LeaderSelector` | run a task while leader; requeue |
 //! | ask a holder to let go | [`revoke`] + `.revocable(..)` | `Revoker`, `makeRevocable` | cooperative |
+//! | hold everyone until a flag is lowered | [`Barrier`] | `DistributedBarrier` | persistent node; waiters watch it |
+//! | start together, finish together | [`DoubleBarrier`] | `DistributedDoubleBarrier` | ephemeral members + `ready` |
+//! | share a lock with `consul lock` | [`ConsulLock`] | (Consul `api.Lock`) | one `.lock` key held by a session |
+//! | see who holds and waits | [`inspect`] | (Curator's `getParticipantNodes`) | reads each recipe's layout |
 //! | see who holds and waits, any recipe | [`inspect`] | `getParticipantNodes` | also etcd Go holders |
 //!
 //! Every recipe runs on every backend: [`store::embedded`] (in-process, with
