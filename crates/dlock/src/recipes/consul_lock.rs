@@ -5,7 +5,7 @@
 //!
 //! One node, `<prefix>/.lock`: an **ephemeral** node of the holder's
 //! session (on Consul: the key acquired by the session), tagged
-//! [`CONSUL_LOCK_FLAGS`](super::layout::CONSUL_LOCK_FLAGS) (Consul's tools
+//! [`CONSUL_LOCK_FLAGS`] (Consul's tools
 //! refuse a key without it). Its data is the holder's random token, which
 //! tells a create whose reply was lost from someone else's hold.
 //!

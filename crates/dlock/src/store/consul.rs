@@ -24,7 +24,7 @@
 //!   `set_data` (a compare-and-set on `ModifyIndex` that writes `Flags + 1`).
 //!   Writing a key by other means (`consul kv put` sets `Flags` to 0) resets
 //!   it. **Except for tagged keys**: `Flags` of at least 2^32
-//!   ([`TAG_MIN`](super::TAG_MIN)) are a tag
+//!   ([`TAG_MIN`]) are a tag
 //!   ([`CreateOptions::with_tag`](super::CreateOptions::with_tag)) — such as
 //!   `api.Lock`'s `0x2ddccbc058a50c18` and `api.Semaphore`'s
 //!   `0xe0f69a2baa414de0`, which Consul's tools require on their keys and
