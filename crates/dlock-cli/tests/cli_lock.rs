@@ -926,6 +926,30 @@ mod etcd {
     #[test]
     fn inspect_shows_an_etcdctl_lock_holder() {
         let path = unique("golock");
+        // etcdctl holds the lock while its command runs: the command prints
+        // the key (etcdctl hands it over as ETCD_LOCK_KEY) and waits for a
+        // line on a FIFO the test writes to. (Signalling a bare `etcdctl
+        // lock` races its signal set-up, which comes after it prints the
+        // key: under load SIGINT killed it before it could unlock.)
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("release");
+        let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(made.success());
+        let script = dir.path().join("hold.sh");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\necho \"$ETCD_LOCK_KEY\"\nread _ < '{}'\n",
+                fifo.display()
+            ),
+        )
+        .unwrap();
+        let made = Command::new("chmod")
+            .arg("+x")
+            .arg(&script)
+            .status()
+            .unwrap();
+        assert!(made.success());
         let mut etcdctl = Command::new("etcdctl")
             .env("ETCDCTL_API", "3")
             .arg(format!(
@@ -933,10 +957,10 @@ mod etcd {
                 dlock_testkit::shared_etcd().url()
             ))
             .args(["lock", &path])
+            .arg(&script)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        // It prints its key once it holds the lock.
         let mut key = String::new();
         std::io::BufReader::new(etcdctl.stdout.take().unwrap())
             .read_line(&mut key)
@@ -946,9 +970,8 @@ mod etcd {
         assert_eq!(column(&json, "role"), ["holder"], "{json}");
         assert_eq!(column(&json, "foreign"), ["etcd-go"], "{json}");
         assert_eq!(column(&json, "node"), [key.trim()], "{json}");
-        // SIGINT: etcdctl unlocks and exits.
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(etcdctl.id() as i32, libc::SIGINT) };
+        // The command ends; etcdctl unlocks and exits.
+        std::fs::write(&fifo, "go\n").unwrap();
         assert_eq!(exit_within(etcdctl, Duration::from_secs(10)), Some(0));
         assert_eq!(inspect_on(&etcd_endpoint(), &path)["recipe"], "none");
     }
