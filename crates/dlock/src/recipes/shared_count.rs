@@ -257,18 +257,15 @@ impl SharedCount {
         let path = &self.inner.path;
         let seed = encode(self.inner.seed);
         let opts = CreateOptions::new(CreateMode::Persistent).with_parents();
-        let mut retry = 0;
-        loop {
-            match session.retrying(|| session.create(path, &seed, opts)).await {
-                // NodeExists after a retry may be our own lost create: fine too.
-                Ok(_) | Err(Error::NodeExists { .. }) => break,
-                // The container reaper removed an empty parent between its
-                // creation and ours: go again.
-                Err(Error::NoNode { .. }) if retry < session.options().retry.max_retries => {
-                    retry += 1;
-                }
-                Err(e) => return Err(e),
-            }
+        // A NoNode is the container reaper removing an empty parent between
+        // its creation and ours: the one reaped-parent loop goes again.
+        let created = session
+            .retrying_reaped(|| session.retrying(|| session.create(path, &seed, opts)))
+            .await;
+        match created {
+            // NodeExists after a retry may be our own lost create: fine too.
+            Ok(_) | Err(Error::NodeExists { .. }) => {}
+            Err(e) => return Err(e),
         }
         let (data, stat, watch) = session.retrying(|| session.get_data_watch(path)).await?;
         self.inner.cache.update(&stat, decode(path, &data)?);
