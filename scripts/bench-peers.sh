@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Side-by-side benchmarks: dlock against Curator 5.4, kazoo and etcd's Go
 # recipes, on one private ZooKeeper and one private etcd (loopback, fsync on),
-# each workload run alternately (dlock first in odd rounds, last in even
-# ones), then a table of medians and dlock/peer ratios.
+# and against `consul lock` (Consul 1.8.7) on one private Consul agent (dev
+# mode: in memory), each workload run alternately (dlock first in odd rounds,
+# last in even ones), then a table of medians and dlock/peer ratios.
 #
-#   scripts/bench-peers.sh [--seconds S] [--rounds R] [--only zk|etcd|embedded] [--markdown FILE]
+#   scripts/bench-peers.sh [--seconds S] [--rounds R] [--only zk|etcd|embedded|consul] [--markdown FILE]
 #
-# Installs what is missing (Debian packages) the first time.
+# Installs what is missing (Debian packages; Consul with scripts/consul.sh
+# get) the first time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -19,14 +21,21 @@ while [ $# -gt 0 ]; do
     --rounds) rounds="$2"; shift 2 ;;
     --only) only="$2"; shift 2 ;;
     --markdown) markdown="$2"; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "bench-peers.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 [ "$rounds" -ge 3 ] || { echo "bench-peers.sh: --rounds must be at least 3" >&2; exit 2; }
 
-packages=(zookeeper etcd-server protobuf-compiler libcurator-recipes-java libcurator-framework-java
-          libcurator-client-java libslf4j-java python3-kazoo golang-go golang-etcd-server-dev)
+case "$only" in
+  ""|zk|etcd|embedded|consul) ;;
+  *) echo "bench-peers.sh: --only takes zk, etcd, embedded or consul" >&2; exit 2 ;;
+esac
+
+# The Consul rows need no Debian package: only the consul binary.
+packages=()
+[ "$only" = consul ] || packages=(zookeeper etcd-server protobuf-compiler libcurator-recipes-java
+  libcurator-framework-java libcurator-client-java libslf4j-java python3-kazoo golang-go golang-etcd-server-dev)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -35,19 +44,29 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 features=()
-case "$only" in ""|etcd) features=(--features etcd) ;; esac
+case "$only" in
+  "") features=(--features "etcd consul") ;;
+  etcd) features=(--features etcd) ;;
+  consul) features=(--features consul) ;;
+esac
 echo "building dlock (release ${features[*]})..." >&2
 cargo build --release -q -p dlock-cli "${features[@]}"
-dlock="$root/target/release/dlock"
+dlock="${CARGO_TARGET_DIR:-$root/target}/release/dlock"
 work=$(mktemp -d)
-trap 'scripts/zookeeper.sh stop --dir "$work/zk" >/dev/null 2>&1 || true; scripts/etcd.sh stop --dir "$work/etcd" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+trap 'scripts/zookeeper.sh stop --dir "$work/zk" >/dev/null 2>&1 || true; scripts/etcd.sh stop --dir "$work/etcd" >/dev/null 2>&1 || true; scripts/consul.sh stop --dir "$work/consul" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
 # Production-like servers: fsync on, ZooKeeper's default container reaping
 # interval (60 s), tickTime 2000 as shipped.
-zk=$(DLOCK_ZK_CONTAINER_CHECK_MS=60000 scripts/zookeeper.sh start --dir "$work/zk" --tick-time 2000 | sed -n 's/.*endpoint=\([^ ]*\).*/\1/p')
+zk=""
+[ "$only" = consul ] || zk=$(DLOCK_ZK_CONTAINER_CHECK_MS=60000 scripts/zookeeper.sh start --dir "$work/zk" --tick-time 2000 | sed -n 's/.*endpoint=\([^ ]*\).*/\1/p')
 etcd=""
 case "$only" in ""|etcd) etcd=$(scripts/etcd.sh start --dir "$work/etcd" | sed -n 's/.*endpoint=\([^ ]*\).*/\1/p') ;; esac
-echo "zookeeper=$zk etcd=$etcd seconds=$seconds rounds=$rounds" >&2
+consul="" consul_bin=""
+case "$only" in ""|consul)
+  consul_bin=$(scripts/consul.sh get)
+  consul=$(scripts/consul.sh start --dir "$work/consul" | sed -n 's/.*endpoint=\([^ ]*\).*/\1/p') ;;
+esac
+echo "zookeeper=$zk etcd=$etcd consul=$consul${consul_bin:+ ($consul_bin)} seconds=$seconds rounds=$rounds" >&2
 
 results="$work/results"
 : > "$results"
@@ -149,6 +168,58 @@ etcd_workloads() {
   done
 }
 
+# loops <impl> <command...>: <command> (one process per acquisition: it
+# acquires, runs `true`, releases and exits) in 8 parallel shell loops for
+# $seconds, then prints a `peer=` line with the completions per second. The
+# last command of each loop may finish past the deadline: it counts, and so
+# does the time it took (the rate is over the time until every loop ended).
+# Both sides pay the same fork+exec per acquisition, and a new session:
+# what `consul lock` costs a shell script, and `dlock lock` as it would be
+# used in its place. Violations are not measured (the command is `true`).
+loops() {
+  local impl="$1"; shift
+  local dir="$work/loops" i start end ok=0 failed=0 n f
+  rm -rf "$dir"; mkdir -p "$dir"
+  # $EPOCHREALTIME (bash 5): microseconds without forking `date` per turn.
+  start=${EPOCHREALTIME/./}
+  end=$((start + seconds * 1000000))
+  for i in 1 2 3 4 5 6 7 8; do
+    (
+      n=0 f=0
+      while [ "${EPOCHREALTIME/./}" -lt "$end" ]; do
+        if "$@" >/dev/null 2>&1; then n=$((n + 1)); else f=$((f + 1)); fi
+      done
+      echo "$n $f" > "$dir/$i"
+    ) &
+  done
+  wait
+  local elapsed=$((${EPOCHREALTIME/./} - start))
+  for i in 1 2 3 4 5 6 7 8; do
+    read -r n f < "$dir/$i"
+    ok=$((ok + n)) failed=$((failed + f))
+  done
+  awk -v impl="$impl" -v ok="$ok" -v failed="$failed" -v us="$elapsed" 'BEGIN {
+    printf "peer=%s clients=8 ops=%d failed=%d seconds=%.3f ops_per_s=%.1f\n", impl, ok, failed, us / 1e6, ok * 1e6 / us }'
+}
+
+# The Consul rows: `dlock` and `consul lock` as commands, a process per
+# acquisition on both sides, each on a prefix of its own; then the library
+# itself (sessions kept, `bench mutex`) and the raw ceiling.
+consul_workloads() {
+  local r
+  for r in $(seq "$rounds"); do
+    echo "round $r (Consul)" >&2
+    in_turn "$r" \
+      'run "consul lock 8 (a process each)" dlock loops dlock "$dlock" --endpoint "consul://$consul" lock --layout consul /b/dl -- true' \
+      'run "consul lock 8 (a process each)" consul-lock loops consul-lock "$consul_bin" lock "-http-addr=$consul" b/cl true'
+    in_turn "$r" \
+      'run "consul semaphore 8/3 (a process each)" dlock loops dlock "$dlock" --endpoint "consul://$consul" semaphore --kv --layout consul --leases 3 /b/ds -- true' \
+      'run "consul semaphore 8/3 (a process each)" consul-lock loops consul-lock "$consul_bin" lock "-http-addr=$consul" -n=3 b/cs true'
+    run "consul mutex 8 (library, sessions kept)" dlock "$dlock" --endpoint "consul://$consul" bench mutex --clients 8 --seconds "$seconds" --path /b/m8
+    run "consul raw create+delete (ceiling)" dlock "$dlock" --endpoint "consul://$consul" bench raw --clients 1 --seconds "$seconds" --path /b/raw
+  done
+}
+
 embedded_workloads() {
   for r in $(seq "$rounds"); do
     echo "round $r (embedded)" >&2
@@ -159,11 +230,11 @@ embedded_workloads() {
 }
 
 case "$only" in
-  "") zk_workloads; etcd_workloads; embedded_workloads ;;
+  "") zk_workloads; etcd_workloads; embedded_workloads; consul_workloads ;;
   zk) zk_workloads ;;
   etcd) etcd_workloads ;;
   embedded) embedded_workloads ;;
-  *) echo "bench-peers.sh: --only takes zk, etcd or embedded" >&2; exit 2 ;;
+  consul) consul_workloads ;;
 esac
 
 # The table: median ops/s per workload and implementation, and dlock/peer.

@@ -1,6 +1,9 @@
 //! `dlock demo parking-lot`: the semaphore scenario of the design documents
 //! (停车场): a lot with few spaces, many cars; a semaphore is the attendant.
 
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,7 +13,7 @@ use clap::{Args, ValueEnum};
 use dlock::recipes::kv_semaphore::{KvLease, KvSemaphore};
 use dlock::recipes::semaphore::{Lease, Semaphore};
 use dlock::recipes::shared_count::SharedCount;
-use dlock::Session;
+use dlock::{Layout, Session};
 
 use crate::Global;
 
@@ -46,6 +49,19 @@ pub struct ParkingLot {
     /// Which semaphore guards the lot.
     #[arg(long, value_enum, default_value_t = SemaphoreKind::V2)]
     semaphore: SemaphoreKind,
+    /// Whose layout the KvSemaphore uses: `curator` (dlock's own record)
+    /// or `consul` (Consul's `api.Semaphore`: the lot is shared with
+    /// `consul lock -n SPACES <path without its leading slash> ...`;
+    /// implies `--semaphore kv`).
+    #[arg(long, default_value_t = Layout::Curator)]
+    layout: Layout,
+    /// Append `in parking-lot` to FILE when a car has parked and
+    /// `out parking-lot` before it leaves (O_APPEND writes of one line: the
+    /// lines of other processes appending to FILE interleave whole and in
+    /// order), so that holders this process cannot count — `consul lock`
+    /// children, say — can be checked against the limit with it.
+    #[arg(long, value_name = "FILE")]
+    log: Option<PathBuf>,
     /// Path of the semaphore.
     #[arg(long, default_value = "/parking/lot")]
     path: String,
@@ -66,21 +82,41 @@ pub struct ParkingLot {
 pub async fn run(global: &Global, args: ParkingLot) -> Result<()> {
     dlock::path::validate(&args.path)?;
     dlock::path::validate(&args.probe_path)?;
+    // Consul's layout exists only for the KvSemaphore; asking for it picks
+    // that semaphore, as `dlock semaphore --layout consul` implies --kv.
+    let kind = if args.layout == Layout::Consul {
+        SemaphoreKind::Kv
+    } else {
+        args.semaphore
+    };
+    let log = match &args.log {
+        Some(path) => Some(Arc::new(
+            File::options()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("cannot open --log {}", path.display()))?,
+        )),
+        None => None,
+    };
     let mut cars = Vec::with_capacity(args.cars as usize);
     for _ in 0..args.cars {
         let session = global.connect().await?;
         let counter = SharedCount::new(&session, &args.probe_path, 0)?;
         counter.start().await?;
-        let lot = match args.semaphore {
+        let lot = match kind {
             SemaphoreKind::V2 => {
                 Lot::V2(Box::new(Semaphore::new(&session, &args.path, args.spaces)?))
             }
-            SemaphoreKind::Kv => Lot::Kv(KvSemaphore::new(&session, &args.path, args.spaces)?),
+            SemaphoreKind::Kv => Lot::Kv(
+                KvSemaphore::new(&session, &args.path, args.spaces)?.with_layout(args.layout),
+            ),
         };
         cars.push(Car {
             session,
             lot,
             counter,
+            log: log.clone(),
         });
     }
     let stats = Arc::new(Stats::default());
@@ -106,9 +142,10 @@ pub async fn run(global: &Global, args: ParkingLot) -> Result<()> {
         car.session.close().await;
     }
     println!(
-        "parking-lot backend={} semaphore={} cars={} spaces={} acquisitions={} max_inside={} violations={} seconds={seconds:.3}",
+        "parking-lot backend={} semaphore={} layout={} cars={} spaces={} acquisitions={} max_inside={} violations={} seconds={seconds:.3}",
         global.backend_name()?,
-        args.semaphore.name(),
+        kind.name(),
+        args.layout,
         args.cars,
         args.spaces,
         stats.acquisitions.load(Ordering::Relaxed),
@@ -160,6 +197,7 @@ struct Car {
     session: Session,
     lot: Lot,
     counter: SharedCount,
+    log: Option<Arc<File>>,
 }
 
 impl Car {
@@ -169,6 +207,7 @@ impl Car {
     async fn drive(self, rounds: u32, spaces: i64, hold: Duration, stats: &Stats) -> Result<()> {
         for _ in 0..rounds {
             let space = self.lot.enter().await?;
+            self.record("in")?;
             let inside = i64::from(self.add(1).await?);
             stats.max_inside.fetch_max(inside, Ordering::Relaxed);
             if inside > spaces {
@@ -176,8 +215,21 @@ impl Car {
             }
             tokio::time::sleep(hold).await;
             self.add(-1).await?;
+            // Before the space is given back: the exit line precedes any
+            // entry the freed space lets in.
+            self.record("out")?;
             space.leave().await?;
             stats.acquisitions.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Appends `<what> parking-lot` to the log, if kept: one write of the
+    /// whole line, so that appends from other processes never split it.
+    fn record(&self, what: &str) -> Result<()> {
+        if let Some(mut log) = self.log.as_deref() {
+            log.write_all(format!("{what} parking-lot\n").as_bytes())
+                .context("cannot append to --log")?;
         }
         Ok(())
     }
