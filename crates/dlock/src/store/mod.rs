@@ -252,6 +252,21 @@ impl Child {
     }
 }
 
+/// A digest of a children listing, for backends that keep listings (etcd,
+/// Consul): equal digests, same children — a child deleted and created
+/// again under its name counts as a change, by its [`Child::czxid`].
+pub(crate) fn listing_digest(children: &[Child]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut names: Vec<(&str, Option<i64>)> = children
+        .iter()
+        .map(|c| (c.name.as_str(), c.czxid))
+        .collect();
+    names.sort_unstable();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    names.hash(&mut hasher);
+    hasher.finish()
+}
+
 /// Sorts sequenced children the way every participant of a recipe must, or
 /// exclusion breaks:
 /// - when the store gives a native creation order ([`Child::created`]), by

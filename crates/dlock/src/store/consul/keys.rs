@@ -184,19 +184,7 @@ pub fn is_descendant(below: &str, key: &str) -> bool {
     })
 }
 
-/// A digest of a listing: equal digests, same children (a child deleted
-/// and created again under its name counts as a change).
-pub fn digest(children: &[Child]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut names: Vec<(&str, Option<i64>)> = children
-        .iter()
-        .map(|c| (c.name.as_str(), c.czxid))
-        .collect();
-    names.sort_unstable();
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    names.hash(&mut hasher);
-    hasher.finish()
-}
+pub(crate) use crate::store::listing_digest as digest;
 
 /// An entry's metadata in ZooKeeper's terms.
 pub fn stat(e: &Entry, descendants: usize) -> Stat {

@@ -207,19 +207,7 @@ pub fn children_of<'k>(path: &str, keys: impl IntoIterator<Item = (&'k [u8], i64
         .collect()
 }
 
-/// A digest of a children listing: equal digests, same children (a child
-/// deleted and created again under its name counts as a change).
-pub fn digest(children: &[Child]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut names: Vec<(&str, Option<i64>)> = children
-        .iter()
-        .map(|c| (c.name.as_str(), c.czxid))
-        .collect();
-    names.sort_unstable();
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    names.hash(&mut hasher);
-    hasher.finish()
-}
+pub(crate) use crate::store::listing_digest as digest;
 
 /// A key's metadata in ZooKeeper's terms: czxid = create revision (the
 /// fencing token), mzxid = mod revision, version = etcd version − 1,
