@@ -107,7 +107,7 @@ pub use recipes::leader_latch::{
 pub use recipes::leader_selector::{LeaderSelector, SelectorState};
 pub use recipes::multi_lock::{Hold, Lockable, MultiGuard, MultiLock};
 pub use recipes::mutex::{Mutex, MutexGuard};
-pub use recipes::revocation::revoke;
+pub use recipes::revocation::{revoke, revoke_forced};
 pub use recipes::rwlock::{ReadGuard, ReadWriteLock, WriteGuard};
 pub use recipes::semaphore::{Lease, Semaphore};
 pub use recipes::semaphore_mutex::{SemaphoreMutex, SemaphoreMutexGuard};

@@ -604,6 +604,34 @@ impl Session {
         Ok(())
     }
 
+    /// [`delete_protected`](Self::delete_protected) only if the node at
+    /// `path` is still the one created at `czxid` (on etcd a name comes
+    /// back on a newer node): for a deleter that is not the holder's own
+    /// release, which may come after the node was deleted and made again.
+    pub(crate) async fn delete_protected_created(&self, path: &str, czxid: i64) -> Result<()> {
+        loop {
+            let found = self
+                .retrying(|| self.inner.store.exists(path, false))
+                .await?;
+            let version = match found {
+                (Some(stat), _) if stat.czxid == czxid => stat.version,
+                _ => return Ok(()),
+            };
+            let deleted = self
+                .retrying(|| self.inner.store.delete(path, Some(version)))
+                .await;
+            match deleted {
+                Ok(()) | Err(Error::NoNode { .. }) => {
+                    self.recycle_prefix(path);
+                    return Ok(());
+                }
+                // Its data changed meanwhile (a revocation request): again.
+                Err(Error::BadVersion { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Deletes a node in the background, retrying until it is gone or the
     /// session is closed.
     pub(crate) fn delete_in_background(&self, path: String) {

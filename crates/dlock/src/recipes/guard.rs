@@ -78,8 +78,10 @@ impl Acquisition {
         self.node.session.state() == SessionState::Suspended
     }
 
-    /// Resolves when it is lost (the session expired, was closed, or was
-    /// replaced). Use it to stop the protected work:
+    /// Resolves when it is lost: the session expired, was closed, or was
+    /// replaced; or the hold was taken away — its node deleted by someone
+    /// else ([`revoke_forced`](crate::revoke_forced)) or by its maximum
+    /// hold time (`with_max_hold`). Use it to stop the protected work:
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
@@ -93,7 +95,10 @@ impl Acquisition {
     /// # Ok(()) }
     /// ```
     pub async fn lost(&self) {
-        self.node.session.lost(self.node.session_id).await
+        tokio::select! {
+            () = self.node.session.lost(self.node.session_id) => {}
+            () = self.node.taken_away() => {}
+        }
     }
 
     /// Applies `ops` atomically only while it is held (its node still
@@ -154,6 +159,7 @@ pub(crate) async fn guarded_by(held: &[&Acquisition], ops: &[Op]) -> Result<Vec<
     match first.node.session.multi(&all).await {
         Ok(mut results) => Ok(results.split_off(held.len())),
         Err(Error::MultiFailed { index, .. }) if index < held.len() => {
+            held[index].node.found_gone();
             Err(held[index].lost_error())
         }
         Err(Error::MultiFailed { index, source }) => Err(Error::MultiFailed {
@@ -253,8 +259,7 @@ impl Drop for LockGuard {
             GuardState::Released => false,
         };
         if last {
-            let node = self.held_node();
-            node.session.delete_in_background(node.created.path.clone());
+            self.held_node().let_go_in_background();
         }
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::deadline::Deadline;
 use super::guard::LockGuard;
-use super::queue::{FirstN, HeldNode, Participant, WaitQueue};
+use super::queue::{FirstN, Participant, WaitQueue};
 use crate::error::Result;
 use crate::session::Session;
 use crate::store::CreateMode;
@@ -76,6 +76,32 @@ impl Mutex {
         self
     }
 
+    /// Limits every hold of this mutex to `max_hold` (Redisson's
+    /// `leaseTime`): at the limit the library itself deletes the lock node —
+    /// from a task of its own, so even if the holder is stuck — the hold's
+    /// [`lost`](crate::Acquisition::lost) signal fires, its guarded writes
+    /// are refused, and the next waiter gets the lock at once, without
+    /// waiting for the session to expire. Releasing earlier stands the
+    /// limit down.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use std::time::Duration;
+    /// let session = dlock::connect("embedded").await?;
+    /// let mutex = dlock::Mutex::new(&session, "/doc/max-hold")?.with_max_hold(Duration::from_millis(50));
+    /// let guard = mutex.acquire().await?;
+    /// guard.lost().await;                          // the limit passed
+    /// assert!(guard.is_lost());
+    /// let next = mutex.acquire().await?;           // free again at once
+    /// assert!(matches!(guard.release().await, Err(dlock::Error::Lost { .. })));
+    /// # next.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_max_hold(mut self, max_hold: Duration) -> Self {
+        self.queue.max_hold = Some(max_hold);
+        self
+    }
+
     /// The lock's path.
     pub fn path(&self) -> &str {
         &self.queue.dir
@@ -133,8 +159,7 @@ impl Mutex {
                 None,
             )
             .await?;
-        Ok(created
-            .map(|created| LockGuard::new(HeldNode::new(session, self.path(), "lock", created))))
+        Ok(created.map(|created| LockGuard::new(self.queue.hold(self.path(), "lock", created))))
     }
 }
 

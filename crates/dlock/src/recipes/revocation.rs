@@ -53,6 +53,36 @@ pub async fn revoke(session: &Session, node: &str) -> Result<()> {
     }
 }
 
+/// Takes the hold of node `node` away by force (CURATOR-150): deletes it,
+/// from any session. Works on every kind of hold — a mutex or read-write
+/// lock node, a semaphore lease, a [`KvSemaphore`](crate::KvSemaphore)
+/// entry, a leader's node. The holder's [`lost`](crate::Acquisition::lost)
+/// signal fires as soon as its client sees the deletion, its guarded
+/// writes are refused from then on (they check the node), and the next
+/// waiter — who watches that node, or the directory — proceeds at once.
+/// For a `KvSemaphore`, the holder stays listed in the record until the
+/// next contender (or the holder's release) prunes it, as a dead holder;
+/// `consul lock -n` holders that lose their contender key this way are
+/// pruned likewise and stop when they see the record without them. A node
+/// that is already gone is fine.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// let (holder, operator) = (dlock::connect("embedded").await?, dlock::connect("embedded").await?);
+/// let guard = dlock::Mutex::new(&holder, "/doc/revoke-forced")?.acquire().await?;
+/// dlock::revoke_forced(&operator, guard.node()).await?;
+/// guard.lost().await;                                  // the holder learns it
+/// assert!(guard.is_lost());
+/// # let _ = guard.release().await;
+/// # Ok(()) }
+/// ```
+pub async fn revoke_forced(session: &Session, node: &str) -> Result<()> {
+    match session.retrying(|| session.delete(node, None)).await {
+        Ok(()) | Err(Error::NoNode { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Watches our own node and tells `listener` of every revocation request,
 /// until the node is gone.
 pub(crate) fn watch(session: &Session, node: String, listener: Listener) {

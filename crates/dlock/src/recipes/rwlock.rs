@@ -129,6 +129,26 @@ impl ReadWriteLock {
         self
     }
 
+    /// Limits every hold of either half to `max_hold` (see
+    /// [`Mutex::with_max_hold`](crate::Mutex::with_max_hold)).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use std::time::Duration;
+    /// let session = dlock::connect("embedded").await?;
+    /// let lock = dlock::ReadWriteLock::new(&session, "/doc/rw-max-hold")?.with_max_hold(Duration::from_millis(50));
+    /// let writing = lock.write().await?;
+    /// writing.lost().await;
+    /// let reading = lock.read().await?;            // the writer's hold ended
+    /// # reading.release().await?; let _ = writing.release().await;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_max_hold(mut self, max_hold: Duration) -> Self {
+        self.readers.max_hold = Some(max_hold);
+        self.writers.max_hold = Some(max_hold);
+        self
+    }
+
     /// The lock's path.
     pub fn path(&self) -> &str {
         &self.readers.dir
@@ -179,12 +199,7 @@ impl ReadWriteLock {
             )
             .await?;
         Ok(created.map(|created| WriteGuard {
-            guard: LockGuard::new(HeldNode::new(
-                &q.session,
-                self.path(),
-                "write lock",
-                created,
-            )),
+            guard: LockGuard::new(q.hold(self.path(), "write lock", created)),
             lock: self.clone(),
         }))
     }
@@ -220,9 +235,7 @@ impl ReadWriteLock {
                 None,
             )
             .await?;
-        Ok(created.map(|created| {
-            self.read_guard(HeldNode::new(&q.session, self.path(), "read lock", created))
-        }))
+        Ok(created.map(|created| self.read_guard(q.hold(self.path(), "read lock", created))))
     }
 
     fn read_guard(&self, node: Arc<HeldNode>) -> ReadGuard {
@@ -295,12 +308,9 @@ impl WriteGuard {
         if let Some(listener) = &q.revocation {
             super::revocation::watch(&q.session, created.path.clone(), listener.clone());
         }
-        Ok(self.lock.read_guard(HeldNode::new(
-            &q.session,
-            q.dir.as_str(),
-            "read lock",
-            created,
-        )))
+        Ok(self
+            .lock
+            .read_guard(q.hold(q.dir.as_str(), "read lock", created)))
     }
 
     /// Acquires the write lock again without a round trip.

@@ -2,7 +2,7 @@
 
 use std::ops::Deref;
 
-use super::place::{leave_in_background, Place};
+use super::place::{leave_in_background, prune_in_background, Place};
 use crate::error::Result;
 use crate::recipes::guard::Acquisition;
 
@@ -55,8 +55,15 @@ impl KvLease {
     /// Cancellation-safe: if this future is dropped before it is done, the
     /// slot is given back in the background.
     pub async fn release(mut self) -> Result<()> {
+        let taken = self.held_node().let_go().taken();
         let lost = self.is_lost();
-        let left = self.place.leave(&self.id, self.node()).await;
+        // A slot taken away has no entry left (revoked by force, or
+        // deleted by the limit): only the record is to be tidied.
+        let left = if taken {
+            self.place.prune().await
+        } else {
+            self.place.leave(&self.id, self.node()).await
+        };
         self.released = true;
         left?;
         if lost {
@@ -70,7 +77,11 @@ impl KvLease {
 impl Drop for KvLease {
     fn drop(&mut self) {
         if !self.released {
-            leave_in_background(&self.place, self.id.clone(), self.node().to_string());
+            if self.held_node().let_go().taken() {
+                prune_in_background(&self.place);
+            } else {
+                leave_in_background(&self.place, self.id.clone(), self.node().to_string());
+            }
         }
     }
 }

@@ -87,12 +87,13 @@ pub(crate) fn is_layout(names: &[&str]) -> bool {
 
 /// Whether a child `name` with `data`, owned by the session `owner`, is a
 /// contender's entry: named after its owner, holding the entry's UUID
-/// token. Both are checked, because an etcd lease id in hex can also be a
-/// foreign key's name.
+/// token (or a revocation request, which replaced it). Both are checked,
+/// because an etcd lease id in hex can also be a foreign key's name.
 pub(crate) fn is_entry(name: &str, data: &[u8], owner: crate::store::SessionId) -> bool {
     owner != 0
         && name == holder_id(owner)
-        && std::str::from_utf8(data).is_ok_and(|t| uuid::Uuid::parse_str(t).is_ok())
+        && (data == super::revocation::REVOKE_MESSAGE
+            || std::str::from_utf8(data).is_ok_and(|t| uuid::Uuid::parse_str(t).is_ok()))
 }
 
 /// A counting semaphore in the Consul design: at most `limit` sessions hold
@@ -134,6 +135,8 @@ impl KvSemaphore {
                 dir: path.to_string(),
                 record: path::join(path, RECORD),
                 layout: Layout::Curator,
+                revocation: None,
+                max_hold: None,
             },
             limit,
         })
@@ -156,6 +159,60 @@ impl KvSemaphore {
     /// ```
     pub fn with_layout(mut self, layout: Layout) -> Self {
         self.place.layout = layout;
+        self
+    }
+
+    /// Makes the slot revocable: `listener` is called with our entry's path
+    /// whenever someone asks for it with [`revoke`](crate::revoke) — while
+    /// we hold a slot or wait for one. Cooperative: the holder decides to
+    /// give the slot back.
+    ///
+    /// The request is Curator's `Revoker` protocol applied to the entry:
+    /// `__REVOKE__` is written into `<path>/<holder-id>`, which its owner
+    /// watches. Nothing else reads an entry's data — holders are judged
+    /// alive by the entry's owner alone — so the request changes nobody's
+    /// view of the semaphore. In [`Layout::Consul`], `consul lock -n`
+    /// holders see the same: their contender key's value changes and they
+    /// carry on (Consul's `api.Semaphore` has no revocation); only dlock
+    /// holders listen.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// let session = dlock::connect("embedded").await?;
+    /// let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    /// let sem = dlock::KvSemaphore::new(&session, "/doc/kv-revocable", 2)?
+    ///     .revocable(move |entry: &str| { let _ = tx.send(entry.to_string()); });
+    /// let lease = sem.acquire().await?;
+    /// dlock::revoke(&session, lease.node()).await?;
+    /// assert_eq!(rx.recv().await.as_deref(), Some(lease.node()));
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn revocable(mut self, listener: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        self.place.revocation = Some(super::revocation::Listener::new(listener));
+        self
+    }
+
+    /// Limits every slot to `max_hold` (Redisson's
+    /// `PermitExpirableSemaphore`): at the limit the library deletes our
+    /// entry from a task of its own, the lease's
+    /// [`lost`](crate::Acquisition::lost) signal fires, its guarded writes
+    /// are refused, and waiting contenders — who watch the entries — prune
+    /// us from the record and take the slot at once.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use std::time::Duration;
+    /// let (a, b) = (dlock::connect("embedded").await?, dlock::connect("embedded").await?);
+    /// let sem_a = dlock::KvSemaphore::new(&a, "/doc/kv-max-hold", 1)?.with_max_hold(Duration::from_millis(50));
+    /// let lease = sem_a.acquire().await?;
+    /// let next = dlock::KvSemaphore::new(&b, "/doc/kv-max-hold", 1)?.acquire().await?;
+    /// assert!(lease.is_lost());
+    /// # next.release().await?; let _ = lease.release().await;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_max_hold(mut self, max_hold: Duration) -> Self {
+        self.place.max_hold = Some(max_hold);
         self
     }
 

@@ -19,6 +19,10 @@ pub(super) struct Place {
     pub(super) dir: String,
     pub(super) record: String,
     pub(super) layout: Layout,
+    /// Told our entry's path when someone asks for our slot.
+    pub(super) revocation: Option<crate::recipes::revocation::Listener>,
+    /// The longest a slot may be held before the library ends it.
+    pub(super) max_hold: Option<std::time::Duration>,
 }
 
 /// What a contender saw in one look.
@@ -89,6 +93,10 @@ impl Place {
         };
         match created {
             Ok(created) if created.stat.ephemeral_owner == owner => {
+                if let Some(listener) = &self.revocation {
+                    let path = created.path.clone();
+                    crate::recipes::revocation::watch(session, path, listener.clone());
+                }
                 entry.created = Some(created);
                 Ok(entry)
             }
@@ -209,6 +217,13 @@ impl Place {
         left.and(deleted)
     }
 
+    /// Prunes dead holders from the record (deleting it if none is left),
+    /// removing nobody else: what a holder whose entry was taken away
+    /// does on release — its session may have entered again since.
+    pub(super) async fn prune(&self) -> Result<()> {
+        self.leave_record("").await
+    }
+
     async fn leave_record(&self, id: &str) -> Result<()> {
         loop {
             let look = match self.look(false).await {
@@ -285,6 +300,9 @@ impl Entry {
             "semaphore lease",
             created,
         );
+        if let Some(max_hold) = self.place.max_hold {
+            node.limit(max_hold);
+        }
         let acquisition = Acquisition::with_token(node, token);
         KvLease::new(
             acquisition,
@@ -310,6 +328,12 @@ impl Drop for Entry {
             });
         }
     }
+}
+
+pub(super) fn prune_in_background(place: &Place) {
+    let place2 = place.clone();
+    let what = format!("pruning the semaphore record {}", place.record);
+    in_background(place, what, async move { place2.prune().await });
 }
 
 pub(super) fn leave_in_background(place: &Place, id: String, entry: String) {

@@ -30,6 +30,8 @@ pub(crate) struct WaitQueue {
     pub sort_names: &'static [&'static str],
     /// Called with our node's path when someone asks us to give it up.
     pub revocation: Option<super::revocation::Listener>,
+    /// The longest a hold may last before the library ends it.
+    pub max_hold: Option<std::time::Duration>,
     /// `dir` as a metrics label value, shared (not copied) by every
     /// acquisition's metrics.
     path_label: metrics::SharedString,
@@ -83,8 +85,25 @@ impl WaitQueue {
             lock_name,
             sort_names,
             revocation: None,
+            max_hold: None,
             path_label: metrics::SharedString::from_shared(std::sync::Arc::from(dir)),
         })
+    }
+
+    /// The hold of our node `created`, as `what` of the recipe at
+    /// `recipe_path`, limited to the queue's maximum hold time if it has
+    /// one.
+    pub fn hold(
+        &self,
+        recipe_path: &str,
+        what: &'static str,
+        created: Created,
+    ) -> std::sync::Arc<HeldNode> {
+        let node = HeldNode::new(&self.session, recipe_path, what, created);
+        if let Some(max_hold) = self.max_hold {
+            node.limit(max_hold);
+        }
+        node
     }
 
     pub fn node_path(&self, name: &str) -> String {

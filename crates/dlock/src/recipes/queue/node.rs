@@ -1,13 +1,16 @@
 //! The nodes of the wait queue: one still queueing ([`PendingNode`], gone
 //! unless kept) and one that holds ([`HeldNode`], what guards point at).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::session::Session;
-use crate::store::{Created, SessionId, SessionState};
+use crate::store::{Created, SessionId, SessionState, WatchEvent};
 
 /// A node in the queue that is deleted (in the background) unless
 /// [`disarm`](Self::disarm)ed: makes acquisition cancellation-safe — a
@@ -62,6 +65,32 @@ pub(crate) struct HeldNode {
     pub created: Created,
     pub session_id: SessionId,
     pub acquired_at: Instant,
+    /// How the hold ended, other than with its session.
+    fate: watch::Sender<Fate>,
+    /// Whether a task already watches the node for its deletion.
+    watched: AtomicBool,
+}
+
+/// How a hold stands, its session aside. Only the first change from
+/// [`Fate::Held`] counts: a hold released by its holder cannot be revoked
+/// afterwards, and one revoked or expired stays lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// Ours, as far as the node goes.
+    Held,
+    /// Given back (or being given back) by its holder.
+    Released,
+    /// Its node was deleted by someone else: revoked by force.
+    Removed,
+    /// Its maximum hold time passed: the library deleted its node.
+    Expired,
+}
+
+impl Fate {
+    /// Whether the hold was taken away.
+    pub fn taken(self) -> bool {
+        matches!(self, Fate::Removed | Fate::Expired)
+    }
 }
 
 impl HeldNode {
@@ -84,14 +113,129 @@ impl HeldNode {
             session_id,
             created,
             acquired_at: Instant::now(),
+            fate: watch::Sender::new(Fate::Held),
+            watched: AtomicBool::new(false),
         })
     }
 
-    /// Whether the session that created the node is over.
+    /// Whether the session that created the node is over, or the hold was
+    /// taken away (revoked by force, or past its maximum hold time).
     pub fn is_lost(&self) -> bool {
+        self.session_over() || self.fate.borrow().taken()
+    }
+
+    fn session_over(&self) -> bool {
         let s = self.session.status();
         s.session_id != self.session_id
             || matches!(s.state, SessionState::Lost | SessionState::Closed)
+    }
+
+    /// Moves the fate from [`Fate::Held`] to `to`; the fate before (so
+    /// `Held` if this call changed it).
+    fn settle(&self, to: Fate) -> Fate {
+        let mut before = Fate::Held;
+        self.fate.send_if_modified(|fate| {
+            before = *fate;
+            if *fate == Fate::Held {
+                *fate = to;
+                true
+            } else {
+                false
+            }
+        });
+        before
+    }
+
+    /// The holder gives the hold back (its node is being deleted): whatever
+    /// watches or limits the hold stands down. The fate before.
+    pub fn let_go(&self) -> Fate {
+        self.settle(Fate::Released)
+    }
+
+    /// Gives the hold back in the background (a dropped guard).
+    pub fn let_go_in_background(&self) {
+        if self.let_go() != Fate::Expired {
+            self.session.delete_in_background(self.created.path.clone());
+        }
+    }
+
+    /// A guarded write found our node gone.
+    pub fn found_gone(&self) {
+        if !self.session_over() {
+            self.settle(Fate::Removed);
+        }
+    }
+
+    /// Resolves when the hold is taken away (not when the session ends).
+    /// The first call starts watching the node for its deletion by anyone
+    /// else — one watch per hold, and none for holds nobody asks about.
+    pub async fn taken_away(self: &Arc<Self>) {
+        if !self.watched.swap(true, Ordering::SeqCst) {
+            let node = self.clone();
+            self.session
+                .spawn_background(async move { node.watch_removal().await });
+        }
+        let mut fate = self.fate.subscribe();
+        // The sender lives as long as `self`: this never errs.
+        let _ = fate.wait_for(|f| f.taken()).await;
+    }
+
+    /// Watches our node until it is deleted (then, unless we let it go,
+    /// it was revoked), we let go of it, or the session is over.
+    async fn watch_removal(&self) {
+        let store = self.session.store();
+        let path = &self.created.path;
+        let mut fate = self.fate.subscribe();
+        loop {
+            if *fate.borrow_and_update() != Fate::Held || self.session_over() {
+                return;
+            }
+            let found = self.session.retrying(|| store.exists(path, true)).await;
+            let watch = match found {
+                // Gone — or its name is on a newer node (etcd reuses names).
+                Ok((stat, _)) if stat.map(|s| s.czxid) != Some(self.created.stat.czxid) => {
+                    self.found_gone();
+                    return;
+                }
+                Ok((_, Some(watch))) => watch,
+                Ok((_, None)) | Err(_) => return,
+            };
+            tokio::select! {
+                event = watch.changed() => {
+                    if event == WatchEvent::NodeDeleted {
+                        self.found_gone();
+                        return;
+                    }
+                    // Data changed (a revocation request) or a session
+                    // event: look again.
+                }
+                _ = fate.changed() => return,
+            }
+        }
+    }
+
+    /// Ends the hold after `max_hold`, from a task of its own (so even if
+    /// the holder's task is stuck): deletes the node, which fires the lost
+    /// signal and lets the next waiter in. Stands down if the hold ends
+    /// first.
+    pub fn limit(self: &Arc<Self>, max_hold: Duration) {
+        let node = self.clone();
+        let mut fate = self.fate.subscribe();
+        self.session.spawn_background(async move {
+            let at_limit = tokio::time::sleep_until(node.acquired_at + max_hold);
+            tokio::select! {
+                () = at_limit => {}
+                _ = fate.wait_for(|f| *f != Fate::Held) => return,
+            }
+            if node.session_over() || node.settle(Fate::Expired) != Fate::Held {
+                return;
+            }
+            tracing::debug!(node = %node.created.path, ?max_hold, "maximum hold time passed: releasing");
+            let (path, czxid) = (&node.created.path, node.created.stat.czxid);
+            if let Err(e) = node.session.delete_protected_created(path, czxid).await {
+                tracing::warn!(node = %node.created.path, error = %e, "releasing a hold past its maximum failed");
+            }
+        });
     }
 
     pub fn lost_error(&self) -> Error {
@@ -103,7 +247,8 @@ impl HeldNode {
 
     /// Deletes the node; reports [`Error::Lost`] if it was lost before.
     pub async fn release(&self) -> Result<()> {
-        let lost = self.is_lost();
+        let fate = self.let_go();
+        let lost = self.session_over() || fate.taken();
         let labels = [
             ("recipe", metrics::SharedString::const_str(self.what)),
             (
@@ -114,7 +259,11 @@ impl HeldNode {
         metrics::histogram!("dlock_hold_seconds", &labels)
             .record(self.acquired_at.elapsed().as_secs_f64());
         tracing::debug!(node = %self.created.path, token = self.created.token().0, lost, "release");
-        self.session.delete_protected(&self.created.path).await?;
+        // An expired hold's node is the limit's to delete (once: a
+        // protection prefix is recycled with its delete).
+        if fate != Fate::Expired {
+            self.session.delete_protected(&self.created.path).await?;
+        }
         if lost {
             metrics::counter!("dlock_losses_total", &labels).increment(1);
             Err(self.lost_error())

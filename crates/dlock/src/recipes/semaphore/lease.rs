@@ -75,8 +75,7 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if !self.released {
-            let node = self.held_node();
-            node.session.delete_in_background(node.created.path.clone());
+            self.held_node().let_go_in_background();
         }
     }
 }

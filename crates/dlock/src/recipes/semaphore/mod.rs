@@ -35,7 +35,7 @@ pub use self::lease::Lease;
 use self::max::{forward_changes, Holders, LeaseCount, Max};
 use super::deadline::Deadline;
 use super::mutex::Mutex;
-use super::queue::{HeldNode, Participant, Stop, WaitQueue};
+use super::queue::{Participant, Stop, WaitQueue};
 use super::shared_count::SharedCount;
 use crate::error::{Error, Result};
 use crate::path;
@@ -129,6 +129,54 @@ impl Semaphore {
     /// default data (Curator's `setNodeData`).
     pub fn with_data(mut self, data: impl Into<Vec<u8>>) -> Self {
         self.data = Some(data.into());
+        self
+    }
+
+    /// Makes every lease revocable (CURATOR-650): `listener` is called with
+    /// the lease node's path whenever someone asks for it with
+    /// [`revoke`](crate::revoke) — while the lease is held or being
+    /// acquired. Cooperative: the holder decides to give the lease back.
+    /// The protocol is the mutex's (Curator's `Revoker`: `__REVOKE__`
+    /// written into the lease node, which its owner watches), so a
+    /// revocable lease node carries no data, and Curator's own semaphore —
+    /// which has no revocation — simply ignores requests.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// let session = dlock::connect("embedded").await?;
+    /// let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    /// let sem = dlock::Semaphore::new(&session, "/doc/sem-revocable", 2)?
+    ///     .revocable(move |node: &str| { let _ = tx.send(node.to_string()); });
+    /// let lease = sem.acquire_one().await?;
+    /// dlock::revoke(&session, lease.node()).await?;
+    /// assert_eq!(rx.recv().await.as_deref(), Some(lease.node()));
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn revocable(mut self, listener: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        self.leases.revocation = Some(super::revocation::Listener::new(listener));
+        self
+    }
+
+    /// Limits every lease to `max_hold` (Redisson's
+    /// `PermitExpirableSemaphore`): at the limit the library deletes the
+    /// lease node from a task of its own, the lease's
+    /// [`lost`](crate::Acquisition::lost) signal fires, its guarded writes
+    /// are refused, and a waiting acquirer gets the permit at once.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use std::time::Duration;
+    /// let session = dlock::connect("embedded").await?;
+    /// let sem = dlock::Semaphore::new(&session, "/doc/sem-max-hold", 1)?.with_max_hold(Duration::from_millis(50));
+    /// let lease = sem.acquire_one().await?;
+    /// let next = sem.acquire_one().await?;         // waits until the first permit expires
+    /// assert!(lease.is_lost());
+    /// # next.release().await?; let _ = lease.release().await;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_max_hold(mut self, max_hold: Duration) -> Self {
+        self.leases.max_hold = Some(max_hold);
         self
     }
 
@@ -286,8 +334,14 @@ impl Semaphore {
         match waited {
             Ok(()) => {
                 pending.disarm();
-                let node = HeldNode::new(session, &self.path, "lease", created);
-                Ok(Some(Lease::new(node, data.to_vec())))
+                let node = self.leases.hold(&self.path, "lease", created);
+                // A revocable lease node carries no data (see `revocable`).
+                let stored = if self.leases.revocation.is_some() {
+                    Vec::new()
+                } else {
+                    data.to_vec()
+                };
+                Ok(Some(Lease::new(node, stored)))
             }
             Err(Stop::TimedOut) => {
                 to_completion(pending.delete()).await?;

@@ -1,0 +1,335 @@
+//! Revocation everywhere and hold limits (issue #22, items 1 and 2), on
+//! every backend: a hold revoked by force, a hold past its maximum, and an
+//! expired semaphore permit each show that the holder learns it at once
+//! (its lost signal fires), that its guarded write is refused, and that the
+//! next waiter proceeds within [`HANDOVER`] — while the holder's session
+//! stays alive, so nobody waited for it to expire. Also: revocation
+//! requests reach semaphore and KV-semaphore holders, and a hold released
+//! before its limit is never touched by it.
+
+mod common;
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use common::{await_children, Harness};
+use dlock::recipes::leader_latch::LeaderLatch;
+use dlock::store::{CreateMode, CreateOptions, Op};
+use dlock::{Acquisition, Error, KvSemaphore, Layout, Mutex, ReadWriteLock, Semaphore, Session};
+use tokio::sync::mpsc;
+
+/// The stated bound: from the revocation (or the limit) to the holder's
+/// lost signal, and to the next waiter holding. One watch event and one
+/// listing — far below every backend's session timeout in these tests
+/// except the embedded store's, whose sessions are not expiring anyway.
+const HANDOVER: Duration = Duration::from_secs(5);
+
+/// The maximum hold time the limit tests ask for.
+const MAX_HOLD: Duration = Duration::from_millis(300);
+
+/// A persistent node the guarded writes aim at.
+async fn fenced_resource(h: &Harness, session: &Session) -> Result<String> {
+    let path = h.path("/resource");
+    let opts = CreateOptions::new(CreateMode::Persistent).with_parents();
+    session.create(&path, b"v0", opts).await?;
+    Ok(path)
+}
+
+/// What every taken-away hold must show: lost at once, guarded write
+/// refused, the session itself alive.
+async fn shows_taken_away(held: &Acquisition, resource: &str, session: &Session) -> Result<()> {
+    tokio::time::timeout(HANDOVER, held.lost())
+        .await
+        .context("the lost signal did not fire within the bound")?;
+    ensure!(held.is_lost(), "lost() fired but is_lost() says held");
+    let write = Op::SetData {
+        path: resource.to_string(),
+        data: b"late".to_vec(),
+        version: None,
+    };
+    let refused = held.guarded(&[write]).await;
+    ensure!(
+        matches!(refused, Err(Error::Lost { .. })),
+        "guarded write after the hold was taken away: {refused:?}"
+    );
+    let (data, _) = session.get_data(resource).await?;
+    ensure!(data == b"v0", "the refused write landed: {data:?}");
+    ensure!(
+        !matches!(
+            session.state(),
+            dlock::SessionState::Lost | dlock::SessionState::Closed
+        ),
+        "the holder's session itself must still be alive"
+    );
+    Ok(())
+}
+
+/// A guarded write lands while the hold is ours (so a refusal later is the
+/// revocation's doing).
+async fn guarded_write_lands(held: &Acquisition, resource: &str) -> Result<()> {
+    let write = Op::SetData {
+        path: resource.to_string(),
+        data: b"v0".to_vec(),
+        version: None,
+    };
+    held.guarded(&[write]).await?;
+    Ok(())
+}
+
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> Result<T> {
+    tokio::time::timeout(HANDOVER, f)
+        .await
+        .with_context(|| format!("{what} did not happen within {HANDOVER:?}"))
+}
+
+/// CURATOR-150: an operator deletes a mutex holder's node.
+async fn a_mutex_holder_revoked_by_force(h: &Harness) -> Result<()> {
+    let (holder, waiter, operator) = (h.session().await, h.session().await, h.session().await);
+    let resource = fenced_resource(h, &holder).await?;
+    let path = h.path("/locks/forced");
+    let guard = Mutex::new(&holder, &path)?.acquire().await?;
+    guarded_write_lands(&guard, &resource).await?;
+    let next = Mutex::new(&waiter, &path)?;
+    let waiting = tokio::spawn(async move { next.acquire().await });
+    await_children(&operator, &path, 2, HANDOVER).await?;
+    dlock::revoke_forced(&operator, guard.node()).await?;
+    shows_taken_away(&guard, &resource, &holder).await?;
+    let next = within("the next waiter's acquire", waiting).await???;
+    ensure!(next.token() > guard.token());
+    ensure!(
+        matches!(guard.release().await, Err(Error::Lost { .. })),
+        "a revoked hold's release reports the loss"
+    );
+    next.release().await?;
+    holder.delete(&resource, None).await?;
+    Ok(())
+}
+
+/// The write half of a read-write lock revoked by force lets the reader in.
+async fn a_writer_revoked_by_force(h: &Harness) -> Result<()> {
+    let (holder, reader, operator) = (h.session().await, h.session().await, h.session().await);
+    let resource = fenced_resource(h, &holder).await?;
+    let path = h.path("/locks/rw");
+    let writing = ReadWriteLock::new(&holder, &path)?.write().await?;
+    let lock = ReadWriteLock::new(&reader, &path)?;
+    let waiting = tokio::spawn(async move { lock.read().await });
+    await_children(&operator, &path, 2, HANDOVER).await?;
+    dlock::revoke_forced(&operator, writing.node()).await?;
+    shows_taken_away(&writing, &resource, &holder).await?;
+    let reading = within("the reader's acquire", waiting).await???;
+    let _ = writing.release().await;
+    reading.release().await?;
+    holder.delete(&resource, None).await?;
+    Ok(())
+}
+
+/// A semaphore lease revoked by force frees its permit for the waiter.
+async fn a_semaphore_lease_revoked_by_force(h: &Harness) -> Result<()> {
+    let (holder, waiter, operator) = (h.session().await, h.session().await, h.session().await);
+    let resource = fenced_resource(h, &holder).await?;
+    let path = h.path("/sem/forced");
+    let lease = Semaphore::new(&holder, &path, 1)?.acquire_one().await?;
+    guarded_write_lands(&lease, &resource).await?;
+    let sem = Semaphore::new(&waiter, &path, 1)?;
+    let waiting = tokio::spawn(async move { sem.acquire_one().await });
+    await_children(&operator, &format!("{path}/leases"), 2, HANDOVER).await?;
+    dlock::revoke_forced(&operator, lease.node()).await?;
+    shows_taken_away(&lease, &resource, &holder).await?;
+    let next = within("the waiting acquirer's lease", waiting).await???;
+    ensure!(matches!(lease.release().await, Err(Error::Lost { .. })));
+    next.release().await?;
+    holder.delete(&resource, None).await?;
+    Ok(())
+}
+
+/// A KvSemaphore entry deleted by force: the holder learns it, a waiting
+/// contender prunes it and takes the slot — in both layouts.
+async fn a_kv_lease_revoked_by_force(h: &Harness) -> Result<()> {
+    for layout in [Layout::Curator, Layout::Consul] {
+        let (holder, waiter, operator) = (h.session().await, h.session().await, h.session().await);
+        let resource = fenced_resource(h, &holder).await?;
+        let path = h.path(&format!("/kv/forced-{layout}"));
+        let sem = KvSemaphore::new(&holder, &path, 1)?.with_layout(layout);
+        let lease = sem.acquire().await?;
+        guarded_write_lands(&lease, &resource).await?;
+        let next = KvSemaphore::new(&waiter, &path, 1)?.with_layout(layout);
+        let waiting = tokio::spawn(async move { next.acquire().await });
+        // The record and both entries.
+        await_children(&operator, &path, 3, HANDOVER).await?;
+        dlock::revoke_forced(&operator, lease.node()).await?;
+        shows_taken_away(&lease, &resource, &holder).await?;
+        let next = within("the waiting contender's slot", waiting).await???;
+        let holders = KvSemaphore::new(&operator, &path, 1)?
+            .with_layout(layout)
+            .holders()
+            .await?;
+        ensure!(holders == [next.holder()], "{layout}: {holders:?}");
+        ensure!(matches!(lease.release().await, Err(Error::Lost { .. })));
+        next.release().await?;
+        holder.delete(&resource, None).await?;
+    }
+    Ok(())
+}
+
+/// A leader whose node is deleted by force loses its term at once.
+async fn a_leader_revoked_by_force(h: &Harness) -> Result<()> {
+    let (holder, operator) = (h.session().await, h.session().await);
+    let resource = fenced_resource(h, &holder).await?;
+    let path = h.path("/election");
+    let latch = LeaderLatch::new(&holder, &path)?;
+    latch.start()?;
+    let term = within("leadership", latch.await_leadership()).await??;
+    guarded_write_lands(&term, &resource).await?;
+    dlock::revoke_forced(&operator, term.node()).await?;
+    shows_taken_away(&term, &resource, &holder).await?;
+    latch.close().await?;
+    holder.delete(&resource, None).await?;
+    Ok(())
+}
+
+/// CURATOR-28 / Redisson's leaseTime: a mutex hold past its maximum ends by
+/// itself while the holder does nothing (stuck), and the waiter gets in.
+async fn a_mutex_hold_past_its_maximum(h: &Harness) -> Result<()> {
+    let (holder, waiter) = (h.session().await, h.session().await);
+    let resource = fenced_resource(h, &holder).await?;
+    let path = h.path("/locks/limited");
+    let guard = Mutex::new(&holder, &path)?
+        .with_max_hold(MAX_HOLD)
+        .acquire()
+        .await?;
+    let acquired = tokio::time::Instant::now();
+    guarded_write_lands(&guard, &resource).await?;
+    let next = Mutex::new(&waiter, &path)?;
+    let waiting = tokio::spawn(async move { next.acquire().await });
+    shows_taken_away(&guard, &resource, &holder).await?;
+    ensure!(
+        acquired.elapsed() >= MAX_HOLD,
+        "ended before its maximum: {:?}",
+        acquired.elapsed()
+    );
+    let next = within("the waiter's acquire", waiting).await???;
+    ensure!(matches!(guard.release().await, Err(Error::Lost { .. })));
+    next.release().await?;
+    holder.delete(&resource, None).await?;
+    Ok(())
+}
+
+/// A hold given back before its maximum is not touched by the limit —
+/// not even when the same client holds the same lock again (on etcd, under
+/// the same key name).
+async fn a_hold_released_in_time_stands_the_limit_down(h: &Harness) -> Result<()> {
+    let holder = h.session().await;
+    let path = h.path("/locks/in-time");
+    let limited = Mutex::new(&holder, &path)?.with_max_hold(MAX_HOLD);
+    limited.acquire().await?.release().await?;
+    let again = Mutex::new(&holder, &path)?.acquire().await?;
+    let started = tokio::time::Instant::now();
+    // Past the first hold's limit, by a margin: nothing must fire.
+    let fired = tokio::time::timeout(MAX_HOLD * 3, again.lost()).await;
+    ensure!(
+        fired.is_err() && !again.is_lost(),
+        "a limit fired for a hold that had been released ({:?})",
+        started.elapsed()
+    );
+    ensure!(Mutex::new(&holder, &path)?.participants().await?.len() == 1);
+    again.release().await?;
+    Ok(())
+}
+
+/// Redisson's PermitExpirableSemaphore: an expired permit goes to the
+/// waiting acquirer at once.
+async fn an_expired_semaphore_permit(h: &Harness) -> Result<()> {
+    let (holder, waiter) = (h.session().await, h.session().await);
+    let resource = fenced_resource(h, &holder).await?;
+    let path = h.path("/sem/expiring");
+    let lease = Semaphore::new(&holder, &path, 1)?
+        .with_max_hold(MAX_HOLD)
+        .acquire_one()
+        .await?;
+    let sem = Semaphore::new(&waiter, &path, 1)?;
+    let waiting = tokio::spawn(async move { sem.acquire_one().await });
+    shows_taken_away(&lease, &resource, &holder).await?;
+    let next = within("the waiting acquirer's lease", waiting).await???;
+    ensure!(matches!(lease.release().await, Err(Error::Lost { .. })));
+    next.release().await?;
+    holder.delete(&resource, None).await?;
+    Ok(())
+}
+
+/// An expired KvSemaphore slot: the entry goes, the waiter prunes it.
+async fn an_expired_kv_permit(h: &Harness) -> Result<()> {
+    let (holder, waiter) = (h.session().await, h.session().await);
+    let resource = fenced_resource(h, &holder).await?;
+    let path = h.path("/kv/expiring");
+    let lease = KvSemaphore::new(&holder, &path, 1)?
+        .with_max_hold(MAX_HOLD)
+        .acquire()
+        .await?;
+    let sem = KvSemaphore::new(&waiter, &path, 1)?;
+    let waiting = tokio::spawn(async move { sem.acquire().await });
+    shows_taken_away(&lease, &resource, &holder).await?;
+    let next = within("the waiting contender's slot", waiting).await???;
+    ensure!(matches!(lease.release().await, Err(Error::Lost { .. })));
+    next.release().await?;
+    holder.delete(&resource, None).await?;
+    Ok(())
+}
+
+/// CURATOR-650: revocation requests reach semaphore lease holders, and
+/// KvSemaphore slot holders; the holder cooperates and the waiter gets in.
+async fn revocation_requests_reach_semaphore_holders(h: &Harness) -> Result<()> {
+    let (holder, other) = (h.session().await, h.session().await);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let told = tx.clone();
+    let path = h.path("/sem/revocable");
+    let lease = Semaphore::new(&holder, &path, 1)?
+        .revocable(move |node| {
+            let _ = told.send(node.to_string());
+        })
+        .acquire_one()
+        .await?;
+    ensure!(
+        lease.data().is_empty(),
+        "revocable lease nodes carry no data"
+    );
+    dlock::revoke(&other, lease.node()).await?;
+    let asked = within("the lease holder being told", rx.recv()).await?;
+    ensure!(asked.as_deref() == Some(lease.node()));
+    ensure!(
+        !lease.is_lost(),
+        "a revocation request takes nothing by itself"
+    );
+    lease.release().await?;
+
+    let kv_path = h.path("/kv/revocable");
+    let slot = KvSemaphore::new(&holder, &kv_path, 1)?
+        .revocable(move |node| {
+            let _ = tx.send(node.to_string());
+        })
+        .acquire()
+        .await?;
+    let kv_other = KvSemaphore::new(&other, &kv_path, 1)?;
+    ensure!(kv_other.holders().await? == [slot.holder()]);
+    dlock::revoke(&other, slot.node()).await?;
+    let asked = within("the slot holder being told", rx.recv()).await?;
+    ensure!(asked.as_deref() == Some(slot.node()));
+    // The request changes nobody's view of who holds.
+    ensure!(kv_other.holders().await? == [slot.holder()]);
+    ensure!(kv_other.try_acquire().await?.is_none());
+    slot.release().await?;
+    kv_other.acquire().await?.release().await?;
+    Ok(())
+}
+
+per_backend!(every_backend {
+    a_mutex_holder_revoked_by_force,
+    a_writer_revoked_by_force,
+    a_semaphore_lease_revoked_by_force,
+    a_kv_lease_revoked_by_force,
+    a_leader_revoked_by_force,
+    a_mutex_hold_past_its_maximum,
+    a_hold_released_in_time_stands_the_limit_down,
+    an_expired_semaphore_permit,
+    an_expired_kv_permit,
+    revocation_requests_reach_semaphore_holders,
+});
