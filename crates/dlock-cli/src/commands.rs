@@ -1,14 +1,16 @@
 //! The operator commands: run a command under a lock, inspect, revoke.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
 use dlock::{Hold, Layout, Lockable, ReadWriteLock, Session};
+use tokio::sync::Notify;
 
 use crate::exit::Exit;
-use crate::run::{Holding, RunOptions, Runner};
+use crate::run::{listener, HoldOptions, Holding, RunOptions, Runner};
 use crate::Global;
 
 /// Arguments of `lock`, `read-lock` and `write-lock`.
@@ -21,6 +23,8 @@ pub struct LockArgs {
     /// key PATH/.lock); `lock` only.
     #[arg(long, default_value_t = Layout::Curator)]
     pub layout: Layout,
+    #[command(flatten)]
+    pub hold: HoldOptions,
     #[command(flatten)]
     pub run: RunOptions,
 }
@@ -73,22 +77,50 @@ pub async fn lock(global: &Global, args: LockArgs, kind: LockKind) -> Result<u8>
             .with("--layout consul is Consul's api.Lock: only `dlock lock` has it")
             .into());
     }
+    if args.layout == Layout::Consul
+        && (args.hold.revocable.is_some() || args.hold.max_hold.is_some())
+    {
+        return Err(Exit::Usage
+            .with("--layout consul is Consul's api.Lock, which has neither revocation nor a hold limit: drop --revocable and --max-hold")
+            .into());
+    }
     let endpoint = global.endpoint()?;
+    let revocation = args.hold.revocation(&args.run);
     in_session(global, |session| async move {
         let lock: Box<dyn Lockable> = match kind {
             LockKind::Mutex if args.layout == Layout::Consul => {
                 Box::new(dlock::ConsulLock::new(&session, &args.path)?)
             }
-            LockKind::Mutex => Box::new(dlock::Mutex::new(&session, &args.path)?),
-            LockKind::Read => Box::new(ReadWriteLock::new(&session, &args.path)?.read_half()),
-            LockKind::Write => Box::new(ReadWriteLock::new(&session, &args.path)?.write_half()),
+            LockKind::Mutex => {
+                let mut mutex = dlock::Mutex::new(&session, &args.path)?;
+                if let Some((requested, _)) = &revocation {
+                    mutex = mutex.revocable(listener(requested));
+                }
+                if let Some(max_hold) = args.hold.max_hold {
+                    mutex = mutex.with_max_hold(max_hold);
+                }
+                Box::new(mutex)
+            }
+            LockKind::Read | LockKind::Write => {
+                let mut rw = ReadWriteLock::new(&session, &args.path)?;
+                if let Some((requested, _)) = &revocation {
+                    rw = rw.revocable(listener(requested));
+                }
+                if let Some(max_hold) = args.hold.max_hold {
+                    rw = rw.with_max_hold(max_hold);
+                }
+                match kind {
+                    LockKind::Read => Box::new(rw.read_half()),
+                    _ => Box::new(rw.write_half()),
+                }
+            }
         };
         let t = args.run.timeout;
         let acquire = async {
             // `lock_for` answers None only when a timeout passed.
             let hold = lock.lock_for(t).await?;
             let hold = hold.ok_or_else(|| dlock::Error::Timeout(t.unwrap_or_default()))?;
-            Ok(Holding::of(vec![hold]))
+            Ok(revocable(Holding::of(vec![hold]), revocation.clone()))
         };
         let mut runner = Runner::new(&session, &endpoint, &args.run)?;
         Ok(runner.run(&args.path, acquire).await?.code)
@@ -96,20 +128,41 @@ pub async fn lock(global: &Global, args: LockArgs, kind: LockKind) -> Result<u8>
     .await
 }
 
+/// The holding, told of revocation requests if `--revocable` asked.
+fn revocable(holding: Holding, revocation: Option<(Arc<Notify>, Duration)>) -> Holding {
+    match revocation {
+        Some((requested, grace)) => holding.revocable(requested, grace),
+        None => holding,
+    }
+}
+
 /// Arguments of `revoke`.
 #[derive(Debug, Args)]
 pub struct RevokeArgs {
-    /// The full path of the lock node to revoke (see `dlock inspect`).
+    /// The full path of the holder's node (see `dlock inspect`): a lock,
+    /// read or write lock node, a semaphore lease, a KvSemaphore entry, or
+    /// a leader's node.
     pub node: String,
+    /// Take the hold away instead of asking: delete the node (CURATOR-150).
+    /// Works on every kind of holder, revocable or not: its lost signal
+    /// fires, its guarded writes are refused, a dlock holder stops its
+    /// command (exit 66), and the next waiter gets in at once.
+    #[arg(long)]
+    pub force: bool,
 }
 
-/// `dlock revoke NODE`: asks the node's owner to release (Curator's
-/// `Revoker.attemptRevoke`).
+/// `dlock revoke [--force] NODE`: asks the node's owner to release
+/// (Curator's `Revoker.attemptRevoke`), or with `--force` deletes it.
 pub async fn revoke(global: &Global, args: RevokeArgs) -> Result<u8> {
     dlock::path::validate(&args.node)?;
     in_session(global, |session| async move {
-        dlock::revoke(&session, &args.node).await?;
-        println!("revocation requested: {}", args.node);
+        if args.force {
+            dlock::revoke_forced(&session, &args.node).await?;
+            println!("revoked by force: {}", args.node);
+        } else {
+            dlock::revoke(&session, &args.node).await?;
+            println!("revocation requested: {}", args.node);
+        }
         Ok(0)
     })
     .await
@@ -222,6 +275,8 @@ pub struct SemaphoreArgs {
     #[arg(long, default_value_t = Layout::Curator)]
     pub layout: Layout,
     #[command(flatten)]
+    pub hold: HoldOptions,
+    #[command(flatten)]
     pub run: RunOptions,
 }
 
@@ -243,16 +298,29 @@ pub async fn semaphore(global: &Global, args: SemaphoreArgs) -> Result<u8> {
             .into());
     }
     let endpoint = global.endpoint()?;
+    let revocation = args.hold.revocation(&args.run);
     in_session(global, |session| async move {
         let t = args.run.timeout;
         let acquire = async {
             let holds: Vec<Box<dyn Hold>> = if kv {
-                let sem = dlock::KvSemaphore::new(&session, &args.path, args.leases)?
+                let mut sem = dlock::KvSemaphore::new(&session, &args.path, args.leases)?
                     .with_layout(args.layout);
+                if let Some((requested, _)) = &revocation {
+                    sem = sem.revocable(listener(requested));
+                }
+                if let Some(max_hold) = args.hold.max_hold {
+                    sem = sem.with_max_hold(max_hold);
+                }
                 let lease = within(t, |t| sem.acquire_timeout(t), sem.acquire()).await?;
                 vec![Box::new(lease)]
             } else {
-                let sem = dlock::Semaphore::new(&session, &args.path, args.leases)?;
+                let mut sem = dlock::Semaphore::new(&session, &args.path, args.leases)?;
+                if let Some((requested, _)) = &revocation {
+                    sem = sem.revocable(listener(requested));
+                }
+                if let Some(max_hold) = args.hold.max_hold {
+                    sem = sem.with_max_hold(max_hold);
+                }
                 let leases = within(
                     t,
                     |t| sem.acquire_timeout(args.qty, t),
@@ -264,7 +332,7 @@ pub async fn semaphore(global: &Global, args: SemaphoreArgs) -> Result<u8> {
                     .map(|lease| Box::new(lease) as Box<dyn Hold>)
                     .collect()
             };
-            Ok(Holding::of(holds))
+            Ok(revocable(Holding::of(holds), revocation.clone()))
         };
         let mut runner = Runner::new(&session, &endpoint, &args.run)?;
         Ok(runner.run(&args.path, acquire).await?.code)

@@ -18,6 +18,9 @@ pub enum Exit {
     Lost = 66,
     /// No server of the endpoint could be reached.
     Unreachable = 67,
+    /// A revocation was requested while CMD ran (`--revocable`); CMD was
+    /// stopped and the hold released.
+    Revoked = 68,
     /// CMD exists but cannot be run.
     CannotRun = 126,
     /// CMD was not found.

@@ -28,7 +28,8 @@ use dlock::{Endpoint, Session, SessionOptions};
 ///
 /// Exit codes: the command's own when one runs; 64 usage error, 65 acquire
 /// timed out, 66 lock lost (the command was stopped), 67 backend
-/// unreachable, 70 other error, 126/127 the command cannot run / was not
+/// unreachable, 68 revocation requested (the command was stopped), 70
+/// other error, 126/127 the command cannot run / was not
 /// found.
 #[derive(Debug, Parser)]
 #[command(name = "dlock", version, verbatim_doc_comment)]
@@ -100,15 +101,23 @@ enum Command {
     /// Run CMD while holding the Mutex at PATH.
     ///
     /// Example: dlock lock /locks/nightly -- ./nightly.sh
+    ///
+    /// Example: dlock lock /locks/nightly --revocable=30s --max-hold 2h -- ./nightly.sh
     Lock(commands::LockArgs),
     /// Run CMD while holding the read lock of the ReadWriteLock at PATH.
+    ///
+    /// Example: dlock read-lock /locks/catalog --revocable -- ./report.sh
     ReadLock(commands::LockArgs),
     /// Run CMD while holding the write lock of the ReadWriteLock at PATH.
+    ///
+    /// Example: dlock write-lock /locks/catalog --max-hold 15m -- ./reindex.sh
     WriteLock(commands::LockArgs),
     /// Run CMD while holding leases of the Semaphore at PATH (Curator
     /// SemaphoreV2 layout, or --kv for the KvSemaphore).
     ///
     /// Example: dlock semaphore /limits/api --leases 3 -- ./call-api.sh
+    ///
+    /// Example: dlock semaphore /limits/api --leases 3 --max-hold 10m --revocable -- ./call-api.sh
     Semaphore(commands::SemaphoreArgs),
     /// Run CMD while leader of the election at PATH (LeaderSelector layout).
     ///
@@ -132,7 +141,12 @@ enum Command {
     DoubleBarrier(commands::DoubleBarrierArgs),
     /// Show the holders and waiters at PATH, in queue order.
     Inspect(commands::InspectArgs),
-    /// Ask the owner of a lock node to release it (Curator-compatible).
+    /// Ask the owner of a lock node to release it (Curator-compatible), or
+    /// with --force take it away (delete the node).
+    ///
+    /// Example: dlock revoke /locks/nightly/_c_6f1e...-lock-0000000003
+    ///
+    /// Example: dlock revoke --force /limits/api/leases/_c_0a2b...-lease-0000000007
     Revoke(commands::RevokeArgs),
     /// Measure a workload; prints one line in the peer harnesses' format.
     ///

@@ -8,12 +8,14 @@ use std::future::Future;
 use std::io::IsTerminal;
 use std::pin::Pin;
 use std::process::ExitStatus;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dlock::store::SessionState;
 use dlock::{Acquisition, FencingToken, Hold, Session};
 use tokio::process::Command;
+use tokio::sync::Notify;
 
 use crate::exit::Exit;
 
@@ -29,6 +31,9 @@ pub struct Holding {
     /// Resolves if the recipe itself declares the hold over (leadership
     /// cancelled by its error policy), besides the session watch.
     ended: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// Told when someone asks for the hold (`--revocable`), and how long
+    /// the command then gets between SIGTERM and SIGKILL.
+    revocation: Option<(Arc<Notify>, Duration)>,
 }
 
 impl Holding {
@@ -48,6 +53,7 @@ impl Holding {
             acquisitions,
             release,
             ended: None,
+            revocation: None,
         }
     }
 
@@ -62,7 +68,15 @@ impl Holding {
             acquisitions: vec![acquisition],
             release,
             ended: Some(Box::pin(ended)),
+            revocation: None,
         }
+    }
+
+    /// Stops the command when `requested` is notified (a revocation
+    /// request reached one of our nodes), giving it `grace` after SIGTERM.
+    pub fn revocable(mut self, requested: Arc<Notify>, grace: Duration) -> Self {
+        self.revocation = Some((requested, grace));
+        self
     }
 
     /// The token to hand on: the largest, so that a fenced resource that
@@ -103,6 +117,42 @@ pub struct RunOptions {
     /// not passed on: a nested dlock needs its credentials from elsewhere).
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+/// Revocation and a hold limit, for the commands that take a lock or
+/// leases.
+#[derive(Debug, Clone, clap::Args)]
+pub struct HoldOptions {
+    /// Listen for revocation requests (`dlock revoke NODE`, Curator's
+    /// Revoker): on one, stop CMD — SIGTERM, then SIGKILL after GRACE
+    /// (default: --grace) — release, and exit 68. Revocable nodes carry no
+    /// data, as in Curator.
+    #[arg(long, value_name = "GRACE", num_args = 0..=1, require_equals = true,
+          value_parser = crate::duration::parse)]
+    pub revocable: Option<Option<Duration>>,
+    /// Hold at most this long: then the library itself releases (even if
+    /// dlock is stuck), CMD is stopped as on a loss (SIGTERM, SIGKILL after
+    /// --grace) and dlock exits 66; a waiter gets in at once.
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
+    pub max_hold: Option<Duration>,
+}
+
+impl HoldOptions {
+    /// With `--revocable`: what a listener notifies, and the grace after
+    /// SIGTERM.
+    pub fn revocation(&self, run: &RunOptions) -> Option<(Arc<Notify>, Duration)> {
+        self.revocable
+            .map(|grace| (Arc::new(Notify::new()), grace.unwrap_or(run.grace)))
+    }
+}
+
+/// A revocation listener that notifies `requested`.
+pub fn listener(requested: &Arc<Notify>) -> impl Fn(&str) + Send + Sync + 'static {
+    let requested = requested.clone();
+    move |node: &str| {
+        eprintln!("dlock: revocation requested for {node}");
+        requested.notify_one();
+    }
 }
 
 /// How a run ended.
@@ -199,10 +249,26 @@ impl<'a> Runner<'a> {
                 None => std::future::pending().await,
             }
         };
+        let revoked = async {
+            match &holding.revocation {
+                Some((requested, _)) => requested.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        // Any of our holds taken away: revoked by force, or past --max-hold.
+        let taken = async {
+            if holding.acquisitions.is_empty() {
+                return std::future::pending().await;
+            }
+            futures::future::select_all(holding.acquisitions.iter().map(|a| Box::pin(a.lost())))
+                .await;
+        };
         let outcome = tokio::select! {
             status = child.wait() => Outcome::Exited(status?),
             () = lost(self.session, held_session, options.suspend_grace) => Outcome::Lost,
             () = ended => Outcome::Lost,
+            () = taken => Outcome::Lost,
+            () = revoked => Outcome::Revoked,
             signal = self.signals.next() => Outcome::Signalled(signal),
         };
         let ran = match outcome {
@@ -215,6 +281,15 @@ impl<'a> Runner<'a> {
                 stop(&mut child, pid, options.grace).await;
                 Ran {
                     code: Exit::Lost as u8,
+                    last: true,
+                }
+            }
+            Outcome::Revoked => {
+                eprintln!("dlock: revocation requested for {nodes} — stopping the command");
+                let grace = holding.revocation.as_ref().map_or(options.grace, |r| r.1);
+                stop(&mut child, pid, grace).await;
+                Ran {
+                    code: Exit::Revoked as u8,
                     last: true,
                 }
             }
@@ -239,6 +314,7 @@ impl<'a> Runner<'a> {
 enum Outcome {
     Exited(ExitStatus),
     Lost,
+    Revoked,
     Signalled(libc::c_int),
 }
 

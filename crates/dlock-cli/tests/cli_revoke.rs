@@ -1,0 +1,366 @@
+//! `--revocable[=GRACE]`, `--max-hold` and `dlock revoke --force`, as real
+//! processes against real servers: ZooKeeper for every case, and the
+//! forced revocation of every kind of holder on etcd and Consul too.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dlock_testkit::shared_zk;
+
+/// How long a holder may take, from a revocation or its hold limit, to
+/// stop its command and exit — and a waiter to get in: a watch event, a
+/// signal, a release. (Consul sessions are 10 s here; nothing waits for
+/// one to expire.)
+const BOUND: Duration = Duration::from_secs(8);
+
+fn zk() -> String {
+    format!("zk://{}", shared_zk().connect_string())
+}
+
+fn dlock_on(endpoint: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
+    c.env("DLOCK_ENDPOINT", endpoint);
+    c
+}
+
+fn unique(name: &str) -> String {
+    format!("/cli-{}/{name}", uuid::Uuid::new_v4().simple())
+}
+
+/// Waits for a line in a file that a command appends to (the file is the
+/// event; a short poll of a local file stands in for a watch).
+fn await_line(path: &std::path::Path, needle: &str, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if std::fs::read_to_string(path).is_ok_and(|s| s.lines().any(|l| l.contains(needle))) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The participants at `path`, as `dlock inspect --json` lists them.
+fn participants(endpoint: &str, path: &str) -> Vec<serde_json::Value> {
+    let out = dlock_on(endpoint)
+        .args(["inspect", path, "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "inspect {path}: {out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    json["participants"].as_array().cloned().unwrap_or_default()
+}
+
+/// The node of the one holder at `path`.
+fn holder_node(endpoint: &str, path: &str) -> String {
+    let all = participants(endpoint, path);
+    let holders: Vec<_> = all.iter().filter(|p| p["role"] == "holder").collect();
+    assert_eq!(holders.len(), 1, "one holder at {path}: {all:?}");
+    holders[0]["node"].as_str().unwrap().to_string()
+}
+
+/// Waits for a child to exit within `within`; its exit code.
+fn exit_within(child: &mut Child, within: Duration) -> Option<i32> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code();
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A command that says it started, and on SIGTERM says so but carries on:
+/// only SIGKILL ends it.
+fn stubborn(log: &std::path::Path) -> Vec<String> {
+    let script = format!(
+        "trap 'echo TERM >> {0}' TERM; echo started >> {0}; while :; do sleep 0.05; done",
+        log.display()
+    );
+    vec!["sh".into(), "-c".into(), script]
+}
+
+/// `--revocable=GRACE`: a revocation request stops a command that ignores
+/// SIGTERM with SIGKILL after GRACE; dlock releases and exits 68, and the
+/// waiter gets in.
+#[test]
+fn a_revocable_lock_kills_a_stubborn_command_after_its_grace() {
+    let endpoint = zk();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let path = unique("revocable");
+    let grace = Duration::from_millis(600);
+    let mut holder = dlock_on(&endpoint)
+        .args(["lock", &path, "--revocable=600ms", "--"])
+        .args(stubborn(&log))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        await_line(&log, "started", BOUND),
+        "the holder's command never started"
+    );
+    let node = holder_node(&endpoint, &path);
+    let waiter_log = dir.path().join("waiter");
+    let mut waiter = dlock_on(&endpoint)
+        .args(["lock", &path, "--", "sh", "-c"])
+        .arg(format!("echo in >> {}", waiter_log.display()))
+        .spawn()
+        .unwrap();
+    let asked = Instant::now();
+    let out = dlock_on(&endpoint)
+        .args(["revoke", &node])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "revoke: {out:?}");
+    assert_eq!(
+        exit_within(&mut holder, BOUND),
+        Some(68),
+        "exit 68: revoked"
+    );
+    let took = asked.elapsed();
+    assert!(
+        await_line(&log, "TERM", BOUND),
+        "the command got SIGTERM first"
+    );
+    assert!(took >= grace, "SIGKILL came before the grace: {took:?}");
+    let stderr = std::io::read_to_string(holder.stderr.take().unwrap()).unwrap();
+    assert!(stderr.contains("revocation requested"), "{stderr}");
+    assert_eq!(exit_within(&mut waiter, BOUND), Some(0));
+    assert!(await_line(&waiter_log, "in", Duration::ZERO));
+    assert!(participants(&endpoint, &path).is_empty());
+}
+
+/// Without `--revocable`, a revocation request is not listened to: the
+/// command runs to its end.
+#[test]
+fn a_lock_without_revocable_ignores_requests() {
+    let endpoint = zk();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let path = unique("not-revocable");
+    let mut holder = dlock_on(&endpoint)
+        .args(["lock", &path, "--", "sh", "-c"])
+        .arg(format!(
+            "echo started >> {0}; while [ ! -e {0}.go ]; do sleep 0.05; done",
+            log.display()
+        ))
+        .spawn()
+        .unwrap();
+    assert!(await_line(&log, "started", BOUND));
+    let node = holder_node(&endpoint, &path);
+    let out = dlock_on(&endpoint)
+        .args(["revoke", &node])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    // Still holding after the request was written and seen by everyone:
+    // inspect reads after the revoke's write.
+    assert_eq!(holder_node(&endpoint, &path), node);
+    assert!(holder.try_wait().unwrap().is_none());
+    std::fs::write(format!("{}.go", log.display()), b"").unwrap();
+    assert_eq!(exit_within(&mut holder, BOUND), Some(0));
+}
+
+/// `--max-hold`: the hold ends by itself at the limit; the command is
+/// stopped, dlock exits 66, and a waiter gets in.
+#[test]
+fn max_hold_stops_the_command_and_lets_the_waiter_in() {
+    let endpoint = zk();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let path = unique("max-hold");
+    let started = Instant::now();
+    let mut holder = dlock_on(&endpoint)
+        .args([
+            "lock",
+            &path,
+            "--max-hold",
+            "700ms",
+            "--grace",
+            "200ms",
+            "--",
+        ])
+        .args(stubborn(&log))
+        .spawn()
+        .unwrap();
+    assert!(await_line(&log, "started", BOUND));
+    let mut waiter = dlock_on(&endpoint)
+        .args(["lock", &path, "--", "true"])
+        .spawn()
+        .unwrap();
+    assert_eq!(exit_within(&mut holder, BOUND), Some(66), "exit 66: lost");
+    assert!(started.elapsed() >= Duration::from_millis(700));
+    assert_eq!(exit_within(&mut waiter, BOUND), Some(0));
+    assert!(participants(&endpoint, &path).is_empty());
+}
+
+/// One kind of holder: its name, and the dlock command that holds it.
+struct Kind {
+    name: &'static str,
+    args: &'static [&'static str],
+}
+
+const KINDS: &[Kind] = &[
+    Kind {
+        name: "lock",
+        args: &["lock"],
+    },
+    Kind {
+        name: "read-lock",
+        args: &["read-lock"],
+    },
+    Kind {
+        name: "write-lock",
+        args: &["write-lock"],
+    },
+    Kind {
+        name: "semaphore",
+        args: &["semaphore", "--leases", "1"],
+    },
+    Kind {
+        name: "kv-semaphore",
+        args: &["semaphore", "--leases", "1", "--kv"],
+    },
+    Kind {
+        name: "leader",
+        args: &["elect"],
+    },
+];
+
+/// `dlock revoke --force` reaches every kind of holder, revocable or not:
+/// the holder stops its command and exits 66, the waiter gets in, nothing
+/// is left.
+fn revoke_force_reaches_every_kind_of_holder_on(endpoint: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    for kind in KINDS {
+        let log = dir.path().join(kind.name);
+        let path = unique(kind.name);
+        let mut holder = dlock_on(endpoint)
+            .args(kind.args)
+            .args([path.as_str(), "--grace", "200ms", "--"])
+            .args(stubborn(&log))
+            .spawn()
+            .unwrap();
+        assert!(
+            await_line(&log, "started", BOUND),
+            "{}: never started",
+            kind.name
+        );
+        let node = holder_node(endpoint, &path);
+        let waiter_log = dir.path().join(format!("{}-waiter", kind.name));
+        let mut waiter = dlock_on(endpoint)
+            .args(kind.args)
+            .args([path.as_str(), "--", "sh", "-c"])
+            .arg(format!("echo in >> {}", waiter_log.display()))
+            .spawn()
+            .unwrap();
+        let out = dlock_on(endpoint)
+            .args(["revoke", "--force", &node])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}: revoke --force: {out:?}",
+            kind.name
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("revoked by force"));
+        assert_eq!(
+            exit_within(&mut holder, BOUND),
+            Some(66),
+            "{}: the holder stops, exit 66",
+            kind.name
+        );
+        assert_eq!(
+            exit_within(&mut waiter, BOUND),
+            Some(0),
+            "{}: the waiter",
+            kind.name
+        );
+        assert!(
+            await_line(&waiter_log, "in", Duration::ZERO),
+            "{}",
+            kind.name
+        );
+        let left = participants(endpoint, &path);
+        assert!(left.is_empty(), "{}: left behind: {left:?}", kind.name);
+    }
+}
+
+#[test]
+fn revoke_force_reaches_every_kind_of_holder() {
+    revoke_force_reaches_every_kind_of_holder_on(&zk());
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn revoke_force_reaches_every_kind_of_holder_on_etcd() {
+    let endpoint = format!("etcd://{}", dlock_testkit::shared_etcd().endpoint());
+    revoke_force_reaches_every_kind_of_holder_on(&endpoint);
+}
+
+#[cfg(feature = "consul")]
+#[test]
+fn revoke_force_reaches_every_kind_of_holder_on_consul() {
+    let endpoint = format!("consul://{}", dlock_testkit::shared_consul().endpoint());
+    revoke_force_reaches_every_kind_of_holder_on(&endpoint);
+}
+
+/// `--revocable` on a semaphore: the lease holder stops at a request.
+#[test]
+fn a_revocable_semaphore_lease_stops_at_a_request() {
+    let endpoint = zk();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let path = unique("sem-revocable");
+    let mut holder = dlock_on(&endpoint)
+        .args([
+            "semaphore",
+            &path,
+            "--leases",
+            "2",
+            "--revocable=200ms",
+            "--",
+        ])
+        .args(stubborn(&log))
+        .spawn()
+        .unwrap();
+    assert!(await_line(&log, "started", BOUND));
+    let node = holder_node(&endpoint, &path);
+    let out = dlock_on(&endpoint)
+        .args(["revoke", &node])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(exit_within(&mut holder, BOUND), Some(68));
+    assert!(participants(&endpoint, &path).is_empty());
+}
+
+/// `--layout consul` has neither revocation nor a hold limit: refused as a
+/// usage error naming the flags.
+#[test]
+fn consul_layout_refuses_revocable_and_max_hold() {
+    let out = dlock_on(&zk())
+        .args([
+            "lock",
+            "/x",
+            "--layout",
+            "consul",
+            "--max-hold",
+            "1s",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--max-hold"), "{stderr}");
+}
