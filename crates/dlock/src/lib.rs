@@ -28,6 +28,8 @@
 //! | one leader, stays in the race | [`LeaderLatch`] | `LeaderLatch` | leader = first; epoch per term |
 //! | one leader at a time, taking turns | [`LeaderSelector`] | `LeaderSelector` | run a task while leader; requeue |
 //! | ask a holder to let go | [`revoke`] + `.revocable(..)` | `Revoker`, `makeRevocable` | cooperative |
+//! | take a hold away, any recipe | [`revoke_forced`] | (CURATOR-150) | deletes its node; holder's lost signal fires |
+//! | cap how long a hold lasts | `.with_max_hold(d)` | (CURATOR-28; Redisson `leaseTime`) | released by the library, even if the holder is stuck |
 //! | hold everyone until a flag is lowered | [`Barrier`] | `DistributedBarrier` | persistent node; waiters watch it |
 //! | start together, finish together | [`DoubleBarrier`] | `DistributedDoubleBarrier` | ephemeral members + `ready` |
 //! | share a lock with `consul lock` | [`ConsulLock`] | (Consul `api.Lock`) | one `.lock` key held by a session |
