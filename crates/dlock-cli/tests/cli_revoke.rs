@@ -364,3 +364,48 @@ fn consul_layout_refuses_revocable_and_max_hold() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--max-hold"), "{stderr}");
 }
+
+/// In Consul's layout, `dlock revoke --force` reaches a `consul lock -n`
+/// holder too: its `api.Semaphore` monitors the prefix, finds its
+/// contender key gone, stops its command and exits — at once, not at its
+/// session's end — leaving nothing behind.
+#[cfg(feature = "consul")]
+#[test]
+fn revoke_force_stops_a_consul_lock_n_holder() {
+    let consul = dlock_testkit::shared_consul();
+    let http = format!("-http-addr={}", consul.endpoint());
+    let binary = dlock_testkit::consul_binary().expect("the consul binary");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let prefix = format!("cr-{}/sem", uuid::Uuid::new_v4().simple());
+    let mut holder = Command::new(&binary)
+        .args(["lock", &http, "-n=2", &prefix])
+        .arg(format!("echo started >> {}; sleep 30", log.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(await_line(&log, "started", BOUND), "consul lock never started");
+    let keys = Command::new(&binary)
+        .args(["kv", "get", &http, "-keys", &format!("{prefix}/")])
+        .output()
+        .unwrap();
+    let keys = String::from_utf8(keys.stdout).unwrap();
+    let contenders: Vec<&str> = keys.lines().filter(|k| !k.ends_with("/.lock")).collect();
+    assert_eq!(contenders.len(), 1, "one contender key: {keys}");
+    let endpoint = format!("consul://{}", consul.endpoint());
+    let revoked = Instant::now();
+    let out = dlock_on(&endpoint)
+        .args(["revoke", "--force", &format!("/{}", contenders[0])])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let code = exit_within(&mut holder, BOUND);
+    assert!(code.is_some_and(|c| c != 0), "consul lock stops: {code:?}");
+    assert!(revoked.elapsed() < BOUND);
+    let left = Command::new(&binary)
+        .args(["kv", "get", &http, "-recurse", &prefix])
+        .output()
+        .unwrap();
+    assert!(left.stdout.is_empty(), "left behind: {left:?}");
+}

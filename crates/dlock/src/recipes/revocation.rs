@@ -1,6 +1,13 @@
-//! Cooperative revocation, as Curator's `Revoker`: anyone may ask the owner
-//! of a lock node to give it up by writing `__REVOKE__` to the node; a
-//! revocable participant watches its own node and is told.
+//! Revocation. Cooperative, as Curator's `Revoker`: anyone may ask the
+//! owner of a lock node to give it up by writing `__REVOKE__` to the node; a
+//! revocable participant watches its own node and is told. Revocable are
+//! the [`Mutex`](crate::Mutex), the [`ReadWriteLock`](crate::ReadWriteLock),
+//! [`Semaphore`](crate::Semaphore) leases and
+//! [`KvSemaphore`](crate::KvSemaphore) slots — each with the same protocol
+//! on its own node (layout: a revocable node carries no data until a
+//! request writes `__REVOKE__`; a KvSemaphore entry's value is replaced
+//! by it). Or by force ([`revoke_forced`], CURATOR-150): the node is
+//! deleted, and the hold — of any recipe — is lost at once.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
@@ -61,10 +68,12 @@ pub async fn revoke(session: &Session, node: &str) -> Result<()> {
 /// writes are refused from then on (they check the node), and the next
 /// waiter — who watches that node, or the directory — proceeds at once.
 /// For a `KvSemaphore`, the holder stays listed in the record until the
-/// next contender (or the holder's release) prunes it, as a dead holder;
-/// `consul lock -n` holders that lose their contender key this way are
-/// pruned likewise and stop when they see the record without them. A node
-/// that is already gone is fine.
+/// next contender (or the holder's release) prunes it, as a dead holder.
+/// In [`Layout::Consul`](crate::Layout::Consul), a `consul lock -n` holder
+/// whose contender key is deleted this way notices at once too: Consul's
+/// `api.Semaphore` monitors the whole prefix and judges holders alive by
+/// their keys' sessions, so it finds itself dead and stops its command. A
+/// node that is already gone is fine.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {

@@ -57,6 +57,38 @@ impl SemaphoreMutex {
         self
     }
 
+    /// Makes the lock revocable (see [`Semaphore::revocable`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// let session = dlock::connect("embedded").await?;
+    /// let lock = dlock::SemaphoreMutex::new(&session, "/doc/sm-revocable")?
+    ///     .revocable(|node: &str| println!("asked to release {node}"));
+    /// let guard = lock.acquire().await?;
+    /// dlock::revoke(&session, guard.node()).await?;
+    /// # guard.release().await?; Ok(()) }
+    /// ```
+    pub fn revocable(mut self, listener: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        self.semaphore = self.semaphore.revocable(listener);
+        self
+    }
+
+    /// Limits every hold to `max_hold` (see [`Semaphore::with_max_hold`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use std::time::Duration;
+    /// let session = dlock::connect("embedded").await?;
+    /// let lock = dlock::SemaphoreMutex::new(&session, "/doc/sm-max-hold")?.with_max_hold(Duration::from_millis(50));
+    /// let guard = lock.acquire().await?;
+    /// guard.lost().await;
+    /// # let _ = guard.release().await; Ok(()) }
+    /// ```
+    pub fn with_max_hold(mut self, max_hold: std::time::Duration) -> Self {
+        self.semaphore = self.semaphore.with_max_hold(max_hold);
+        self
+    }
+
     /// The lock's path.
     pub fn path(&self) -> &str {
         self.semaphore.path()

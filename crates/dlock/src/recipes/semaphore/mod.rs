@@ -7,7 +7,9 @@
 //!   that serialises acquirers;
 //! - `<path>/leases`: one `_c_<uuid>-lease-<seq>` ephemeral-sequential node
 //!   per lease (data: the semaphore's node data, else the session's default
-//!   data).
+//!   data; none if [revocable](Semaphore::revocable), which uses the
+//!   mutex's revocation protocol on the lease node — an addition Curator's
+//!   semaphore does not have and ignores).
 //!
 //! Acquiring one lease is exactly Curator's algorithm: take the `locks`
 //! mutex, create the lease node, wait (watching the children of `leases`)
