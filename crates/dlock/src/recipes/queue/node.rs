@@ -1,11 +1,11 @@
 //! The nodes of the wait queue: one still queueing ([`PendingNode`], gone
 //! unless kept) and one that holds ([`HeldNode`], what guards point at).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
@@ -65,8 +65,13 @@ pub(crate) struct HeldNode {
     pub created: Created,
     pub session_id: SessionId,
     pub acquired_at: Instant,
-    /// How the hold ended, other than with its session.
-    fate: watch::Sender<Fate>,
+    /// How the hold ended, other than with its session: a [`Fate`]. An
+    /// atomic and a `Notify` (no allocation, no lock on the release path
+    /// but the notify's), because every acquisition and release pays for
+    /// it.
+    fate: AtomicU8,
+    /// Wakes whoever waits for the fate to change.
+    fate_changed: Notify,
     /// Whether a task already watches the node for its deletion.
     watched: AtomicBool,
 }
@@ -75,6 +80,7 @@ pub(crate) struct HeldNode {
 /// [`Fate::Held`] counts: a hold released by its holder cannot be revoked
 /// afterwards, and one revoked or expired stays lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub(crate) enum Fate {
     /// Ours, as far as the node goes.
     Held,
@@ -87,6 +93,15 @@ pub(crate) enum Fate {
 }
 
 impl Fate {
+    fn from_u8(value: u8) -> Fate {
+        match value {
+            0 => Fate::Held,
+            1 => Fate::Released,
+            2 => Fate::Removed,
+            _ => Fate::Expired,
+        }
+    }
+
     /// Whether the hold was taken away.
     pub fn taken(self) -> bool {
         matches!(self, Fate::Removed | Fate::Expired)
@@ -113,7 +128,8 @@ impl HeldNode {
             session_id,
             created,
             acquired_at: Instant::now(),
-            fate: watch::Sender::new(Fate::Held),
+            fate: AtomicU8::new(Fate::Held as u8),
+            fate_changed: Notify::new(),
             watched: AtomicBool::new(false),
         })
     }
@@ -121,7 +137,7 @@ impl HeldNode {
     /// Whether the session that created the node is over, or the hold was
     /// taken away (revoked by force, or past its maximum hold time).
     pub fn is_lost(&self) -> bool {
-        self.session_over() || self.fate.borrow().taken()
+        self.session_over() || self.fate().taken()
     }
 
     fn session_over(&self) -> bool {
@@ -133,17 +149,34 @@ impl HeldNode {
     /// Moves the fate from [`Fate::Held`] to `to`; the fate before (so
     /// `Held` if this call changed it).
     fn settle(&self, to: Fate) -> Fate {
-        let mut before = Fate::Held;
-        self.fate.send_if_modified(|fate| {
-            before = *fate;
-            if *fate == Fate::Held {
-                *fate = to;
-                true
-            } else {
-                false
+        let held = Fate::Held as u8;
+        match self
+            .fate
+            .compare_exchange(held, to as u8, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => {
+                self.fate_changed.notify_waiters();
+                Fate::Held
             }
-        });
-        before
+            Err(before) => Fate::from_u8(before),
+        }
+    }
+
+    fn fate(&self) -> Fate {
+        Fate::from_u8(self.fate.load(Ordering::SeqCst))
+    }
+
+    /// Resolves once the fate satisfies `settled`.
+    async fn fate_settles(&self, settled: impl Fn(Fate) -> bool) {
+        loop {
+            // Armed before looking: a change between the look and the
+            // wait still wakes it.
+            let changed = self.fate_changed.notified();
+            if settled(self.fate()) {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// The holder gives the hold back (its node is being deleted): whatever
@@ -175,9 +208,7 @@ impl HeldNode {
             self.session
                 .spawn_background(async move { node.watch_removal().await });
         }
-        let mut fate = self.fate.subscribe();
-        // The sender lives as long as `self`: this never errs.
-        let _ = fate.wait_for(|f| f.taken()).await;
+        self.fate_settles(Fate::taken).await;
     }
 
     /// Watches our node until it is deleted (then, unless we let it go,
@@ -185,9 +216,8 @@ impl HeldNode {
     async fn watch_removal(&self) {
         let store = self.session.store();
         let path = &self.created.path;
-        let mut fate = self.fate.subscribe();
         loop {
-            if *fate.borrow_and_update() != Fate::Held || self.session_over() {
+            if self.fate() != Fate::Held || self.session_over() {
                 return;
             }
             let found = self.session.retrying(|| store.exists(path, true)).await;
@@ -209,7 +239,7 @@ impl HeldNode {
                     // Data changed (a revocation request) or a session
                     // event: look again.
                 }
-                _ = fate.changed() => return,
+                () = self.fate_settles(|f| f != Fate::Held) => return,
             }
         }
     }
@@ -220,12 +250,11 @@ impl HeldNode {
     /// first.
     pub fn limit(self: &Arc<Self>, max_hold: Duration) {
         let node = self.clone();
-        let mut fate = self.fate.subscribe();
         self.session.spawn_background(async move {
             let at_limit = tokio::time::sleep_until(node.acquired_at + max_hold);
             tokio::select! {
                 () = at_limit => {}
-                _ = fate.wait_for(|f| *f != Fate::Held) => return,
+                () = node.fate_settles(|f| f != Fate::Held) => return,
             }
             if node.session_over() || node.settle(Fate::Expired) != Fate::Held {
                 return;
