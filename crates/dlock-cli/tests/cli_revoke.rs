@@ -385,7 +385,10 @@ fn revoke_force_stops_a_consul_lock_n_holder() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    assert!(await_line(&log, "started", BOUND), "consul lock never started");
+    assert!(
+        await_line(&log, "started", BOUND),
+        "consul lock never started"
+    );
     let keys = Command::new(&binary)
         .args(["kv", "get", &http, "-keys", &format!("{prefix}/")])
         .output()
@@ -400,8 +403,10 @@ fn revoke_force_stops_a_consul_lock_n_holder() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
+    // Its command would run 30 s; `consul lock` 1.8 exits 0 after stopping
+    // it on a lost slot, so the time tells.
     let code = exit_within(&mut holder, BOUND);
-    assert!(code.is_some_and(|c| c != 0), "consul lock stops: {code:?}");
+    assert!(code.is_some(), "consul lock did not stop within {BOUND:?}");
     assert!(revoked.elapsed() < BOUND);
     let left = Command::new(&binary)
         .args(["kv", "get", &http, "-recurse", &prefix])
