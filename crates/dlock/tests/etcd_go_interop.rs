@@ -28,7 +28,7 @@ use common::{await_children, Harness};
 use dlock::recipes::leader_latch::LeaderLatch;
 use dlock::recipes::leader_selector::LeaderSelector;
 use dlock::store::{CreateMode, CreateOptions};
-use dlock::{inspect, FencingToken, Foreign, Role, Session};
+use dlock::{inspect, Access, FencingToken, Foreign, ReadWriteLock, RecipeKind, Role, Session};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
@@ -446,10 +446,119 @@ async fn etcdctl_lock_revision_follows_the_dlock_token(h: &Harness) -> Result<()
     Ok(())
 }
 
+/// The roles and accesses `dlock inspect` shows at `path`, in queue order,
+/// with whether each is Go's.
+async fn queue_at(s: &Session, path: &str) -> Result<Vec<(Role, Option<Access>, bool)>> {
+    let seen = inspect(s, path).await?;
+    ensure!(seen.recipe == RecipeKind::ReadWriteLock, "{seen:?}");
+    Ok(seen
+        .participants
+        .iter()
+        .map(|p| (p.role, p.access, p.foreign == Some(Foreign::EtcdGo)))
+        .collect())
+}
+
+/// A Go mutex holder (`etcdctl lock`) on a read-write lock's path is a
+/// writer: a dlock reader waits for it (and `try_read` refuses), a dlock
+/// writer queues behind it, and once it unlocks the reader reads first.
+async fn a_go_mutex_holder_is_a_writer_to_dlock_readers(h: &Harness) -> Result<()> {
+    let path = h.path("/rw");
+    let s = h.session().await;
+    let mut go = Etcdctl::spawn(&["lock", &path])?;
+    let go_key = go.next_line().await?;
+    let rw = ReadWriteLock::new(&s, &path)?;
+    ensure!(rw.try_read().await?.is_none(), "read while Go holds");
+    let reader = rw.clone();
+    let reading = tokio::spawn(async move { reader.read().await });
+    await_children(&s, &path, 2, WITHIN).await?;
+    let writer = ReadWriteLock::new(&s, &path)?;
+    let writing = tokio::spawn(async move { writer.write().await });
+    await_children(&s, &path, 3, WITHIN).await?;
+    let (r, w, go_) = (Some(Access::Read), Some(Access::Write), true);
+    ensure!(
+        queue_at(&s, &path).await?
+            == [
+                (Role::Holder, w, go_),
+                (Role::Waiter, r, false),
+                (Role::Waiter, w, false)
+            ],
+        "{:?}",
+        inspect(&s, &path).await?
+    );
+    ensure!(
+        !reading.is_finished(),
+        "a dlock reader read while Go held {go_key}"
+    );
+    go.interrupt().await?;
+    let read = tokio::time::timeout(WITHIN, reading).await???;
+    ensure!(
+        !writing.is_finished(),
+        "the writer wrote while a reader read"
+    );
+    read.release().await?;
+    let write = tokio::time::timeout(WITHIN, writing).await???;
+    write.release().await?;
+    Ok(())
+}
+
+/// dlock readers and writers exclude a Go mutex (`etcdctl lock`): it waits
+/// for a reader, and a reader coming after it waits for it (the queue is
+/// fair); it waits for a writer.
+async fn dlock_readers_and_writers_exclude_a_go_mutex(h: &Harness) -> Result<()> {
+    let path = h.path("/rw");
+    let s = h.session().await;
+    let rw = ReadWriteLock::new(&s, &path)?;
+    let first = rw.read().await?;
+    let mut go = Etcdctl::spawn(&["lock", &path])?;
+    await_children(&s, &path, 2, WITHIN).await?;
+    let later = ReadWriteLock::new(&s, &path)?;
+    let reading = tokio::spawn(async move { later.read().await });
+    await_children(&s, &path, 3, WITHIN).await?;
+    let (r, w) = (Some(Access::Read), Some(Access::Write));
+    ensure!(
+        queue_at(&s, &path).await?
+            == [
+                (Role::Holder, r, false),
+                (Role::Waiter, w, true),
+                (Role::Waiter, r, false)
+            ],
+        "{:?}",
+        inspect(&s, &path).await?
+    );
+    ensure!(
+        !go.has_printed().await,
+        "Go locked while a dlock reader read"
+    );
+    first.release().await?;
+    go.next_line().await?;
+    ensure!(!reading.is_finished(), "a dlock reader read while Go held");
+    go.interrupt().await?;
+    tokio::time::timeout(WITHIN, reading)
+        .await???
+        .release()
+        .await?;
+
+    let write = rw.write().await?;
+    let mut go = Etcdctl::spawn(&["lock", &path])?;
+    await_children(&s, &path, 2, WITHIN).await?;
+    ensure!(
+        !go.has_printed().await,
+        "Go locked while a dlock writer wrote"
+    );
+    let token = write.token();
+    write.release().await?;
+    let go_key = go.next_line().await?;
+    ensure!(FencingToken(create_revision(&go_key).await?) > token);
+    go.interrupt().await?;
+    Ok(())
+}
+
 per_backend!(etcd => crate::common::etcd(); {
     go_and_dlock_mutex_buyers_sell_exactly_the_stock,
     go_and_dlock_election_candidates_lead_one_at_a_time,
     go_and_dlock_see_the_same_leader,
     etcdctl_lock_and_dlock_mutex_exclude_each_other,
     etcdctl_lock_revision_follows_the_dlock_token,
+    a_go_mutex_holder_is_a_writer_to_dlock_readers,
+    dlock_readers_and_writers_exclude_a_go_mutex,
 });
