@@ -11,7 +11,7 @@
 //!
 //! On etcd, a contender of etcd's Go `Mutex` (`etcdctl lock`, a Go service)
 //! on the lock's path — a key `<path>/<lease hex>` — counts as a writer
-//! (see [`etcd_go`](super::etcd_go)): readers queued after it wait for it,
+//! (the layout: `recipes/etcd_go.rs`): readers queued after it wait for it,
 //! writers queue with it, and Go waits for every dlock node ahead of its
 //! own.
 
