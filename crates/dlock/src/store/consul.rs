@@ -67,7 +67,8 @@
 //! renewal fails, and `Lost` when Consul answers 404 or no renewal was
 //! answered for a whole TTL (then it destroys the session, which may still
 //! live on the server). After `Lost` the next operation creates a new
-//! session.
+//! session. Opening a store while the servers elect a leader (they answer
+//! a session create with 500 meanwhile) tries again for up to 15 s.
 //!
 //! **A holder that dies without closing** (killed, partitioned) keeps its
 //! keys until Consul invalidates the session: Consul waits twice the TTL
