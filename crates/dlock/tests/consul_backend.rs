@@ -218,6 +218,49 @@ async fn a_restarted_agent_loses_the_session_and_a_new_one_works() -> Result<()>
     Ok(())
 }
 
+/// A session with a lock delay (`?lock-delay=`) that is invalidated while
+/// holding keeps its keys' names from being created again for that long:
+/// the create fails with `Error::LockDelay` naming the node; after the
+/// delay the same create succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_delay_refuses_the_name_for_its_duration() -> Result<()> {
+    let h = common::consul();
+    let server = shared_consul();
+    let delay = Duration::from_secs(3);
+    let url = format!(
+        "consul://{}?lock-delay={}s",
+        server.endpoint(),
+        delay.as_secs()
+    );
+    let holder =
+        dlock::connect_with(&url, SessionOptions::default().with_session_timeout(TTL)).await?;
+    let next = h.session().await;
+    let path = h.path("/delayed");
+    holder.create(&path, b"", ephemeral()).await?;
+    let uuid = holder.native_session_id().1;
+    let (status, body) = server.http("PUT", &format!("/v1/session/destroy/{uuid}"), None)?;
+    ensure!(status == 200, "{status} {body}");
+    let destroyed = Instant::now();
+    common::await_gone(&next, &path, WITHIN).await?;
+    match next.create(&path, b"", ephemeral()).await {
+        Err(Error::LockDelay { path: named }) => ensure!(named == path, "{named}"),
+        other => bail!("a create within the lock delay: {other:?}"),
+    }
+    ensure!(
+        destroyed.elapsed() < delay,
+        "the check came too late to tell"
+    );
+    // No event marks the delay's end: wait it out, then the name is free.
+    tokio::time::sleep(delay.saturating_sub(destroyed.elapsed()) + Duration::from_millis(500))
+        .await;
+    let again = next.create(&path, b"", ephemeral()).await?;
+    ensure!(again.stat.ephemeral_owner == next.session_id());
+    next.delete(&path, None).await?;
+    holder.close().await;
+    h.finish().await;
+    Ok(())
+}
+
 /// An ACL token whose policy allows `key_prefix "app/"` works below that
 /// prefix; outside it every write is `NoAuth` naming the path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -89,7 +89,10 @@
 //! keys' names from being acquired again for that long: an expired
 //! holder's hand-over takes 2 × TTL plus nothing (new names), but a retry
 //! that recreates a node under the same name (a leader latch's or a
-//! lease's node after a loss) waits out the delay.
+//! lease's node after a loss) waits out the delay. A create that Consul
+//! refuses for a lock delay fails with [`Error::LockDelay`] (Consul does
+//! not say how long is left); [`ConsulLock`](crate::ConsulLock) waits
+//! it out.
 //!
 //! # Operations
 //!
@@ -461,6 +464,13 @@ impl ConsulStore {
                 if failure.session_gone() {
                     self.keeper.lose(session);
                     return Err(Error::SessionExpired);
+                }
+                // The key of an invalidated session with a lock delay:
+                // "failed to lock key ... due to lock delay".
+                if failure.what.contains("lock delay") {
+                    return Err(Error::LockDelay {
+                        path: path.to_string(),
+                    });
                 }
                 // ACLs deny a transaction's operation as its failure (409),
                 // not as a 403 like the KV endpoint.
