@@ -41,6 +41,9 @@ pub mod consul;
 pub mod embedded;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+// The renewal loop of the etcd and Consul sessions.
+#[cfg(any(feature = "etcd", feature = "consul"))]
+mod keepalive;
 // Used by the etcd backend (namespaces); ZooKeeper chroots are native.
 #[cfg(any(feature = "etcd", test))]
 mod namespace;

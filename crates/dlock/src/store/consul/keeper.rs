@@ -1,5 +1,6 @@
-//! The session side of the Consul backend: a Consul session, our renewal
-//! loop, and Curator's connection states on the one status machine.
+//! The session side of the Consul backend: a Consul session, renewed by
+//! the shared keep-alive loop (`store::keepalive`), and Curator's
+//! connection states on the one status machine.
 //!
 //! - The first session is `Connected`.
 //! - A renewal that fails or goes unanswered (within a third of the TTL)
@@ -23,6 +24,7 @@ use tokio::time::Instant;
 use super::http::{Http, Response};
 use super::keys::session_id;
 use crate::error::{Error, Result};
+use crate::store::keepalive::{keep_alive, Cadence, Renewed, Renewer};
 use crate::store::status::{Renewal, StatusMachine};
 use crate::store::{SessionId, SessionStatus};
 
@@ -202,16 +204,22 @@ impl Keeper {
         });
     }
 
+    /// Renews session `id` every third of the TTL until it is lost,
+    /// replaced or closed, or the store is dropped.
     fn spawn_renewals(self: &Arc<Self>, id: SessionId, uuid: String) {
         let this = Arc::downgrade(self);
-        let ttl = self.ttl;
+        let cadence = Cadence {
+            ttl: self.ttl,
+            interval: self.ttl / 3,
+            retry: (self.ttl / 10).max(Duration::from_millis(200)),
+        };
         self.runtime.spawn(async move {
-            renewals(this, id, uuid, ttl).await;
+            keep_alive(move || this.upgrade(), id, uuid, cadence, Instant::now()).await;
         });
     }
 
     /// One renewal: `Ok(true)` if Consul still has the session.
-    async fn renew_once(&self, uuid: &str, timeout: Duration) -> Result<bool> {
+    async fn renew_session(&self, uuid: &str, timeout: Duration) -> Result<bool> {
         let resp = self
             .http
             .send(
@@ -229,58 +237,6 @@ impl Keeper {
                 resp.status,
                 resp.text()
             ))),
-        }
-    }
-}
-
-/// The renewal loop of session `id`: every third of the TTL, until the
-/// session is lost, replaced or closed.
-async fn renewals(keeper: std::sync::Weak<Keeper>, id: SessionId, uuid: String, ttl: Duration) {
-    let interval = ttl / 3;
-    let retry = (ttl / 10).max(Duration::from_millis(200));
-    let mut confirmed = Instant::now();
-    let mut next = confirmed + interval;
-    loop {
-        let Some(this) = keeper.upgrade() else {
-            return;
-        };
-        if !this.machine.is_current(id) {
-            return;
-        }
-        let now = Instant::now();
-        if now >= confirmed + ttl {
-            if this.lose(id) {
-                this.destroy_in_background(uuid);
-            }
-            return;
-        }
-        let suspended = this.machine.fault_suspended();
-        if now >= next && !suspended {
-            let sent = Instant::now();
-            match this.renew_once(&uuid, interval).await {
-                Ok(true) => {
-                    confirmed = sent;
-                    next = sent + interval;
-                    this.machine.connected(id);
-                }
-                Ok(false) => {
-                    this.lose(id);
-                    return;
-                }
-                Err(e) => {
-                    tracing::debug!(session = %uuid, "Consul session renewal failed: {e}");
-                    next = Instant::now() + retry;
-                    this.machine.disconnected(id);
-                }
-            }
-            continue;
-        }
-        let expiry = confirmed + ttl;
-        let wake = if suspended { expiry } else { next.min(expiry) };
-        // Holding `this` meanwhile is fine: a close kicks the loop.
-        tokio::select! {
-            () = tokio::time::sleep_until(wake) => {}
-            () = this.kick.notified() => next = Instant::now(),
         }
     }
 }
@@ -389,6 +345,35 @@ fn created(http: &Http, resp: Response) -> std::result::Result<String, Created> 
             resp.status,
             resp.text()
         )))),
+    }
+}
+
+#[async_trait::async_trait]
+impl Renewer for Keeper {
+    type Slot = SessionSlot;
+    /// The session's UUID.
+    type Loop = String;
+
+    fn machine(&self) -> &StatusMachine<SessionSlot> {
+        &self.machine
+    }
+
+    fn kick(&self) -> &Notify {
+        &self.kick
+    }
+
+    async fn renew_once(&self, _id: SessionId, uuid: &mut String, timeout: Duration) -> Renewed {
+        match self.renew_session(uuid, timeout).await {
+            Ok(true) => Renewed::Alive,
+            Ok(false) => Renewed::Gone,
+            Err(e) => Renewed::Failed(format!("Consul session {uuid}: renewal failed: {e}")),
+        }
+    }
+
+    fn expired(self: &Arc<Self>, id: SessionId, uuid: String) {
+        if self.lose(id) {
+            self.destroy_in_background(uuid);
+        }
     }
 }
 
