@@ -1025,6 +1025,26 @@ mod etcd {
         assert_eq!(inspect_on(&etcd_endpoint(), &path)["recipe"], "none");
     }
 
+    #[test]
+    fn the_command_gets_the_token_and_its_exit_code_is_kept() {
+        the_command_gets_the_token_and_its_exit_code_is_kept_on(&etcd_endpoint());
+    }
+
+    #[test]
+    fn an_acquire_timeout_has_its_exit_code() {
+        an_acquire_timeout_has_its_exit_code_on(&etcd_endpoint());
+    }
+
+    #[test]
+    fn a_killed_holder_hands_over_within_the_session_timeout() {
+        a_killed_holder_hands_over_within_the_session_timeout_on(&etcd_endpoint());
+    }
+
+    #[test]
+    fn elect_hands_over_when_the_leaders_command_exits() {
+        elect_hands_over_when_the_leaders_command_exits_on(&etcd_endpoint());
+    }
+
     /// On etcd the lot need not fill within the run; it must never overfill.
     #[test]
     fn a_semaphore_admits_at_most_its_leases() {
