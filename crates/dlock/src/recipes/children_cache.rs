@@ -136,7 +136,7 @@ impl CacheEvent {
     /// let cache = ChildrenCache::new(&session, "/doc/cache-event")?;
     /// cache.start().await?;
     /// let mut events = cache.events();
-    /// session.create("/doc/cache-event/x", b"1", CreateOptions::new(CreateMode::Ephemeral)).await?;
+    /// session.create("/doc/cache-event/x", b"1", CreateOptions::new(CreateMode::Ephemeral).with_parents()).await?;
     /// let event = events.next().await.unwrap();
     /// assert!(matches!(event, CacheEvent::Added(_)) && event.child().name == "x");
     /// # cache.close().await; Ok(()) }
