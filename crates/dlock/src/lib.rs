@@ -33,6 +33,10 @@
 //! | share a lock with `consul lock` | [`ConsulLock`] | (Consul `api.Lock`) | one `.lock` key held by a session |
 //! | see who holds and waits | [`inspect`] | (Curator's `getParticipantNodes`) | reads each recipe's layout |
 //! | see who holds and waits, any recipe | [`inspect`] | `getParticipantNodes` | also etcd Go holders |
+//! | group membership with a payload each | [`GroupMember`] | `GroupMember` | ephemeral `<path>/<id>`; re-created if it vanishes |
+//! | a directory's children and data, as events | [`ChildrenCache`] | `CuratorCache` (children) | watches, re-sync after a blip; no polling |
+//! | follow an election without joining | [`observe`] | (etcd `Election.Observe`) | leader changes in order |
+//! | free permits and holders of a semaphore | [`Semaphore::available_permits`], [`KvSemaphore::available_permits`] | (CURATOR-230) | one read, no acquire |
 //!
 //! Every recipe runs on every backend: [`store::embedded`] (in-process, with
 //! fault injection — the default for demos and tests), ZooKeeper 3.5+
