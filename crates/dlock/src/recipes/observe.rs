@@ -5,7 +5,7 @@
 //! Curator's, which write the same nodes).
 //!
 //! The observer writes nothing: it is a
-//! [`ChildrenCache`](super::children_cache::ChildrenCache) of the election's
+//! [`ChildrenCache`] of the election's
 //! path, read the way the candidates list themselves (Curator's
 //! `getParticipants`, see [`election`](super::election)): the `latch-` nodes
 //! of a latch, else the `lock-` nodes of a selector, in queue order; the
