@@ -274,6 +274,115 @@ async fn the_cache_catches_up_after_a_session_blip(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// A session through a proxy the test can cut, to a real server, with a
+/// session timeout long enough to outlast a cut.
+async fn through_proxy(
+    h: &Harness,
+    timeout: Duration,
+) -> Result<(dlock_testkit::TcpProxy, dlock::Session)> {
+    let (scheme, hosts) = match &h.backend {
+        common::Backend::ZooKeeper(hosts) => ("zk", hosts),
+        common::Backend::Etcd(hosts) => ("etcd", hosts),
+        _ => bail!("cuts are made on ZooKeeper and etcd connections"),
+    };
+    let proxy = dlock_testkit::TcpProxy::start(hosts)?;
+    let options = dlock::SessionOptions::default().with_session_timeout(timeout);
+    let session = dlock::connect_with(&format!("{scheme}://{}", proxy.address()), options).await?;
+    Ok((proxy, session))
+}
+
+/// On a real server: changes made while the cache's connection was cut (a
+/// payload update, a member leaving, one joining) are seen once it is back.
+async fn the_cache_catches_up_after_a_cut(h: &Harness) -> Result<()> {
+    let (proxy, s) = through_proxy(h, Duration::from_secs(20)).await?;
+    let (sa, sb) = (h.session().await, h.session().await);
+    let dir = h.path("/g/cut");
+    let a = GroupMember::new(&sa, &dir, "a")?.with_payload(b"a1".to_vec());
+    a.start().await?;
+    let b = GroupMember::new(&sb, &dir, "b")?;
+    b.start().await?;
+    let group = watch_group(&s, &dir).await?;
+    ensure!(dlock::recipes::group_member::members_of(&group).len() == 2);
+    let mut seen = member_events(group.events());
+    let mut status = s.watch_status();
+    proxy.cut();
+    tokio::time::timeout(
+        WITHIN,
+        status.wait_for(|st| st.state == dlock::SessionState::Suspended),
+    )
+    .await
+    .context("not suspended after the cut")??;
+    a.set_payload(b"a2".to_vec()).await?;
+    b.close().await?;
+    let c = GroupMember::new(&sb, &dir, "c")?;
+    c.start().await?;
+    proxy.restore();
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        got.push(next(&mut seen).await?);
+    }
+    got.sort_by(|x, y| x.id().cmp(y.id()));
+    ensure!(
+        got == [
+            MemberEvent::Updated {
+                id: "a".into(),
+                payload: b"a2".to_vec()
+            },
+            MemberEvent::Left { id: "b".into() },
+            MemberEvent::Joined {
+                id: "c".into(),
+                payload: sb.options().default_data.clone()
+            },
+        ],
+        "{got:?}"
+    );
+    group.close().await;
+    a.close().await?;
+    c.close().await?;
+    s.close().await;
+    Ok(())
+}
+
+/// On a real server: a member cut off longer than its session timeout loses
+/// its session and its node; once the connection is back it joins again in
+/// a new session, and the others see it leave and come back.
+async fn a_member_comes_back_after_a_session_loss(h: &Harness) -> Result<()> {
+    let (proxy, sa) = through_proxy(h, h.timeout()).await?;
+    let sb = h.session().await;
+    let dir = h.path("/g/loss");
+    let a = GroupMember::new(&sa, &dir, "a")?.with_payload(b"pa".to_vec());
+    a.start().await?;
+    let group = watch_group(&sb, &dir).await?;
+    let mut seen = member_events(group.events());
+    let old = sa.session_id();
+    let mut status = sa.watch_status();
+    proxy.cut();
+    tokio::time::timeout(
+        WITHIN,
+        status.wait_for(|st| st.state == dlock::SessionState::Lost),
+    )
+    .await
+    .context("the session outlived the cut")??;
+    let event = next(&mut seen).await.context("left")?;
+    ensure!(event == MemberEvent::Left { id: "a".into() }, "{event:?}");
+    proxy.restore();
+    let event = next(&mut seen).await.context("back")?;
+    ensure!(
+        event
+            == MemberEvent::Joined {
+                id: "a".into(),
+                payload: b"pa".to_vec()
+            },
+        "{event:?}"
+    );
+    let (_, stat) = sb.get_data(&format!("{dir}/a")).await?;
+    ensure!(stat.ephemeral_owner != old && stat.ephemeral_owner == sa.session_id());
+    group.close().await;
+    a.close().await?;
+    sa.close().await;
+    Ok(())
+}
+
 /// Bad arguments are refused before any round trip; starting twice is
 /// refused.
 async fn bad_arguments_are_refused(h: &Harness) -> Result<()> {
@@ -311,9 +420,16 @@ per_backend!(every_backend {
 });
 
 // Expiring or suspending a session on demand needs fault injection (the
-// embedded store's); the TCP-proxy fault tests in faults.rs cover real
-// servers for the shared watch machinery.
+// embedded store's); on real servers a TCP proxy cuts the connection.
 per_backend!(embedded_faults => crate::common::embedded();
     a_member_comes_back_after_its_session_expires,
     the_cache_catches_up_after_a_session_blip,
 );
+per_backend!({
+    zookeeper_cut => crate::common::zookeeper(),
+    #[cfg(feature = "etcd")]
+    etcd_cut => crate::common::etcd(),
+} {
+    the_cache_catches_up_after_a_cut,
+    a_member_comes_back_after_a_session_loss,
+});
