@@ -456,11 +456,48 @@ async fn curator_sees_a_dlock_member_leave(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+async fn next_leader(
+    leaders: &mut futures::stream::BoxStream<'static, Option<dlock::LeaderParticipant>>,
+    within: Duration,
+) -> Result<Option<String>> {
+    use futures::StreamExt;
+    let leader = tokio::time::timeout(within, leaders.next())
+        .await
+        .context("no leader change in time")?
+        .context("the stream ended")?;
+    Ok(leader.map(|l| l.id))
+}
+
+/// An observer sees Curator's and dlock's LeaderLatches lead in turn, in
+/// order, on one path, without taking part.
+async fn an_observer_follows_curator_and_dlock_leaders(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/interop/observe");
+    let within = Duration::from_secs(20);
+    let observer = dlock::observe(&h.session().await, &path).await?;
+    let mut leaders = observer.leader_changes();
+    ensure!(next_leader(&mut leaders, within).await?.is_none());
+    let mut curator = Probe::start(&zk(h))?;
+    ensure!(curator.ask(&format!("latch-start {path} c1"))? == "started c1");
+    ensure!(next_leader(&mut leaders, within).await?.as_deref() == Some("c1"));
+    let ours = dlock::LeaderLatch::new(&s, &path)?.with_id("d1");
+    ours.start()?;
+    await_children(&s, &path, 2, within).await?;
+    ensure!(curator.ask("latch-close c1")? == "closed c1");
+    ensure!(next_leader(&mut leaders, within).await?.as_deref() == Some("d1"));
+    ours.await_leadership_timeout(within).await?;
+    ours.close().await?;
+    ensure!(next_leader(&mut leaders, within).await?.is_none());
+    observer.close().await;
+    Ok(())
+}
+
 per_backend!(zookeeper => crate::common::zookeeper();
     barriers_cross_implementations,
     double_barrier_members_mix,
     group_members_see_each_other,
     curator_sees_a_dlock_member_leave,
+    an_observer_follows_curator_and_dlock_leaders,
     curator_holder_excludes_dlock,
     dlock_holder_excludes_curator,
     an_expired_dlock_holder_hands_over_to_curator,

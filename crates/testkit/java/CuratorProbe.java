@@ -17,6 +17,9 @@
 //                        rendered "id=data,..." sorted by id, is EXPECT  -> "members RENDERED"
 //   member-update ID DATA  setThisData                                   -> "updated ID"
 //   member-leave ID      close the GroupMember                           -> "left ID"
+//   latch-start PATH ID  start a LeaderLatch with id ID (it queues in the
+//                        background)                                     -> "started ID"
+//   latch-close ID       close that LeaderLatch                          -> "closed ID"
 //   quit
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
@@ -38,6 +41,7 @@ public class CuratorProbe {
     static final Map<String, Lease> leases = new HashMap<>();
     static final Map<String, DistributedDoubleBarrier> members = new java.util.concurrent.ConcurrentHashMap<>();
     static final Map<String, GroupMember> groupMembers = new HashMap<>();
+    static final Map<String, LeaderLatch> latches = new HashMap<>();
 
     static String render(Map<String, byte[]> members) {
         StringBuilder sb = new StringBuilder();
@@ -201,9 +205,24 @@ public class CuratorProbe {
                         say("left " + w[1]);
                         break;
                     }
+                    case "latch-start": {
+                        LeaderLatch latch = new LeaderLatch(client, w[1], w[2]);
+                        latch.start();
+                        latches.put(w[2], latch);
+                        say("started " + w[2]);
+                        break;
+                    }
+                    case "latch-close": {
+                        LeaderLatch latch = latches.remove(w[1]);
+                        if (latch == null) { say("error no latch " + w[1]); break; }
+                        latch.close();
+                        say("closed " + w[1]);
+                        break;
+                    }
                     case "quit":
                         for (InterProcessLock l : held.values()) { try { l.release(); } catch (Exception ignored) {} }
                         for (GroupMember m : groupMembers.values()) m.close();
+                        for (LeaderLatch l : latches.values()) { try { l.close(); } catch (Exception ignored) {} }
                         client.close();
                         say("bye");
                         return;
