@@ -347,6 +347,43 @@ mod etcd {
     fn observe_prints_leader_changes() {
         super::observe_prints_leader_changes_on(&endpoint());
     }
+
+    /// `dlock observe` follows an election of etcd's own `etcdctl elect`
+    /// as etcd's Observe does: the leader's proposal, then nobody once it
+    /// resigned.
+    #[test]
+    fn observe_follows_an_etcdctl_election() {
+        let path = super::unique("goelect");
+        let observer = super::Running::start(&endpoint(), &["observe", &path, "--json"]);
+        assert_eq!(observer.json(), serde_json::json!({"leader": null}));
+        let etcdctl = std::process::Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!(
+                "--endpoints={}",
+                dlock_testkit::shared_etcd().url()
+            ))
+            .args(["elect", &path, "proposal-1"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("run etcdctl");
+        let led = observer.json();
+        assert_eq!(led["leader"], "proposal-1", "{led}");
+        assert!(
+            led["node"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{path}/")),
+            "{led}"
+        );
+        // Campaigning set up its signal handling: SIGINT makes it resign.
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(etcdctl.id() as libc::pid_t, libc::SIGINT) };
+        assert_eq!(observer.json(), serde_json::json!({"leader": null}));
+        let mut etcdctl = etcdctl;
+        let _ = etcdctl.wait();
+        observer.signal(libc::SIGTERM);
+        assert_eq!(observer.exit_code(), Some(0));
+    }
 }
 
 #[cfg(feature = "consul")]

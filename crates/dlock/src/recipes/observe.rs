@@ -11,6 +11,12 @@
 //! of a latch, else the `lock-` nodes of a selector, in queue order; the
 //! first leads; each id is its node's data as UTF-8. Its cost is one watch
 //! on the listing and one per candidate, and no polling.
+//!
+//! On etcd, an election of etcd's Go client (`concurrency.Election`,
+//! `etcdctl elect`: one key `<prefix>/<lease id in hex>` per candidate,
+//! attached to its lease, the value its proposal) is followed too, as
+//! etcd's own `Observe` does: the key with the oldest create revision leads,
+//! and its id is its proposal.
 
 use std::collections::BTreeMap;
 
@@ -56,14 +62,22 @@ impl Observation {
 
     fn of(children: &BTreeMap<String, CachedChild>) -> Self {
         let latch = children.keys().any(|n| leader_latch::is_node(n));
-        let (is_node, sort_name): (fn(&str) -> bool, &str) = if latch {
-            (leader_latch::is_node, leader_latch::LATCH_NAME)
+        let lock = children.keys().any(|n| mutex::is_node(n));
+        let (is_candidate, sort_name): (fn(&CachedChild) -> bool, &str) = if latch {
+            (|c| leader_latch::is_node(&c.name), leader_latch::LATCH_NAME)
+        } else if lock {
+            (|c| mutex::is_node(&c.name), mutex::LOCK_NAME)
         } else {
-            (mutex::is_node, mutex::LOCK_NAME)
+            // etcd's Go election (`etcdctl elect`): one key per candidate,
+            // held by its lease; the oldest leads.
+            (
+                |c| c.stat.ephemeral_owner != 0 && c.as_child().created.is_some(),
+                "",
+            )
         };
         let mut order: Vec<Child> = children
             .values()
-            .filter(|c| is_node(&c.name))
+            .filter(|c| is_candidate(c))
             .map(CachedChild::as_child)
             .collect();
         sort_sequenced(&mut order, &[sort_name]);
