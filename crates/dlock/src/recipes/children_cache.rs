@@ -267,6 +267,19 @@ impl Shared {
         }
     }
 
+    /// Takes a child's creation order from a listing, for a child read
+    /// before it was listed (re-read under its name after a deletion). Not
+    /// a change anyone is told of.
+    fn listed(&self, child: &Child) {
+        let mut view = lock(&self.view);
+        if let Some(cached) = view.children.get_mut(&child.name) {
+            let same_node = child.czxid.is_none_or(|czxid| czxid == cached.stat.czxid);
+            if same_node && child.created.is_some() {
+                cached.created = child.created;
+            }
+        }
+    }
+
     /// Drops every child not in `keep`.
     fn retain(&self, keep: &dyn Fn(&str) -> bool) {
         let mut view = lock(&self.view);
@@ -651,7 +664,9 @@ impl Syncer {
                     self.shared.retain(&|name| names.contains(name));
                     self.armed.retain(|name, _| names.contains(name.as_str()));
                     for child in &children {
-                        if !self.armed.contains_key(&child.name) {
+                        if self.armed.contains_key(&child.name) {
+                            self.shared.listed(child);
+                        } else {
                             self.read_child(&child.name, child.created).await?;
                         }
                     }
