@@ -274,6 +274,45 @@ async fn the_cache_catches_up_after_a_session_blip(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// A subscriber that falls further behind than the event buffer is brought
+/// up to date with the net change: it ends up with exactly the children
+/// there are, each told once.
+async fn a_lagging_subscriber_gets_the_net_change(h: &Harness) -> Result<()> {
+    const CHILDREN: usize = 400; // more than the cache buffers per subscriber
+    let (s, other) = (h.session().await, h.session().await);
+    let dir = h.path("/c/lag");
+    let cache = ChildrenCache::new(&s, &dir)?;
+    cache.start().await?;
+    let mut lagging = cache.events();
+    let mut keeping_up = cache.events();
+    for i in 0..CHILDREN {
+        other
+            .create(&format!("{dir}/n{i:04}"), b"x", persistent())
+            .await?;
+    }
+    let mut added = 0;
+    while added < CHILDREN {
+        if let CacheEvent::Added(_) = next(&mut keeping_up).await? {
+            added += 1;
+        }
+    }
+    let mut seen = BTreeMap::new();
+    while seen.len() < CHILDREN {
+        match next(&mut lagging).await? {
+            CacheEvent::Added(c) => {
+                ensure!(seen.insert(c.name.clone(), c).is_none(), "told twice");
+            }
+            e => bail!("only additions happened: {e:?}"),
+        }
+    }
+    ensure!(seen == cache.snapshot());
+    cache.close().await;
+    for i in 0..CHILDREN {
+        other.delete(&format!("{dir}/n{i:04}"), None).await?;
+    }
+    Ok(())
+}
+
 /// A session through a proxy the test can cut, to a real server, with a
 /// session timeout long enough to outlast a cut.
 async fn through_proxy(
@@ -424,6 +463,7 @@ per_backend!(every_backend {
 per_backend!(embedded_faults => crate::common::embedded();
     a_member_comes_back_after_its_session_expires,
     the_cache_catches_up_after_a_session_blip,
+    a_lagging_subscriber_gets_the_net_change,
 );
 per_backend!({
     zookeeper_cut => crate::common::zookeeper(),
