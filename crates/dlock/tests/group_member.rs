@@ -422,6 +422,21 @@ async fn a_member_comes_back_after_a_session_loss(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// Dropping a started member (its last clone) leaves the group in the
+/// background.
+async fn dropping_a_member_leaves(h: &Harness) -> Result<()> {
+    let (sa, sb) = (h.session().await, h.session().await);
+    let dir = h.path("/g/drop");
+    let a = GroupMember::new(&sa, &dir, "a")?;
+    a.start().await?;
+    let group = watch_group(&sb, &dir).await?;
+    let mut seen = member_events(group.events());
+    drop(a);
+    ensure!(next(&mut seen).await? == MemberEvent::Left { id: "a".into() });
+    group.close().await;
+    Ok(())
+}
+
 /// Bad arguments are refused before any round trip; starting twice is
 /// refused.
 async fn bad_arguments_are_refused(h: &Harness) -> Result<()> {
@@ -455,6 +470,7 @@ per_backend!(every_backend {
     a_member_whose_session_ends_disappears,
     a_deleted_member_node_comes_back,
     the_cache_follows_a_directory_that_comes_and_goes,
+    dropping_a_member_leaves,
     bad_arguments_are_refused,
 });
 

@@ -208,7 +208,15 @@ impl Drop for Inner {
             task.abort();
         }
         if started {
-            self.session.delete_in_background(self.node.clone());
+            // Leave in the background, deleting the node only if it is ours.
+            let (session, node) = (self.session.clone(), self.node.clone());
+            self.session.spawn_background(async move {
+                if let Ok(Some(stat)) = session.retrying(|| session.exists(&node)).await {
+                    if stat.ephemeral_owner == session.session_id() {
+                        let _ = session.delete_guaranteed(&node).await;
+                    }
+                }
+            });
         }
     }
 }
