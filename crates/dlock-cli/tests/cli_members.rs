@@ -320,6 +320,58 @@ fn observe_prints_leader_changes_on(endpoint: &str) {
     }
 }
 
+/// `dlock inspect` tells a KV semaphore's limit and free slots (its
+/// holders' record), without taking one.
+#[test]
+fn inspect_tells_a_kv_semaphores_free_slots() {
+    let endpoint = zk_endpoint();
+    let path = unique("kv");
+    let mut holder = Running::start(
+        &endpoint,
+        &[
+            "semaphore",
+            &path,
+            "--kv",
+            "--leases",
+            "3",
+            "--",
+            "sh",
+            "-c",
+            "echo held; cat >/dev/null",
+        ],
+    );
+    assert_eq!(holder.line(), "held");
+    let out = run(&endpoint, &["inspect", &path, "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (
+            json["recipe"].as_str(),
+            json["limit"].as_u64(),
+            json["free"].as_u64()
+        ),
+        (Some("kv-semaphore"), Some(3), Some(2)),
+        "{json}"
+    );
+    let text = run(&endpoint, &["inspect", &path]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.lines()
+            .next()
+            .unwrap()
+            .ends_with("1 participant(s), limit 3, 2 free"),
+        "{text}"
+    );
+    holder.close_stdin();
+    assert_eq!(holder.exit_code(), Some(0));
+    let out = run(&endpoint, &["inspect", &path, "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        json["free"],
+        serde_json::Value::Null,
+        "no record, no limit: {json}"
+    );
+}
+
 mod zookeeper {
     #[test]
     fn members_join_list_watch() {

@@ -163,6 +163,11 @@ async fn kv_semaphore_permits_and_holders(h: &Harness) -> Result<()> {
     let lease = a.acquire().await?;
     ensure!(looker.available_permits().await? == 1);
     ensure!(looker.holders().await? == [lease.holder()]);
+    let seen = dlock::inspect(looker.session(), &path).await?;
+    ensure!(
+        seen.limit == Some(2),
+        "inspect reads the record's limit: {seen:?}"
+    );
     // A looker stating another limit still reads the holders' one.
     let other = KvSemaphore::new(&h.session().await, &path, 5)?;
     ensure!(other.available_permits().await? == 1);
