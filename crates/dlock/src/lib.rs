@@ -37,6 +37,7 @@
 //! | a directory's children and data, as events | [`ChildrenCache`] | `CuratorCache` (children) | watches, re-sync after a blip; no polling |
 //! | follow an election without joining | [`observe`] | (etcd `Election.Observe`) | leader changes in order |
 //! | free permits and holders of a semaphore | [`Semaphore::available_permits`], [`KvSemaphore::available_permits`] | (CURATOR-230) | one read, no acquire |
+//! | share a lock or an election with Go services on etcd | [`Mutex`], [`ReadWriteLock`], [`LeaderLatch`], [`LeaderSelector`] | (etcd's Go `concurrency.Mutex`, `Election`) | one create-revision queue; a Go holder is a writer |
 //!
 //! Every recipe runs on every backend: [`store::embedded`] (in-process, with
 //! fault injection — the default for demos and tests), ZooKeeper 3.5+

@@ -12,11 +12,11 @@
 //! first leads; each id is its node's data as UTF-8. Its cost is one watch
 //! on the listing and one per candidate, and no polling.
 //!
-//! On etcd, an election of etcd's Go client (`concurrency.Election`,
-//! `etcdctl elect`: one key `<prefix>/<lease id in hex>` per candidate,
-//! attached to its lease, the value its proposal) is followed too, as
-//! etcd's own `Observe` does: the key with the oldest create revision leads,
-//! and its id is its proposal.
+//! On etcd, the candidates of etcd's Go client (`concurrency.Election`,
+//! `etcdctl elect`: one key `<prefix>/<lease id in hex>` per candidate, the
+//! value its proposal; see `recipes/etcd_go.rs`) are followed too, alone or
+//! queued with dlock's, as etcd's own `Observe` does: the oldest create
+//! revision leads, and a Go leader's id is its proposal.
 
 use std::collections::BTreeMap;
 
@@ -24,7 +24,7 @@ use futures::stream::{BoxStream, StreamExt};
 
 use super::children_cache::{CacheEvent, CachedChild, ChildrenCache};
 use super::election::LeaderParticipant;
-use super::{leader_latch, mutex};
+use super::{etcd_go, leader_latch, mutex};
 use crate::error::Result;
 use crate::session::Session;
 use crate::store::{sort_sequenced, Child};
@@ -62,23 +62,16 @@ impl Observation {
 
     fn of(children: &BTreeMap<String, CachedChild>) -> Self {
         let latch = children.keys().any(|n| leader_latch::is_node(n));
-        let lock = children.keys().any(|n| mutex::is_node(n));
-        let (is_candidate, sort_name): (fn(&CachedChild) -> bool, &str) = if latch {
-            (|c| leader_latch::is_node(&c.name), leader_latch::LATCH_NAME)
-        } else if lock {
-            (|c| mutex::is_node(&c.name), mutex::LOCK_NAME)
+        let (is_node, sort_name): (fn(&str) -> bool, &str) = if latch {
+            (leader_latch::is_node, leader_latch::LATCH_NAME)
         } else {
-            // etcd's Go election (`etcdctl elect`): one key per candidate,
-            // held by its lease; the oldest leads.
-            (
-                |c| c.stat.ephemeral_owner != 0 && c.as_child().created.is_some(),
-                "",
-            )
+            (mutex::is_node, mutex::LOCK_NAME)
         };
+        // Candidates of etcd's Go `Election` queue with ours (etcd_go).
         let mut order: Vec<Child> = children
             .values()
-            .filter(|c| is_candidate(c))
             .map(CachedChild::as_child)
+            .filter(|c| is_node(&c.name) || etcd_go::is_contender(c))
             .collect();
         sort_sequenced(&mut order, &[sort_name]);
         let participants = order
