@@ -177,6 +177,48 @@ async fn kv_semaphore_permits_and_holders(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// On etcd, a candidate of etcd's own `etcdctl elect` and a dlock latch
+/// queue on one path by create revision; the observer sees the Go leader
+/// (its proposal), then the latch once the Go candidate resigned.
+async fn go_and_dlock_candidates_are_observed_in_turn(h: &Harness) -> Result<()> {
+    let path = h.path("/e/go");
+    let watcher = h.session().await;
+    let observer = observe(&watcher, &path).await?;
+    let mut leaders = observer.leader_changes();
+    ensure!(id(&next(&mut leaders).await?).is_none());
+    let mut etcdctl = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!(
+            "--endpoints={}",
+            dlock_testkit::shared_etcd().url()
+        ))
+        .args(["elect", &path, "go-1"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .context("run etcdctl")?;
+    let leader = next(&mut leaders).await?;
+    ensure!(id(&leader) == Some("go-1"), "{leader:?}");
+    let latch = LeaderLatch::new(&h.session().await, &path)?.with_id("d1");
+    latch.start()?;
+    await_children(&watcher, &path, 2, WITHIN).await?;
+    // Campaigning set up etcdctl's signal handling: SIGINT makes it resign.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(etcdctl.id() as libc::pid_t, libc::SIGINT) };
+    let leader = next(&mut leaders).await?;
+    ensure!(id(&leader) == Some("d1"), "{leader:?}");
+    tokio::task::spawn_blocking(move || etcdctl.wait()).await??;
+    latch.await_leadership_timeout(WITHIN).await?;
+    latch.close().await?;
+    ensure!(next(&mut leaders).await?.is_none());
+    observer.close().await;
+    Ok(())
+}
+
+#[cfg(feature = "etcd")]
+per_backend!(etcd_go => crate::common::etcd();
+    go_and_dlock_candidates_are_observed_in_turn,
+);
+
 per_backend!(every_backend {
     leader_changes_are_observed_in_order,
     a_selectors_leader_is_observed,
