@@ -139,6 +139,14 @@ pub async fn inspect(global: &Global, args: InspectArgs) -> Result<u8> {
     let seen = seen.expect("inspected");
     let recipe = seen.recipe.as_str();
     let participants = &seen.participants;
+    // A KV semaphore's free slots: its record's limit less its holders.
+    let holders = participants
+        .iter()
+        .filter(|p| p.role == dlock::Role::Holder)
+        .count();
+    let free = seen
+        .limit
+        .map(|limit| (limit as usize).saturating_sub(holders));
     if args.json {
         let list: Vec<_> = participants
             .iter()
@@ -161,6 +169,8 @@ pub async fn inspect(global: &Global, args: InspectArgs) -> Result<u8> {
                 "recipe": recipe,
                 "participants": list,
                 "count": seen.count,
+                "limit": seen.limit,
+                "free": free,
             })
         );
     } else {
@@ -169,9 +179,10 @@ pub async fn inspect(global: &Global, args: InspectArgs) -> Result<u8> {
             seen.path,
             participants.len()
         );
-        match seen.count {
-            Some(count) => println!(", value {count}"),
-            None => println!(),
+        match (seen.count, seen.limit, free) {
+            (Some(count), _, _) => println!(", value {count}"),
+            (None, Some(limit), Some(free)) => println!(", limit {limit}, {free} free"),
+            _ => println!(),
         }
         if !participants.is_empty() {
             println!(

@@ -6,6 +6,7 @@ mod commands;
 mod demo;
 mod duration;
 mod exit;
+mod members;
 mod run;
 
 use std::process::ExitCode;
@@ -139,6 +140,17 @@ enum Command {
     ///
     /// Example: dlock revoke /locks/nightly/_c_4f1e…-lock-0000000042
     Revoke(commands::RevokeArgs),
+    /// Join, list or watch the group at PATH (Curator's GroupMember layout).
+    ///
+    /// Example: dlock members watch /groups/workers
+    #[command(subcommand)]
+    Members(members::MembersCommand),
+    /// Print the leader of the election at PATH, then every new leader as
+    /// it takes over, without taking part (etcd's Observe; LeaderLatch and
+    /// LeaderSelector layouts).
+    ///
+    /// Example: dlock observe /services/cron --json
+    Observe(members::ObserveArgs),
     /// Measure a workload; prints one line in the peer harnesses' format.
     ///
     /// Example: dlock --endpoint zk://127.0.0.1:2181 bench mutex --clients 8 --seconds 10
@@ -198,6 +210,8 @@ fn main() -> ExitCode {
             Command::DoubleBarrier(args) => commands::double_barrier(&global, args).await,
             Command::Inspect(args) => commands::inspect(&global, args).await,
             Command::Revoke(args) => commands::revoke(&global, args).await,
+            Command::Members(command) => members::members(&global, command).await,
+            Command::Observe(args) => members::observe(&global, args).await,
             Command::Bench(args) => bench::run(&global, args).await.map(|()| 0),
             Command::Demo(demo) => demo::run(&global, demo).await.map(|()| 0),
         }

@@ -373,9 +373,131 @@ async fn double_barrier_members_mix(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+async fn next_member_event(
+    seen: &mut futures::stream::BoxStream<'static, dlock::MemberEvent>,
+    within: Duration,
+) -> Result<dlock::MemberEvent> {
+    use futures::StreamExt;
+    tokio::time::timeout(within, seen.next())
+        .await
+        .context("no membership event in time")?
+        .context("the stream ended")
+}
+
+/// A Curator `GroupMember` and a dlock `GroupMember` on one path see each
+/// other with their payloads, follow each other's payload updates and
+/// departures; Curator's member node is the one dlock writes (ephemeral,
+/// `<path>/<id>`, the payload as data).
+async fn group_members_see_each_other(h: &Harness) -> Result<()> {
+    use dlock::{GroupMember, MemberEvent};
+    let s = h.session().await;
+    let path = h.path("/interop/group");
+    let within = Duration::from_secs(20);
+    let mut curator = Probe::start(&zk(h))?;
+    let ours = GroupMember::new(&s, &path, "d")?.with_payload(b"dp".to_vec());
+    ours.start().await?;
+    let mut seen = ours.events();
+    ensure!(curator.ask(&format!("member-join {path} c cp"))? == "joined c");
+    let (data, stat) = s.get_data(&format!("{path}/c")).await?;
+    ensure!(stat.ephemeral_owner != 0 && data == b"cp", "{data:?}");
+    ensure!(
+        next_member_event(&mut seen, within).await?
+            == MemberEvent::Joined {
+                id: "c".into(),
+                payload: b"cp".to_vec()
+            }
+    );
+    let all: Vec<(String, Vec<u8>)> = ours.current_members().into_iter().collect();
+    ensure!(
+        all == [("c".into(), b"cp".to_vec()), ("d".into(), b"dp".to_vec())],
+        "{all:?}"
+    );
+    ensure!(curator.ask("members c c=cp,d=dp 20000")? == "members c=cp,d=dp");
+
+    ensure!(curator.ask("member-update c cp2")? == "updated c");
+    ensure!(
+        next_member_event(&mut seen, within).await?
+            == MemberEvent::Updated {
+                id: "c".into(),
+                payload: b"cp2".to_vec()
+            }
+    );
+    ours.set_payload(b"dp2".to_vec()).await?;
+    // Our own update is a change of the group as well.
+    ensure!(
+        next_member_event(&mut seen, within).await?
+            == MemberEvent::Updated {
+                id: "d".into(),
+                payload: b"dp2".to_vec()
+            }
+    );
+    ensure!(curator.ask("members c c=cp2,d=dp2 20000")? == "members c=cp2,d=dp2");
+
+    ensure!(curator.ask("member-leave c")? == "left c");
+    ensure!(next_member_event(&mut seen, within).await? == MemberEvent::Left { id: "c".into() });
+    ensure!(ours.current_members().keys().collect::<Vec<_>>() == ["d"]);
+    ours.close().await?;
+    Ok(())
+}
+
+/// A dlock member's departure (its session's end) is seen by Curator.
+async fn curator_sees_a_dlock_member_leave(h: &Harness) -> Result<()> {
+    use dlock::GroupMember;
+    let s = h.session().await;
+    let path = h.path("/interop/group-leave");
+    let mut curator = Probe::start(&zk(h))?;
+    ensure!(curator.ask(&format!("member-join {path} c cp"))? == "joined c");
+    let ours = GroupMember::new(&s, &path, "d")?.with_payload(b"dp".to_vec());
+    ours.start().await?;
+    ensure!(curator.ask("members c c=cp,d=dp 20000")? == "members c=cp,d=dp");
+    s.close().await;
+    ensure!(curator.ask("members c c=cp 20000")? == "members c=cp");
+    ensure!(curator.ask("member-leave c")? == "left c");
+    Ok(())
+}
+
+async fn next_leader(
+    leaders: &mut futures::stream::BoxStream<'static, Option<dlock::LeaderParticipant>>,
+    within: Duration,
+) -> Result<Option<String>> {
+    use futures::StreamExt;
+    let leader = tokio::time::timeout(within, leaders.next())
+        .await
+        .context("no leader change in time")?
+        .context("the stream ended")?;
+    Ok(leader.map(|l| l.id))
+}
+
+/// An observer sees Curator's and dlock's LeaderLatches lead in turn, in
+/// order, on one path, without taking part.
+async fn an_observer_follows_curator_and_dlock_leaders(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/interop/observe");
+    let within = Duration::from_secs(20);
+    let observer = dlock::observe(&h.session().await, &path).await?;
+    let mut leaders = observer.leader_changes();
+    ensure!(next_leader(&mut leaders, within).await?.is_none());
+    let mut curator = Probe::start(&zk(h))?;
+    ensure!(curator.ask(&format!("latch-start {path} c1"))? == "started c1");
+    ensure!(next_leader(&mut leaders, within).await?.as_deref() == Some("c1"));
+    let ours = dlock::LeaderLatch::new(&s, &path)?.with_id("d1");
+    ours.start()?;
+    await_children(&s, &path, 2, within).await?;
+    ensure!(curator.ask("latch-close c1")? == "closed c1");
+    ensure!(next_leader(&mut leaders, within).await?.as_deref() == Some("d1"));
+    ours.await_leadership_timeout(within).await?;
+    ours.close().await?;
+    ensure!(next_leader(&mut leaders, within).await?.is_none());
+    observer.close().await;
+    Ok(())
+}
+
 per_backend!(zookeeper => crate::common::zookeeper();
     barriers_cross_implementations,
     double_barrier_members_mix,
+    group_members_see_each_other,
+    curator_sees_a_dlock_member_leave,
+    an_observer_follows_curator_and_dlock_leaders,
     curator_holder_excludes_dlock,
     dlock_holder_excludes_curator,
     an_expired_dlock_holder_hands_over_to_curator,

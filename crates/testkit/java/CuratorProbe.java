@@ -11,6 +11,15 @@
 //   revoke NODE          Revoker.attemptRevoke                           -> "revoke-sent"
 //   participants PATH    LeaderLatch-style participant ids at PATH       -> "participants ID|LEADER,..."
 //   count PATH           read a SharedCount (4-byte big-endian)          -> "count N"
+//   member-join PATH ID DATA  start a GroupMember with payload DATA (UTF-8) and
+//                        wait until its node exists                      -> "joined ID"
+//   members ID EXPECT MS wait (at most MS) until member ID's getCurrentMembers,
+//                        rendered "id=data,..." sorted by id, is EXPECT  -> "members RENDERED"
+//   member-update ID DATA  setThisData                                   -> "updated ID"
+//   member-leave ID      close the GroupMember                           -> "left ID"
+//   latch-start PATH ID  start a LeaderLatch with id ID (it queues in the
+//                        background)                                     -> "started ID"
+//   latch-close ID       close that LeaderLatch                          -> "closed ID"
 //   quit
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
@@ -19,6 +28,7 @@ import org.apache.curator.framework.recipes.barriers.DistributedDoubleBarrier;
 import org.apache.curator.framework.recipes.leader.LeaderLatch;
 import org.apache.curator.framework.recipes.leader.Participant;
 import org.apache.curator.framework.recipes.locks.*;
+import org.apache.curator.framework.recipes.nodes.GroupMember;
 import org.apache.curator.retry.ExponentialBackoffRetry;
 
 import java.io.BufferedReader;
@@ -30,6 +40,28 @@ public class CuratorProbe {
     static final Map<String, InterProcessLock> held = new HashMap<>();
     static final Map<String, Lease> leases = new HashMap<>();
     static final Map<String, DistributedDoubleBarrier> members = new java.util.concurrent.ConcurrentHashMap<>();
+    static final Map<String, GroupMember> groupMembers = new HashMap<>();
+    static final Map<String, LeaderLatch> latches = new HashMap<>();
+
+    static String render(Map<String, byte[]> members) {
+        StringBuilder sb = new StringBuilder();
+        for (Map.Entry<String, byte[]> e : new TreeMap<>(members).entrySet()) {
+            if (sb.length() > 0) sb.append(',');
+            sb.append(e.getKey()).append('=').append(new String(e.getValue(), java.nio.charset.StandardCharsets.UTF_8));
+        }
+        return sb.toString();
+    }
+
+    /** Waits (by watch) until a node exists. */
+    static boolean awaitNode(CuratorFramework client, String path, long ms) throws Exception {
+        long end = System.currentTimeMillis() + ms;
+        while (true) {
+            java.util.concurrent.CountDownLatch changed = new java.util.concurrent.CountDownLatch(1);
+            if (client.checkExists().usingWatcher((org.apache.zookeeper.Watcher) e -> changed.countDown()).forPath(path) != null) return true;
+            long left = end - System.currentTimeMillis();
+            if (left <= 0 || !changed.await(left, TimeUnit.MILLISECONDS)) return false;
+        }
+    }
 
     /** Runs a blocking barrier call on its own thread; it answers when done. */
     static void background(String what, java.util.concurrent.Callable<Boolean> call) {
@@ -137,8 +169,60 @@ public class CuratorProbe {
                         background("left " + w[1], () -> b.leave(60, TimeUnit.SECONDS));
                         break;
                     }
+                    case "member-join": {
+                        GroupMember m = new GroupMember(client, w[1], w[2], w[3].getBytes(java.nio.charset.StandardCharsets.UTF_8));
+                        m.start();
+                        groupMembers.put(w[2], m);
+                        say(awaitNode(client, w[1] + "/" + w[2], 30000) ? "joined " + w[2] : "timeout");
+                        break;
+                    }
+                    case "members": {
+                        // GroupMember tells no listener of its cache's changes, so
+                        // its view is read again until it matches or time is up.
+                        GroupMember m = groupMembers.get(w[1]);
+                        if (m == null) { say("error no member " + w[1]); break; }
+                        String expect = w[2].equals("-") ? "" : w[2];
+                        long end = System.currentTimeMillis() + Long.parseLong(w[3]);
+                        String seen = render(m.getCurrentMembers());
+                        while (!seen.equals(expect) && System.currentTimeMillis() < end) {
+                            Thread.sleep(20);
+                            seen = render(m.getCurrentMembers());
+                        }
+                        say("members " + seen);
+                        break;
+                    }
+                    case "member-update": {
+                        GroupMember m = groupMembers.get(w[1]);
+                        if (m == null) { say("error no member " + w[1]); break; }
+                        m.setThisData(w[2].getBytes(java.nio.charset.StandardCharsets.UTF_8));
+                        say("updated " + w[1]);
+                        break;
+                    }
+                    case "member-leave": {
+                        GroupMember m = groupMembers.remove(w[1]);
+                        if (m == null) { say("error no member " + w[1]); break; }
+                        m.close();
+                        say("left " + w[1]);
+                        break;
+                    }
+                    case "latch-start": {
+                        LeaderLatch latch = new LeaderLatch(client, w[1], w[2]);
+                        latch.start();
+                        latches.put(w[2], latch);
+                        say("started " + w[2]);
+                        break;
+                    }
+                    case "latch-close": {
+                        LeaderLatch latch = latches.remove(w[1]);
+                        if (latch == null) { say("error no latch " + w[1]); break; }
+                        latch.close();
+                        say("closed " + w[1]);
+                        break;
+                    }
                     case "quit":
                         for (InterProcessLock l : held.values()) { try { l.release(); } catch (Exception ignored) {} }
+                        for (GroupMember m : groupMembers.values()) m.close();
+                        for (LeaderLatch l : latches.values()) { try { l.close(); } catch (Exception ignored) {} }
                         client.close();
                         say("bye");
                         return;

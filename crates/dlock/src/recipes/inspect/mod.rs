@@ -74,6 +74,7 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
         recipe,
         participants: Vec::new(),
         count: None,
+        limit: None,
     };
     if path == "/" {
         // No recipe can live at the root (they refuse it), and its children
@@ -93,10 +94,13 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
     let any = |is: fn(&str) -> bool| names.iter().any(|n| is(n));
     let inspection = if kv_semaphore::is_layout(&names) {
         match dot_lock_at(session, path).await? {
-            Ok(layout) => found(
-                RecipeKind::KvSemaphore,
-                kv_semaphore_at(session, path, layout).await?,
-            ),
+            Ok(layout) => Inspection {
+                limit: kv_limit(session, path, layout).await?,
+                ..found(
+                    RecipeKind::KvSemaphore,
+                    kv_semaphore_at(session, path, layout).await?,
+                )
+            },
             // Consul's `api.Lock` key (a ConsulLock): a mutex's one holder.
             Err(holder) => found(RecipeKind::Mutex, vec![holder]),
         }
@@ -273,6 +277,18 @@ async fn dot_lock_at(
             Ok(Ok(crate::Layout::Consul))
         }
         Ok(_) | Err(Error::NoNode { .. }) => Ok(Ok(crate::Layout::Curator)),
+        Err(e) => Err(e),
+    }
+}
+
+/// The limit a KV semaphore's record states, if there is a record.
+async fn kv_limit(session: &Session, path: &str, layout: crate::Layout) -> Result<Option<u32>> {
+    let node = path::join(path, kv_semaphore::RECORD);
+    match session.get_data(&node).await {
+        Ok((data, _)) => Ok(kv_semaphore::Record::decode(layout, &node, &data)
+            .ok()
+            .map(|r| r.limit)),
+        Err(Error::NoNode { .. }) => Ok(None),
         Err(e) => Err(e),
     }
 }

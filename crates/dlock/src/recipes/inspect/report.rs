@@ -171,4 +171,9 @@ pub struct Inspection {
     pub participants: Vec<Contender>,
     /// A shared count's value ([`RecipeKind::SharedCount`] only).
     pub count: Option<i32>,
+    /// A KV semaphore's limit, as its holders' record states it
+    /// ([`RecipeKind::KvSemaphore`] with a record only): its free slots are
+    /// this less its holders (CURATOR-230). A Curator-layout semaphore
+    /// stores no limit (each client states its own).
+    pub limit: Option<u32>,
 }

@@ -156,6 +156,42 @@ impl Semaphore {
         self.leases.participants(&Holders(&self.max)).await
     }
 
+    /// The leases held now, in sequence order, without acquiring
+    /// (CURATOR-230): [`participants`](Self::participants) less the one an
+    /// acquirer still waits on.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// let session = dlock::connect("embedded").await?;
+    /// let sem = dlock::Semaphore::new(&session, "/doc/sem-holders", 2)?.with_data(b"worker-7".to_vec());
+    /// let lease = sem.acquire_one().await?;
+    /// let holders = sem.holders().await?;
+    /// assert!(holders.len() == 1 && holders[0].data == b"worker-7" && holders[0].token == lease.token());
+    /// # lease.release().await?; Ok(()) }
+    /// ```
+    pub async fn holders(&self) -> Result<Vec<Participant>> {
+        let mut all = self.participants().await?;
+        all.retain(|p| p.holds);
+        Ok(all)
+    }
+
+    /// How many leases could be had now, without acquiring (CURATOR-230):
+    /// the maximum less the leases held (never below 0, as a lowered
+    /// [`SharedCount`] maximum never revokes leases).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// let session = dlock::connect("embedded").await?;
+    /// let sem = dlock::Semaphore::new(&session, "/doc/sem-available", 3)?;
+    /// let leases = sem.acquire(2).await?;
+    /// assert_eq!(sem.available_permits().await?, 1);
+    /// # for l in leases { l.release().await?; } Ok(()) }
+    /// ```
+    pub async fn available_permits(&self) -> Result<i64> {
+        let held = self.holders().await?.len() as i64;
+        Ok((self.max.current() - held).max(0))
+    }
+
     /// Waits as long as it takes to acquire `qty` leases.
     ///
     /// Cancellation-safe: dropping the future gives back the leases taken so
