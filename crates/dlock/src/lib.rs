@@ -112,6 +112,8 @@ pub use recipes::rwlock::{ReadGuard, ReadWriteLock, WriteGuard};
 pub use recipes::semaphore::{Lease, Semaphore};
 pub use recipes::semaphore_mutex::{SemaphoreMutex, SemaphoreMutexGuard};
 pub use recipes::shared_count::{SharedCount, VersionedValue};
+pub use recipes::shared_value::{SharedValue, ValueCodec};
+pub use recipes::atomic_counter::{AtomicCounter, AtomicStats, AtomicValue, PromotedToLock};
 pub use recipes::Participant;
 pub use session::{connect, connect_endpoint, connect_with, RetryPolicy, Session, SessionOptions};
 pub use store::{FencingToken, SessionState};

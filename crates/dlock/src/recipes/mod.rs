@@ -21,5 +21,7 @@ pub mod rwlock;
 pub mod semaphore;
 pub mod semaphore_mutex;
 pub mod shared_count;
+pub mod shared_value;
+pub mod atomic_counter;
 
 pub use queue::Participant;
