@@ -33,6 +33,8 @@
 //! | share a lock with `consul lock` | [`ConsulLock`] | (Consul `api.Lock`) | one `.lock` key held by a session |
 //! | see who holds and waits | [`inspect`] | (Curator's `getParticipantNodes`) | reads each recipe's layout |
 //! | see who holds and waits, any recipe | [`inspect`] | `getParticipantNodes` | also etcd Go holders |
+//! | a 64-bit counter, updated atomically | [`AtomicCounter`] | `DistributedAtomicLong` | 8-byte big-endian; CAS tries, then a lock |
+//! | versioned bytes everyone sees | [`SharedValue`] | `SharedValue` | persistent node; watch-fed copy; CAS on the version |
 //!
 //! Every recipe runs on every backend: [`store::embedded`] (in-process, with
 //! fault injection — the default for demos and tests), ZooKeeper 3.5+
