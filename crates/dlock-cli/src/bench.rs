@@ -332,9 +332,9 @@ async fn counter_bench(args: &Bench, path: &str, sessions: Vec<Session>) -> Resu
     let make = |session: &Session| -> Result<dlock::AtomicCounter> {
         let counter = dlock::AtomicCounter::new(session, path)?;
         Ok(match &args.lock_path {
-            Some(lock) => counter.with_retry(every_ms(10)).promoted_to_lock(
-                dlock::PromotedToLock::new(lock)?.with_retry(every_ms(100)),
-            ),
+            Some(lock) => counter
+                .with_retry(every_ms(10))
+                .promoted_to_lock(dlock::PromotedToLock::new(lock)?.with_retry(every_ms(100))),
             None => counter.with_retry(every_ms(100)),
         })
     };
@@ -417,7 +417,8 @@ async fn double_barrier_bench(args: &Bench, path: &str, sessions: Vec<Session>) 
             // Every member runs the same cycles: all stop after the cycle
             // in which the deadline passed for the first of them.
             for n in 0u64.. {
-                let barrier = dlock::DoubleBarrier::new(&session, &format!("{path}/{n}"), members as usize)?;
+                let barrier =
+                    dlock::DoubleBarrier::new(&session, &format!("{path}/{n}"), members as usize)?;
                 let t0 = Instant::now();
                 cycles.lock().unwrap().entry(n).or_default().arrived += 1;
                 let member = barrier.enter().await?;

@@ -626,14 +626,19 @@ pub async fn counter(global: &Global, command: CounterCommand) -> Result<u8> {
     in_session(global, |session| counter_in(session, command)).await
 }
 
-fn atomic_counter(session: &Session, path: &str, tries: &CounterTries) -> Result<dlock::AtomicCounter> {
+fn atomic_counter(
+    session: &Session,
+    path: &str,
+    tries: &CounterTries,
+) -> Result<dlock::AtomicCounter> {
     let retry = dlock::RetryPolicy {
         max_retries: tries.retries,
         ..dlock::AtomicCounter::DEFAULT_RETRY
     };
     let mut counter = dlock::AtomicCounter::new(session, path)?.with_retry(retry);
     if let Some(lock_path) = &tries.lock_path {
-        counter = counter.promoted_to_lock(dlock::PromotedToLock::new(lock_path)?.with_retry(retry));
+        counter =
+            counter.promoted_to_lock(dlock::PromotedToLock::new(lock_path)?.with_retry(retry));
     }
     Ok(counter)
 }
@@ -662,7 +667,10 @@ fn report(path: &str, what: &str, value: &dlock::AtomicValue, json: bool) -> u8 
         0
     } else {
         if !json {
-            eprintln!("dlock: {what} at {path} did not take effect (it is {}); left as is", value.post_value);
+            eprintln!(
+                "dlock: {what} at {path} did not take effect (it is {}); left as is",
+                value.post_value
+            );
         }
         1
     }
@@ -687,14 +695,18 @@ async fn counter_in(session: Session, command: CounterCommand) -> Result<u8> {
         } => {
             // forceSet neither reads nor retries: there are no facts to
             // report but the value.
-            atomic_counter(&session, &path, &tries)?.force_set(value).await?;
+            atomic_counter(&session, &path, &tries)?
+                .force_set(value)
+                .await?;
             println!("{value}");
             0
         }
         CounterCommand::Set {
             path, value, tries, ..
         } => {
-            let result = atomic_counter(&session, &path, &tries)?.try_set(value).await?;
+            let result = atomic_counter(&session, &path, &tries)?
+                .try_set(value)
+                .await?;
             report(&path, &format!("setting {value}"), &result, tries.json)
         }
         CounterCommand::Cas {

@@ -94,6 +94,7 @@ pub mod store;
 
 pub use endpoint::{Credentials, Endpoint, TlsFiles};
 pub use error::{Error, Result};
+pub use recipes::atomic_counter::{AtomicCounter, AtomicStats, AtomicValue, PromotedToLock};
 pub use recipes::barrier::Barrier;
 pub use recipes::consul_lock::ConsulLock;
 pub use recipes::double_barrier::{BarrierMember, DoubleBarrier};
@@ -115,7 +116,6 @@ pub use recipes::semaphore::{Lease, Semaphore};
 pub use recipes::semaphore_mutex::{SemaphoreMutex, SemaphoreMutexGuard};
 pub use recipes::shared_count::{SharedCount, VersionedValue};
 pub use recipes::shared_value::{SharedValue, ValueCodec};
-pub use recipes::atomic_counter::{AtomicCounter, AtomicStats, AtomicValue, PromotedToLock};
 pub use recipes::Participant;
 pub use session::{connect, connect_endpoint, connect_with, RetryPolicy, Session, SessionOptions};
 pub use store::{FencingToken, SessionState};

@@ -54,7 +54,10 @@ async fn updates_write_curators_bytes(h: &Harness) -> Result<()> {
     let path = h.path("/foo/bar/counter");
     let counter = AtomicCounter::new(&s, &path)?;
     let v = counter.get().await?;
-    ensure!(v.succeeded && v.pre_value == 0 && v.post_value == 0, "{v:?}");
+    ensure!(
+        v.succeeded && v.pre_value == 0 && v.post_value == 0,
+        "{v:?}"
+    );
     ensure!(s.exists(&path).await?.is_none(), "a read creates nothing");
     check(&counter.increment().await?, 0, 1)?;
     let (data, stat) = s.get_data(&path).await?;
@@ -121,13 +124,19 @@ async fn compare_and_set_refuses_a_stale_value(h: &Harness) -> Result<()> {
     ensure!(!v.succeeded, "no node yet: {v:?}");
     ensure!(counter.initialize(0).await?, "initialized");
     let v = counter.compare_and_set(0, 1).await?;
-    ensure!(v.succeeded && v.pre_value == 0 && v.post_value == 1, "{v:?}");
+    ensure!(
+        v.succeeded && v.pre_value == 0 && v.post_value == 1,
+        "{v:?}"
+    );
     ensure!(!counter.initialize(0).await?, "already initialized");
 
     counter.force_set(1).await?;
     ensure!(counter.compare_and_set(1, 5).await?.succeeded);
     let v = counter.compare_and_set(1, 5).await?;
-    ensure!(!v.succeeded && v.pre_value == 5 && v.post_value == 5, "{v:?}");
+    ensure!(
+        !v.succeeded && v.pre_value == 5 && v.post_value == 5,
+        "{v:?}"
+    );
     // Another client moves it on: the value this one last saw is stale.
     let other = AtomicCounter::new(&h.session().await, &path)?;
     ensure!(other.increment().await?.succeeded);
@@ -137,7 +146,10 @@ async fn compare_and_set_refuses_a_stale_value(h: &Harness) -> Result<()> {
 
     // try_set sets whatever the value is; force_set creates a missing node.
     let v = counter.try_set(42).await?;
-    ensure!(v.succeeded && v.pre_value == 6 && v.post_value == 42, "{v:?}");
+    ensure!(
+        v.succeeded && v.pre_value == 6 && v.post_value == 42,
+        "{v:?}"
+    );
     remove(&s, &path).await?;
     counter.force_set(3).await?;
     ensure!(other.get().await?.post_value == 3);
@@ -211,7 +223,9 @@ async fn a_promoted_timeout_fails_the_update(h: &Harness) -> Result<()> {
         .await?;
     let counter = AtomicCounter::new(&s, &path)?
         .with_retry(ONCE)
-        .promoted_to_lock(PromotedToLock::new(&lock_path)?.with_timeout(Duration::from_millis(200)));
+        .promoted_to_lock(
+            PromotedToLock::new(&lock_path)?.with_timeout(Duration::from_millis(200)),
+        );
     // A write that loses its one optimistic try: a rival task in another
     // session increments all along, until one of ours was promoted.
     let rival = AtomicCounter::new(&h.session().await, &path)?.with_retry(PATIENT);

@@ -389,9 +389,15 @@ async fn counters_cross_implementations(h: &Harness) -> Result<()> {
     let counter = AtomicCounter::new(&s, &path)?;
 
     ensure!(curator.ask(&format!("counter-add {path} 5"))? == "added ok 0 5");
-    ensure!(s.get_data(&path).await?.0 == 5i64.to_be_bytes(), "Curator's bytes");
+    ensure!(
+        s.get_data(&path).await?.0 == 5i64.to_be_bytes(),
+        "Curator's bytes"
+    );
     let v = counter.add(-7).await?;
-    ensure!(v.succeeded && v.pre_value == 5 && v.post_value == -2, "{v:?}");
+    ensure!(
+        v.succeeded && v.pre_value == 5 && v.post_value == -2,
+        "{v:?}"
+    );
     ensure!(curator.ask(&format!("counter-get {path}"))? == "counter -2");
     ensure!(curator.ask(&format!("counter-cas {path} 5 9"))? == "cas failed -2");
     ensure!(curator.ask(&format!("counter-cas {path} -2 9"))? == "cas ok -2");
@@ -412,7 +418,10 @@ async fn counters_cross_implementations(h: &Harness) -> Result<()> {
     let mut tasks = Vec::new();
     for _ in 0..2 {
         let counter = AtomicCounter::new(&h.session().await, &path)?
-            .with_retry(RetryPolicy { max_retries: 3, ..patient })
+            .with_retry(RetryPolicy {
+                max_retries: 3,
+                ..patient
+            })
             .promoted_to_lock(PromotedToLock::new(&lock_path)?.with_retry(patient));
         tasks.push(tokio::spawn(async move {
             let mut ok = 0i64;
@@ -434,7 +443,10 @@ async fn counters_cross_implementations(h: &Harness) -> Result<()> {
         total += words[2].parse::<i64>()?;
     }
     ensure!(total >= 3 * ROUNDS as i64, "too many failed: {total}");
-    ensure!(counter.get().await?.post_value == total, "dlock reads {total}");
+    ensure!(
+        counter.get().await?.post_value == total,
+        "dlock reads {total}"
+    );
     ensure!(curator.ask(&format!("counter-get {path}"))? == format!("counter {total}"));
     s.delete(&path, None).await?;
     Ok(())
@@ -459,7 +471,11 @@ async fn shared_values_cross_implementations(h: &Harness) -> Result<()> {
     tokio::time::timeout(within, rx.wait_for(|v| v.value == b"hello")).await??;
     ensure!(value.versioned().version == 2);
 
-    ensure!(value.try_set(&value.versioned(), b"from dlock".to_vec()).await?);
+    ensure!(
+        value
+            .try_set(&value.versioned(), b"from dlock".to_vec())
+            .await?
+    );
     let hex: String = b"from dlock".iter().map(|b| format!("{b:02x}")).collect();
     ensure!(curator.ask(&format!("value-get {path}"))? == format!("value 3 {hex}"));
     value.set(Vec::new()).await?;

@@ -31,7 +31,10 @@ async fn versioned_bytes_across_sessions(h: &Harness) -> Result<()> {
     v1.start().await?;
     v2.start().await?;
     ensure!(v2.versioned() == VersionedValue::new(0, b"first".to_vec()));
-    ensure!(s1.get_data(&path).await?.0 == b"first", "the bytes as given");
+    ensure!(
+        s1.get_data(&path).await?.0 == b"first",
+        "the bytes as given"
+    );
 
     let mut changes2 = v2.changes();
     let stale = v1.versioned();
@@ -39,13 +42,22 @@ async fn versioned_bytes_across_sessions(h: &Harness) -> Result<()> {
     let seen = tokio::time::timeout(WITHIN, changes2.next())
         .await?
         .context("stream ended")?;
-    ensure!(seen == VersionedValue::new(1, b"\x00\xffbinary".to_vec()), "{seen:?}");
+    ensure!(
+        seen == VersionedValue::new(1, b"\x00\xffbinary".to_vec()),
+        "{seen:?}"
+    );
     ensure!(!v1.try_set(&stale, b"late".to_vec()).await?, "stale");
-    ensure!(v2.try_set(&v2.versioned(), Vec::new()).await?, "empty is a value");
+    ensure!(
+        v2.try_set(&v2.versioned(), Vec::new()).await?,
+        "empty is a value"
+    );
     let mut rx1 = v1.subscribe();
     tokio::time::timeout(WITHIN, rx1.wait_for(|v| v.version == 2)).await??;
     ensure!(v1.get().is_empty(), "{:?}", v1.get());
-    ensure!(v1.try_set(&v1.versioned(), b"x".to_vec()).await?, "caught up");
+    ensure!(
+        v1.try_set(&v1.versioned(), b"x".to_vec()).await?,
+        "caught up"
+    );
     ensure!(v2.read().await? == VersionedValue::new(3, b"x".to_vec()));
     let err = v1
         .try_set(&VersionedValue::new(-1, Vec::new()), b"y".to_vec())
@@ -77,7 +89,11 @@ async fn a_count_is_a_typed_value(h: &Harness) -> Result<()> {
     tokio::time::timeout(WITHIN, rx.wait_for(|v| v.value == encode(-2))).await??;
 
     let mut counts = count.subscribe();
-    ensure!(value.try_set(&value.versioned(), encode(300).to_vec()).await?);
+    ensure!(
+        value
+            .try_set(&value.versioned(), encode(300).to_vec())
+            .await?
+    );
     tokio::time::timeout(WITHIN, counts.wait_for(|v| v.value == 300)).await??;
     ensure!(count.versioned() == VersionedValue::new(2, 300));
 

@@ -487,7 +487,10 @@ impl AtomicCounter {
     pub async fn force_set(&self, value: i64) -> Result<()> {
         let (session, path, data) = (&self.session, &self.path, encode(value));
         loop {
-            match session.retrying(|| session.set_data(path, &data, None)).await {
+            match session
+                .retrying(|| session.set_data(path, &data, None))
+                .await
+            {
                 Ok(_) => return Ok(()),
                 Err(Error::NoNode { .. }) => {}
                 Err(e) => return Err(e),

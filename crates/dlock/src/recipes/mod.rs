@@ -1,5 +1,6 @@
 //! The recipes, each written once over the store contract.
 
+pub mod atomic_counter;
 pub mod barrier;
 pub mod consul_lock;
 pub(crate) mod deadline;
@@ -22,6 +23,5 @@ pub mod semaphore;
 pub mod semaphore_mutex;
 pub mod shared_count;
 pub mod shared_value;
-pub mod atomic_counter;
 
 pub use queue::Participant;

@@ -52,7 +52,6 @@ pub(crate) fn value_of(data: &[u8], stat: &Stat) -> Option<i32> {
         .flatten()
 }
 
-
 /// Curator's `SharedCount` bytes: 4, big-endian ([`encode`], [`decode`]).
 impl ValueCodec for i32 {
     const KIND: &'static str = "shared count";
