@@ -561,3 +561,181 @@ pub async fn double_barrier(global: &Global, args: DoubleBarrierArgs) -> Result<
     })
     .await
 }
+
+/// How `dlock counter` updates try (Curator's `DistributedAtomicLong`
+/// options).
+#[derive(Debug, Args)]
+pub struct CounterTries {
+    /// Fall back to the Mutex at LOCK_PATH (Curator's PromotedToLock) when
+    /// the optimistic tries lose.
+    #[arg(long, value_name = "LOCK_PATH")]
+    pub lock_path: Option<String>,
+    /// How many times a lost optimistic try is repeated (and, with
+    /// --lock-path, a lost try under the lock).
+    #[arg(long, default_value_t = 10)]
+    pub retries: u32,
+    /// Print every fact of the result as one JSON object (succeeded,
+    /// pre_value, post_value, the tries and their time).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `dlock counter ...`: an AtomicCounter (Curator's DistributedAtomicLong).
+#[derive(Debug, clap::Subcommand)]
+pub enum CounterCommand {
+    /// Print the value (0 if the counter does not exist yet).
+    ///
+    /// Example: dlock counter get /counters/jobs
+    Get {
+        /// The counter's path.
+        path: String,
+    },
+    /// Add DELTA (negative to subtract) and print the new value; exit 1
+    /// if every try lost a race (nothing was added).
+    ///
+    /// Example: dlock counter add /counters/jobs -3
+    Add {
+        /// The counter's path.
+        path: String,
+        /// What to add.
+        #[arg(allow_hyphen_values = true)]
+        delta: i64,
+        #[command(flatten)]
+        tries: CounterTries,
+    },
+    /// Set VALUE through the same tries as an update (Curator's trySet),
+    /// or unconditionally with --force; print it. Exit 1 if every try lost.
+    ///
+    /// Example: dlock counter set /counters/jobs 0
+    Set {
+        /// The counter's path.
+        path: String,
+        /// The new value.
+        #[arg(allow_hyphen_values = true)]
+        value: i64,
+        /// Write without comparing (Curator's forceSet).
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        tries: CounterTries,
+    },
+    /// Set VALUE only if the counter is EXPECTED now (Curator's
+    /// compareAndSet); exit 1 if it is not.
+    ///
+    /// Example: dlock counter cas /counters/jobs 41 42
+    Cas {
+        /// The counter's path.
+        path: String,
+        /// The value it must have.
+        #[arg(allow_hyphen_values = true)]
+        expected: i64,
+        /// The new value.
+        #[arg(allow_hyphen_values = true)]
+        value: i64,
+        /// Print every fact of the result as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs a `counter` command.
+pub async fn counter(global: &Global, command: CounterCommand) -> Result<u8> {
+    in_session(global, |session| counter_in(session, command)).await
+}
+
+fn atomic_counter(
+    session: &Session,
+    path: &str,
+    tries: &CounterTries,
+) -> Result<dlock::AtomicCounter> {
+    let retry = dlock::RetryPolicy {
+        max_retries: tries.retries,
+        ..dlock::AtomicCounter::DEFAULT_RETRY
+    };
+    let mut counter = dlock::AtomicCounter::new(session, path)?.with_retry(retry);
+    if let Some(lock_path) = &tries.lock_path {
+        counter =
+            counter.promoted_to_lock(dlock::PromotedToLock::new(lock_path)?.with_retry(retry));
+    }
+    Ok(counter)
+}
+
+/// Prints an update's result; exit code 1 if it did not take effect.
+fn report(path: &str, what: &str, value: &dlock::AtomicValue, json: bool) -> u8 {
+    if json {
+        let stats = &value.stats;
+        println!(
+            "{}",
+            serde_json::json!({
+                "path": path,
+                "succeeded": value.succeeded,
+                "pre_value": value.pre_value,
+                "post_value": value.post_value,
+                "optimistic_tries": stats.optimistic_tries,
+                "promoted_lock_tries": stats.promoted_lock_tries,
+                "optimistic_ms": stats.optimistic_time.as_secs_f64() * 1000.0,
+                "promoted_ms": stats.promoted_time.as_secs_f64() * 1000.0,
+            })
+        );
+    } else if value.succeeded {
+        println!("{}", value.post_value);
+    }
+    if value.succeeded {
+        0
+    } else {
+        if !json {
+            eprintln!(
+                "dlock: {what} at {path} did not take effect (it is {}); left as is",
+                value.post_value
+            );
+        }
+        1
+    }
+}
+
+async fn counter_in(session: Session, command: CounterCommand) -> Result<u8> {
+    Ok(match command {
+        CounterCommand::Get { path } => {
+            let value = dlock::AtomicCounter::new(&session, &path)?.get().await?;
+            println!("{}", value.post_value);
+            0
+        }
+        CounterCommand::Add { path, delta, tries } => {
+            let value = atomic_counter(&session, &path, &tries)?.add(delta).await?;
+            report(&path, &format!("adding {delta}"), &value, tries.json)
+        }
+        CounterCommand::Set {
+            path,
+            value,
+            force: true,
+            tries,
+        } => {
+            // forceSet neither reads nor retries: there are no facts to
+            // report but the value.
+            atomic_counter(&session, &path, &tries)?
+                .force_set(value)
+                .await?;
+            println!("{value}");
+            0
+        }
+        CounterCommand::Set {
+            path, value, tries, ..
+        } => {
+            let result = atomic_counter(&session, &path, &tries)?
+                .try_set(value)
+                .await?;
+            report(&path, &format!("setting {value}"), &result, tries.json)
+        }
+        CounterCommand::Cas {
+            path,
+            expected,
+            value,
+            json,
+        } => {
+            let result = dlock::AtomicCounter::new(&session, &path)?
+                .compare_and_set(expected, value)
+                .await?;
+            report(&path, &format!("{expected} -> {value}"), &result, json)
+        }
+    })
+}

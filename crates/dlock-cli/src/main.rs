@@ -132,6 +132,12 @@ enum Command {
     ///
     /// Example: dlock double-barrier /barriers/batch --count 3 -- ./step.sh
     DoubleBarrier(commands::DoubleBarrierArgs),
+    /// Read or update an AtomicCounter (Curator's DistributedAtomicLong
+    /// layout: an 8-byte big-endian i64 at PATH).
+    ///
+    /// Example: dlock counter add /counters/jobs 1 --lock-path /counters/jobs-lock
+    #[command(subcommand)]
+    Counter(commands::CounterCommand),
     /// Show the holders and waiters at PATH, in queue order.
     ///
     /// Example: dlock inspect /locks/nightly --json
@@ -208,6 +214,7 @@ fn main() -> ExitCode {
             Command::Count(command) => commands::count(&global, command).await,
             Command::Barrier(command) => commands::barrier(&global, command).await,
             Command::DoubleBarrier(args) => commands::double_barrier(&global, args).await,
+            Command::Counter(command) => commands::counter(&global, command).await,
             Command::Inspect(args) => commands::inspect(&global, args).await,
             Command::Revoke(args) => commands::revoke(&global, args).await,
             Command::Members(command) => members::members(&global, command).await,

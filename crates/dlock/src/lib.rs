@@ -38,6 +38,8 @@
 //! | follow an election without joining | [`observe`] | (etcd `Election.Observe`) | leader changes in order |
 //! | free permits and holders of a semaphore | [`Semaphore::available_permits`], [`KvSemaphore::available_permits`] | (CURATOR-230) | one read, no acquire |
 //! | share a lock or an election with Go services on etcd | [`Mutex`], [`ReadWriteLock`], [`LeaderLatch`], [`LeaderSelector`] | (etcd's Go `concurrency.Mutex`, `Election`) | one create-revision queue; a Go holder is a writer |
+//! | a 64-bit counter, updated atomically | [`AtomicCounter`] | `DistributedAtomicLong` | 8-byte big-endian; CAS tries, then a lock |
+//! | versioned bytes everyone sees | [`SharedValue`] | `SharedValue` | persistent node; watch-fed copy; CAS on the version |
 //!
 //! Every recipe runs on every backend: [`store::embedded`] (in-process, with
 //! fault injection — the default for demos and tests), ZooKeeper 3.5+
@@ -97,6 +99,7 @@ pub mod store;
 
 pub use endpoint::{Credentials, Endpoint, TlsFiles};
 pub use error::{Error, Result};
+pub use recipes::atomic_counter::{AtomicCounter, AtomicStats, AtomicValue, PromotedToLock};
 pub use recipes::barrier::Barrier;
 pub use recipes::children_cache::{CacheEvent, CachedChild, ChildrenCache};
 pub use recipes::consul_lock::ConsulLock;
@@ -120,6 +123,7 @@ pub use recipes::rwlock::{ReadGuard, ReadWriteLock, WriteGuard};
 pub use recipes::semaphore::{Lease, Semaphore};
 pub use recipes::semaphore_mutex::{SemaphoreMutex, SemaphoreMutexGuard};
 pub use recipes::shared_count::{SharedCount, VersionedValue};
+pub use recipes::shared_value::{SharedValue, ValueCodec};
 pub use recipes::Participant;
 pub use session::{connect, connect_endpoint, connect_with, RetryPolicy, Session, SessionOptions};
 pub use store::{FencingToken, SessionState};

@@ -15,7 +15,10 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use common::{await_children, Harness};
 use dlock::store::{CreateMode, CreateOptions};
-use dlock::{Barrier, DoubleBarrier, Error, Lockable, Mutex, ReadWriteLock, Session};
+use dlock::{
+    AtomicCounter, Barrier, DoubleBarrier, Error, Lockable, Mutex, PromotedToLock, ReadWriteLock,
+    RetryPolicy, Session, SharedValue,
+};
 
 type Probe = dlock_testkit::CuratorProbe;
 
@@ -489,10 +492,125 @@ async fn an_observer_follows_curator_and_dlock_leaders(h: &Harness) -> Result<()
     ours.close().await?;
     ensure!(next_leader(&mut leaders, within).await?.is_none());
     observer.close().await;
+/// One counter, both implementations: each reads what the other wrote,
+/// a stale compare-and-set fails on either side, and Curator and dlock
+/// clients incrementing at once (optimistic and promoted to one lock) sum
+/// exactly.
+async fn counters_cross_implementations(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/interop/counter");
+    let lock_path = h.path("/interop/counter-lock");
+    let within = Duration::from_secs(60);
+    let mut curator = Probe::start(&zk(h))?;
+    let counter = AtomicCounter::new(&s, &path)?;
+
+    ensure!(curator.ask(&format!("counter-add {path} 5"))? == "added ok 0 5");
+    ensure!(
+        s.get_data(&path).await?.0 == 5i64.to_be_bytes(),
+        "Curator's bytes"
+    );
+    let v = counter.add(-7).await?;
+    ensure!(
+        v.succeeded && v.pre_value == 5 && v.post_value == -2,
+        "{v:?}"
+    );
+    ensure!(curator.ask(&format!("counter-get {path}"))? == "counter -2");
+    ensure!(curator.ask(&format!("counter-cas {path} 5 9"))? == "cas failed -2");
+    ensure!(curator.ask(&format!("counter-cas {path} -2 9"))? == "cas ok -2");
+    ensure!(!counter.compare_and_set(-2, 0).await?.succeeded, "stale");
+    ensure!(counter.compare_and_set(9, 0).await?.succeeded);
+    ensure!(curator.ask(&format!("counter-get {path}"))? == "counter 0");
+
+    // Two Curator threads (one promoted to the lock) and two dlock
+    // sessions (promoted to the same lock) at once.
+    const ROUNDS: usize = 40;
+    curator.send(&format!("counter-incr c1 {path} {ROUNDS} {lock_path}"))?;
+    curator.send(&format!("counter-incr c2 {path} {ROUNDS}"))?;
+    let patient = RetryPolicy {
+        base_sleep: Duration::from_millis(1),
+        max_sleep: Duration::from_millis(20),
+        max_retries: 100,
+    };
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let counter = AtomicCounter::new(&h.session().await, &path)?
+            .with_retry(RetryPolicy {
+                max_retries: 3,
+                ..patient
+            })
+            .promoted_to_lock(PromotedToLock::new(&lock_path)?.with_retry(patient));
+        tasks.push(tokio::spawn(async move {
+            let mut ok = 0i64;
+            for _ in 0..ROUNDS {
+                ensure!(counter.increment().await?.succeeded);
+                ok += 1;
+            }
+            anyhow::Ok(ok)
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    for _ in 0..2 {
+        let line = curator.next_line(within)?;
+        let words: Vec<&str> = line.split(' ').collect();
+        ensure!(words.len() == 4 && words[0] == "incremented", "{line}");
+        total += words[2].parse::<i64>()?;
+    }
+    ensure!(total >= 3 * ROUNDS as i64, "too many failed: {total}");
+    ensure!(
+        counter.get().await?.post_value == total,
+        "dlock reads {total}"
+    );
+    ensure!(curator.ask(&format!("counter-get {path}"))? == format!("counter {total}"));
+    s.delete(&path, None).await?;
+    Ok(())
+}
+
+/// One SharedValue, both implementations: bytes Curator sets reach a
+/// started dlock value by its watch, and bytes dlock sets are what
+/// Curator reads, at the version dlock reports.
+async fn shared_values_cross_implementations(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/interop/value");
+    let within = Duration::from_secs(20);
+    let mut curator = Probe::start(&zk(h))?;
+    // Curator's start creates the node with the seed, its set writes it
+    // again: version 1.
+    ensure!(curator.ask(&format!("value-set {path} 00ff10"))? == "value-set 1");
+    let value = SharedValue::new(&s, &path, b"ignored seed".to_vec())?;
+    value.start().await?;
+    ensure!(value.get() == [0x00, 0xff, 0x10], "{:?}", value.get());
+    let mut rx = value.subscribe();
+    ensure!(curator.ask(&format!("value-set {path} 68656c6c6f"))? == "value-set 2");
+    tokio::time::timeout(within, rx.wait_for(|v| v.value == b"hello")).await??;
+    ensure!(value.versioned().version == 2);
+
+    ensure!(
+        value
+            .try_set(&value.versioned(), b"from dlock".to_vec())
+            .await?
+    );
+    let hex: String = b"from dlock".iter().map(|b| format!("{b:02x}")).collect();
+    ensure!(curator.ask(&format!("value-get {path}"))? == format!("value 3 {hex}"));
+    value.set(Vec::new()).await?;
+    ensure!(curator.ask(&format!("value-get {path}"))? == "value 4 ");
+    // A SharedCount's bytes through Curator's SharedValue.
+    value.set(1i32.to_be_bytes().to_vec()).await?;
+    let count = dlock::SharedCount::new(&s, &path, 0)?;
+    count.start().await?;
+    count.set(258).await?;
+    ensure!(curator.ask(&format!("value-get {path}"))? == "value 6 00000102");
+    count.close().await;
+    value.close().await;
+    s.delete(&path, None).await?;
     Ok(())
 }
 
 per_backend!(zookeeper => crate::common::zookeeper();
+    counters_cross_implementations,
+    shared_values_cross_implementations,
     barriers_cross_implementations,
     double_barrier_members_mix,
     group_members_see_each_other,

@@ -20,16 +20,29 @@
 //   latch-start PATH ID  start a LeaderLatch with id ID (it queues in the
 //                        background)                                     -> "started ID"
 //   latch-close ID       close that LeaderLatch                          -> "closed ID"
+//   counter-get PATH     DistributedAtomicLong.get                       -> "counter V"
+//   counter-add PATH N   DistributedAtomicLong.add (optimistic)          -> "added ok|failed PRE POST"
+//   counter-cas PATH E N DistributedAtomicLong.compareAndSet             -> "cas ok|failed PRE"
+//   counter-incr ID PATH ROUNDS [LOCKPATH]  ROUNDS increments on a thread of their own (promoted
+//                        to an InterProcessMutex at LOCKPATH if given)   -> later "incremented ID OK FAILED"
+//   value-set PATH [HEX] SharedValue.setValue (seeded with the bytes)    -> "value-set VERSION"
+//   value-get PATH       SharedValue.getVersionedValue                   -> "value VERSION [HEX]"
 //   quit
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.atomic.AtomicValue;
+import org.apache.curator.framework.recipes.atomic.DistributedAtomicLong;
+import org.apache.curator.framework.recipes.atomic.PromotedToLock;
 import org.apache.curator.framework.recipes.barriers.DistributedBarrier;
 import org.apache.curator.framework.recipes.barriers.DistributedDoubleBarrier;
 import org.apache.curator.framework.recipes.leader.LeaderLatch;
 import org.apache.curator.framework.recipes.leader.Participant;
 import org.apache.curator.framework.recipes.locks.*;
 import org.apache.curator.framework.recipes.nodes.GroupMember;
+import org.apache.curator.framework.recipes.shared.SharedValue;
+import org.apache.curator.framework.recipes.shared.VersionedValue;
 import org.apache.curator.retry.ExponentialBackoffRetry;
+import org.apache.curator.retry.RetryNTimes;
 
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
@@ -219,6 +232,53 @@ public class CuratorProbe {
                         say("closed " + w[1]);
                         break;
                     }
+                    case "counter-get":
+                        say("counter " + new DistributedAtomicLong(client, w[1], new RetryNTimes(3, 1)).get().postValue());
+                        break;
+                    case "counter-add": {
+                        AtomicValue<Long> v = new DistributedAtomicLong(client, w[1], new RetryNTimes(100, 1)).add(Long.parseLong(w[2]));
+                        say("added " + (v.succeeded() ? "ok " : "failed ") + v.preValue() + " " + v.postValue());
+                        break;
+                    }
+                    case "counter-cas": {
+                        AtomicValue<Long> v = new DistributedAtomicLong(client, w[1], new RetryNTimes(3, 1))
+                                .compareAndSet(Long.parseLong(w[2]), Long.parseLong(w[3]));
+                        say("cas " + (v.succeeded() ? "ok " : "failed ") + v.preValue());
+                        break;
+                    }
+                    case "counter-incr": {
+                        String id = w[1], path = w[2];
+                        int rounds = Integer.parseInt(w[3]);
+                        DistributedAtomicLong n = w.length > 4
+                                ? new DistributedAtomicLong(client, path, new RetryNTimes(3, 1),
+                                      PromotedToLock.builder().lockPath(w[4]).retryPolicy(new RetryNTimes(100, 1)).build())
+                                : new DistributedAtomicLong(client, path, new RetryNTimes(100, 1));
+                        new Thread(() -> {
+                            int ok = 0, failed = 0;
+                            try {
+                                for (int r = 0; r < rounds; r++) { if (n.increment().succeeded()) ok++; else failed++; }
+                                say("incremented " + id + " " + ok + " " + failed);
+                            } catch (Exception e) { say("error counter-incr " + id + " " + e); }
+                        }).start();
+                        break;
+                    }
+                    case "value-set": {
+                        byte[] bytes = unhex(w.length > 2 ? w[2] : "");
+                        try (SharedValue v = new SharedValue(client, w[1], bytes)) {
+                            v.start();
+                            v.setValue(bytes);
+                            say("value-set " + v.getVersionedValue().getVersion());
+                        }
+                        break;
+                    }
+                    case "value-get": {
+                        try (SharedValue v = new SharedValue(client, w[1], new byte[0])) {
+                            v.start();
+                            VersionedValue<byte[]> got = v.getVersionedValue();
+                            say("value " + got.getVersion() + " " + hex(got.getValue()));
+                        }
+                        break;
+                    }
                     case "quit":
                         for (InterProcessLock l : held.values()) { try { l.release(); } catch (Exception ignored) {} }
                         for (GroupMember m : groupMembers.values()) m.close();
@@ -234,6 +294,18 @@ public class CuratorProbe {
             }
         }
         client.close();
+    }
+
+    static String hex(byte[] bytes) {
+        StringBuilder sb = new StringBuilder();
+        for (byte b : bytes) sb.append(String.format("%02x", b & 0xff));
+        return sb.toString();
+    }
+
+    static byte[] unhex(String s) {
+        byte[] out = new byte[s.length() / 2];
+        for (int i = 0; i < out.length; i++) out[i] = (byte) Integer.parseInt(s.substring(2 * i, 2 * i + 2), 16);
+        return out;
     }
 
     static boolean acquire(InterProcessLock lock) throws Exception { lock.acquire(); return true; }

@@ -1,5 +1,6 @@
 //! The recipes, each written once over the store contract.
 
+pub mod atomic_counter;
 pub mod barrier;
 pub mod children_cache;
 pub mod consul_lock;
@@ -25,5 +26,6 @@ pub mod rwlock;
 pub mod semaphore;
 pub mod semaphore_mutex;
 pub mod shared_count;
+pub mod shared_value;
 
 pub use queue::Participant;
