@@ -70,6 +70,7 @@ mod consul;
 mod curator;
 mod etcd;
 pub mod history;
+mod kazoo;
 mod port;
 mod process;
 mod proxy;
@@ -83,6 +84,7 @@ pub use consul::{
 };
 pub use curator::{classpath as curator_classpath, CuratorProbe};
 pub use etcd::{shared_etcd, try_shared_etcd, EtcdCluster, EtcdOptions, EtcdServer, EtcdTls};
+pub use kazoo::{python as kazoo_python, KazooProbe};
 pub use port::free_port;
 pub use process::all_threads_stopped;
 pub use proxy::TcpProxy;

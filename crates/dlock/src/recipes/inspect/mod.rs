@@ -20,6 +20,13 @@
 //! [`RecipeKind::LeaderElection`] if a key carries a value (a Go `Mutex`
 //! writes none; an `Election` candidate writes its proposal).
 //!
+//! kazoo's (Python) lock nodes, `<uuid hex>__lock__<seq>` and
+//! `<uuid hex>__rlock__<seq>` (its `Lock`, `Election`, `ReadLock`,
+//! `WriteLock`), are ordered among a mutex's own by their sequence (see
+//! [`layout`](super::layout)); a path with such nodes shows as a
+//! [`RecipeKind::Mutex`], each marked [`Foreign::Kazoo`] — dlock's own
+//! nodes in [`Layout::Kazoo`](crate::Layout::Kazoo) too, being the same.
+//!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
 //! use dlock::{inspect, RecipeKind, Role};
@@ -39,7 +46,7 @@ mod report;
 
 pub use report::{Access, Contender, Foreign, Inspection, RecipeKind, Role};
 
-use super::queue::{FirstN, Participant};
+use super::queue::{is_kazoo_node, FirstN, Participant};
 use super::{kv_semaphore, leader_latch, mutex, rwlock, semaphore, shared_count};
 use crate::error::{Error, Result};
 use crate::path;
@@ -178,9 +185,20 @@ fn contender(p: Participant) -> Contender {
         token: p.token,
         session: p.session,
         access: rwlock::is_writer(name).map(|w| if w { Access::Write } else { Access::Read }),
-        foreign: is_etcd_go_key(name, &p.data, p.session).then_some(Foreign::EtcdGo),
+        foreign: foreign(name, &p.data, p.session),
         data: p.data,
         node: p.node,
+    }
+}
+
+/// Which foreign client's layout a queue node `name` is in, if any.
+fn foreign(name: &str, data: &[u8], owner: SessionId) -> Option<Foreign> {
+    if is_etcd_go_key(name, data, owner) {
+        Some(Foreign::EtcdGo)
+    } else if is_kazoo_node(name) {
+        Some(Foreign::Kazoo)
+    } else {
+        None
     }
 }
 
