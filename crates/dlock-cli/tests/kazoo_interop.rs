@@ -1,0 +1,216 @@
+//! dlock processes and kazoo (Python) on one real ZooKeeper: the flash
+//! sale with `--layout kazoo` next to kazoo buyers (the peer harness in
+//! shared/peers/kazoo, and plain kazoo `Lock`s), `dlock lock` against a
+//! kazoo holder, and `dlock inspect` naming kazoo's holder.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use dlock::store::{CreateMode, CreateOptions};
+use dlock_testkit::{kazoo_python, shared_zk, KazooProbe};
+
+fn dlock() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
+    c.env(
+        "DLOCK_ENDPOINT",
+        format!("zk://{}", shared_zk().connect_string()),
+    );
+    c.stdout(Stdio::piped());
+    c
+}
+
+/// kazoo's peer harness (`peerbench.py buy`: buyers whose `Lock` also
+/// counts Curator's `-lock-` nodes as contenders).
+fn peerbench(args: &[&str]) -> Child {
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/peers/kazoo/peerbench.py");
+    assert!(
+        script.exists(),
+        "the kazoo peer harness is missing at {}",
+        script.display()
+    );
+    Command::new(kazoo_python())
+        .arg(script)
+        .args(args)
+        .args(["--connect", &shared_zk().connect_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run the kazoo harness")
+}
+
+/// `key=value` pairs of the last line a process printed.
+fn fields(child: Child) -> HashMap<String, String> {
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "failed: {text}");
+    let line = text.lines().last().unwrap_or_else(|| panic!("no output"));
+    line.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A fresh directory for one test's nodes.
+fn unique() -> String {
+    format!("/kazoo-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Deletes `paths`, in order (kazoo leaves persistent directories).
+fn remove(admin: &dlock::blocking::Session, paths: &[&str]) {
+    for path in paths {
+        match admin.block_on(admin.session().delete(path, None)) {
+            Ok(()) | Err(dlock::Error::NoNode { .. }) => {}
+            Err(e) => panic!("delete {path}: {e}"),
+        }
+    }
+}
+
+fn admin() -> dlock::blocking::Session {
+    dlock::blocking::connect(&format!("zk://{}", shared_zk().connect_string())).unwrap()
+}
+
+fn set_stock(admin: &dlock::blocking::Session, stock: &str, total: u64) {
+    let options = CreateOptions::new(CreateMode::Persistent).with_parents();
+    admin
+        .block_on(
+            admin
+                .session()
+                .create(stock, total.to_string().as_bytes(), options),
+        )
+        .unwrap();
+}
+
+/// Checks the stock ran out, and removes the sale's nodes (the lock's
+/// directory is persistent in kazoo's layout, and must be empty now).
+fn close_sale(admin: &dlock::blocking::Session, base: &str) {
+    let (lock, stock) = (format!("{base}/lock"), format!("{base}/stock"));
+    let (left, _) = admin.block_on(admin.session().get_data(&stock)).unwrap();
+    assert_eq!(left, b"0");
+    remove(admin, &[&stock, &lock, base]);
+}
+
+fn flash_sale(lock: &str, stock: &str) -> Child {
+    dlock()
+        .args([
+            "demo",
+            "flash-sale",
+            "--layout",
+            "kazoo",
+            "--buyers",
+            "3",
+            "--hold-ms",
+            "1",
+            "--lock-path",
+            lock,
+            "--stock-path",
+            stock,
+        ])
+        .spawn()
+        .unwrap()
+}
+
+/// Two `dlock demo flash-sale --layout kazoo` processes and kazoo's peer
+/// harness (`buy`, with Curator's pattern) sell exactly the stock — the
+/// sale that sold 507 and 516 of 300 before dlock ordered kazoo's nodes.
+#[test]
+fn flash_sale_processes_and_kazoo_buyers_sell_exactly_the_stock() {
+    let base = unique();
+    let (lock, stock) = (format!("{base}/lock"), format!("{base}/stock"));
+    let total = 300u64;
+    let admin = admin();
+    set_stock(&admin, &stock, total);
+    let python = peerbench(&["buy", "--path", &lock, "--stock", &stock, "--clients", "3"]);
+    let processes: Vec<Child> = (0..2).map(|_| flash_sale(&lock, &stock)).collect();
+    let dlock_sold: Vec<u64> = processes
+        .into_iter()
+        .map(|p| fields(p)["sold"].parse().unwrap())
+        .collect();
+    let kazoo_sold: u64 = fields(python)["sold"].parse().unwrap();
+    assert_eq!(
+        dlock_sold.iter().sum::<u64>() + kazoo_sold,
+        total,
+        "dlock processes sold {dlock_sold:?}, kazoo {kazoo_sold}"
+    );
+    close_sale(&admin, &base);
+}
+
+/// kazoo buyers with plain `Lock`s (no extra patterns: they see dlock only
+/// because it writes kazoo's names) and a `--layout kazoo` sale.
+#[test]
+fn flash_sale_and_plain_kazoo_locks_sell_exactly_the_stock() {
+    let base = unique();
+    let (lock, stock) = (format!("{base}/lock"), format!("{base}/stock"));
+    let total = 200u64;
+    let admin = admin();
+    set_stock(&admin, &stock, total);
+    let mut kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
+    assert_eq!(
+        kazoo.ask(&format!("buy {lock} {stock} 3")).unwrap(),
+        "buying"
+    );
+    let ours: u64 = fields(flash_sale(&lock, &stock))["sold"].parse().unwrap();
+    let answer = kazoo.next_line(Duration::from_secs(120)).unwrap();
+    let theirs: u64 = answer
+        .strip_prefix("sold ")
+        .unwrap_or_else(|| panic!("kazoo: {answer}"))
+        .parse()
+        .unwrap();
+    assert_eq!(ours + theirs, total, "dlock sold {ours}, kazoo {theirs}");
+    close_sale(&admin, &base);
+}
+
+/// While a plain kazoo `Lock` holds, `dlock lock` (any layout) times out
+/// (exit 65), and `dlock inspect` names the holder as kazoo's; once kazoo
+/// releases, `dlock lock --layout kazoo` runs its command.
+#[test]
+fn dlock_lock_waits_for_a_kazoo_holder_and_inspect_names_it() {
+    let base = unique();
+    let path = format!("{base}/held");
+    let mut kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
+    let answer = kazoo.ask(&format!("lock {path} 10000")).unwrap();
+    let node = answer.strip_prefix("acquired ").unwrap().to_string();
+    for layout in ["curator", "kazoo"] {
+        let out = dlock()
+            .args([
+                "lock",
+                "--layout",
+                layout,
+                "--timeout",
+                "300ms",
+                &path,
+                "--",
+                "true",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(65), "{layout}: a timeout");
+    }
+    let out = dlock().args(["inspect", "--json", &path]).output().unwrap();
+    assert!(out.status.success());
+    let seen: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(seen["recipe"], "mutex", "{seen}");
+    let holders = seen["participants"].as_array().unwrap();
+    assert_eq!(holders.len(), 1, "{seen}");
+    assert_eq!(holders[0]["node"], node.as_str());
+    assert_eq!(holders[0]["role"], "holder");
+    assert_eq!(holders[0]["foreign"], "kazoo");
+    assert_eq!(holders[0]["data"], "kazoo-probe");
+    assert_eq!(kazoo.ask(&format!("release {path}")).unwrap(), "released");
+    let out = dlock()
+        .args([
+            "lock",
+            "--layout",
+            "kazoo",
+            "--timeout",
+            "10s",
+            &path,
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    remove(&admin(), &[&path, &base]);
+}
