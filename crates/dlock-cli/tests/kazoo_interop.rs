@@ -214,3 +214,64 @@ fn dlock_lock_waits_for_a_kazoo_holder_and_inspect_names_it() {
     assert_eq!(out.status.code(), Some(0));
     remove(&admin(), &[&path, &base]);
 }
+
+/// `dlock semaphore --layout kazoo` counts kazoo's leases: with kazoo
+/// holding the one lease it times out (65), after kazoo gives it back it
+/// runs its command.
+#[test]
+fn dlock_semaphore_layout_kazoo_shares_kazoos_limit() {
+    let base = unique();
+    let path = format!("{base}/api");
+    let mut kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
+    let answer = kazoo.ask(&format!("semaphore {path} 1 10000")).unwrap();
+    assert!(answer.starts_with("acquired"), "{answer}");
+    let semaphore = |timeout: &str| {
+        dlock()
+            .args(["semaphore", "--layout", "kazoo", "--leases", "1"])
+            .args(["--timeout", timeout, &path, "--", "true"])
+            .output()
+            .unwrap()
+    };
+    assert_eq!(semaphore("300ms").status.code(), Some(65), "a timeout");
+    assert_eq!(kazoo.ask(&format!("release {path}")).unwrap(), "released");
+    let out = semaphore("10s");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lock = format!("{path}-__lock__");
+    remove(&admin(), &[&path, &lock, &base]);
+}
+
+/// `dlock elect --layout kazoo` waits while a kazoo `Election` candidate
+/// leads (65 on its timeout), and leads once kazoo's leader resigns.
+#[test]
+fn dlock_elect_layout_kazoo_waits_for_a_kazoo_leader() {
+    let base = unique();
+    let path = format!("{base}/cron");
+    let mut kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
+    assert_eq!(kazoo.ask(&format!("elect {path} k1")).unwrap(), "candidate");
+    assert_eq!(
+        kazoo.next_line(Duration::from_secs(10)).unwrap(),
+        "leader k1"
+    );
+    let elect = |timeout: &str| {
+        dlock()
+            .args(["elect", "--layout", "kazoo", "--id", "d1"])
+            .args(["--timeout", timeout, &path, "--", "true"])
+            .output()
+            .unwrap()
+    };
+    assert_eq!(elect("300ms").status.code(), Some(65), "a timeout");
+    assert_eq!(kazoo.ask(&format!("resign {path}")).unwrap(), "resigned");
+    let out = elect("10s");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    remove(&admin(), &[&path, &base]);
+}
