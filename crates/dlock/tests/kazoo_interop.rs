@@ -276,6 +276,14 @@ async fn kazoo_and_dlock_semaphores_share_one_limit(h: &Harness) -> Result<()> {
     ensure!(second.ask(&format!("semaphore {path} 2 300"))? == "timeout");
     let listed = sem.participants().await?;
     ensure!(listed.len() == 2 && listed.iter().all(|p| p.holds));
+    let seen = dlock::inspect(&s, &path).await?;
+    ensure!(seen.recipe == RecipeKind::Semaphore, "{seen:?}");
+    ensure!(seen.participants.len() == 2, "{seen:?}");
+    ensure!(seen
+        .participants
+        .iter()
+        .all(|c| c.role == Role::Holder && c.foreign == Some(dlock::Foreign::Kazoo)));
+    ensure!(seen.participants.iter().any(|c| c.data == b"kazoo-probe"));
     second.send(&format!("semaphore {path} 2 -1"))?;
     // Give the lease back: the waiting kazoo client takes it.
     let waiting_lock = format!("{path}-__lock__");

@@ -26,6 +26,9 @@
 //! [`layout`](super::layout)); a path with such nodes shows as a
 //! [`RecipeKind::Mutex`], each marked [`Foreign::Kazoo`] — dlock's own
 //! nodes in [`Layout::Kazoo`](crate::Layout::Kazoo) too, being the same.
+//! A path whose children are all kazoo semaphore leases (`<uuid hex>`)
+//! shows as a [`RecipeKind::Semaphore`]: those leases hold, and the
+//! acquirers queued at `<path>-__lock__` wait.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
@@ -121,6 +124,11 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
         )
     } else if any(mutex::is_node) {
         found(RecipeKind::Mutex, mutex_at(session, path).await?)
+    } else if !names.is_empty() && names.iter().all(|n| semaphore::is_kazoo_lease(n)) {
+        found(
+            RecipeKind::Semaphore,
+            kazoo_semaphore_at(session, path).await?,
+        )
     } else if !children.is_empty() {
         unrecognised(session, path, nothing(RecipeKind::None)).await?
     } else {
@@ -261,6 +269,31 @@ async fn semaphore_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
         if pending.is_some() && Some(&acquirer.node) == head_node.as_ref() {
             continue;
         }
+        let mut c = contender(acquirer);
+        c.role = Role::Waiter;
+        all.push(c);
+    }
+    Ok(all)
+}
+
+/// A kazoo semaphore's leases (all hold: kazoo creates a lease node only
+/// once admitted), then its acquirers, queued on kazoo's lock at
+/// `<path>-__lock__`, all waiting.
+async fn kazoo_semaphore_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
+    let leases = crate::Semaphore::new(session, path, 1)?
+        .with_layout(crate::Layout::Kazoo)?
+        .participants()
+        .await?;
+    let lock = semaphore::kazoo_lock_path(path);
+    let acquirers = crate::Mutex::new(session, &lock)?.participants().await?;
+    let mut all = Vec::with_capacity(leases.len() + acquirers.len());
+    for lease in leases {
+        let mut c = contender(lease);
+        c.role = Role::Holder;
+        c.foreign = Some(Foreign::Kazoo);
+        all.push(c);
+    }
+    for acquirer in acquirers {
         let mut c = contender(acquirer);
         c.role = Role::Waiter;
         all.push(c);

@@ -21,8 +21,17 @@ use crate::store::{CreateMode, CreateOptions};
 
 /// kazoo's lock path for a semaphore at `path`: the sibling
 /// `<path>-__lock__`.
-pub(super) fn lock_path(path: &str) -> String {
+pub(crate) fn lock_path(path: &str) -> String {
     format!("{path}-__lock__")
+}
+
+/// Whether `name` is a kazoo semaphore's lease node: a UUID in 32
+/// lowercase hex digits, nothing else.
+pub(crate) fn is_lease_name(name: &str) -> bool {
+    name.len() == 32
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// A kazoo-layout semaphore's lease pool: `<path>`, whose data is the

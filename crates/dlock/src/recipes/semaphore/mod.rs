@@ -38,6 +38,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+pub(crate) use self::kazoo::{is_lease_name as is_kazoo_lease, lock_path as kazoo_lock_path};
 use self::lease::return_all;
 pub use self::lease::Lease;
 use self::max::{forward_changes, Holders, LeaseCount, Max};
