@@ -9,7 +9,7 @@
 //!
 //! kazoo's lock nodes (`<uuid hex>__lock__<seq>`, `__rlock__`) on the path
 //! are ordered among ours by their sequence, so a kazoo holder keeps a
-//! dlock `Mutex` out; with [`Layout::Kazoo`](crate::Layout::Kazoo) dlock
+//! dlock `Mutex` out; with [`Layout::Kazoo`] dlock
 //! writes kazoo's names, so that kazoo keeps out of a dlock holder too. The
 //! contract is in [`layout`](super::layout).
 
