@@ -275,3 +275,28 @@ fn dlock_elect_layout_kazoo_waits_for_a_kazoo_leader() {
     );
     remove(&admin(), &[&path, &base]);
 }
+
+/// `dlock demo parking-lot --layout kazoo` with 2 spaces while a kazoo
+/// `Semaphore` client holds one: dlock's cars never have more than the
+/// one space left to them (its in-use counter counts dlock's cars only).
+#[test]
+fn parking_lot_layout_kazoo_leaves_kazoos_space_alone() {
+    let base = unique();
+    let (lot, probe) = (format!("{base}/lot"), format!("{base}/in-use"));
+    let mut kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
+    let answer = kazoo.ask(&format!("semaphore {lot} 2 10000")).unwrap();
+    assert!(answer.starts_with("acquired"), "{answer}");
+    let ours = dlock()
+        .args(["demo", "parking-lot", "--layout", "kazoo", "--spaces", "2"])
+        .args(["--cars", "4", "--rounds", "3", "--hold-ms", "20"])
+        .args(["--path", &lot, "--probe-path", &probe])
+        .spawn()
+        .unwrap();
+    let s = fields(ours);
+    assert_eq!(s["layout"], "kazoo");
+    assert_eq!(s["acquisitions"], "12");
+    assert_eq!(s["max_inside"], "1", "kazoo holds the other space: {s:?}");
+    assert_eq!(kazoo.ask(&format!("release {lot}")).unwrap(), "released");
+    let lock = format!("{lot}-__lock__");
+    remove(&admin(), &[&lot, &lock, &probe, &base]);
+}
