@@ -79,6 +79,29 @@ async fn a_kazoo_holder_excludes_dlock(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// A kazoo `ReadLock` holder keeps a dlock Mutex out too (as it keeps out
+/// kazoo's own `WriteLock`), in either layout.
+async fn a_kazoo_reader_excludes_dlock(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/kazoo/read");
+    let mut kazoo = Probe::start(&zk(h))?;
+    let answer = kazoo.ask(&format!("read {path} 10000"))?;
+    ensure!(answer.contains("__rlock__"), "{answer}");
+    for layout in [Layout::Curator, Layout::Kazoo] {
+        let mutex = Mutex::new(&s, &path)?.with_layout(layout)?;
+        let err = mutex
+            .acquire_timeout(Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        ensure!(matches!(err, Error::Timeout(_)), "{layout}: {err}");
+    }
+    ensure!(kazoo.ask(&format!("release {path}"))? == "released");
+    let mutex = Mutex::new(&s, &path)?;
+    let g = tokio::time::timeout(WITHIN, mutex.acquire()).await??;
+    g.release().await?;
+    Ok(())
+}
+
 /// dlock holds in its default (Curator) layout: a kazoo `Lock` told about
 /// Curator's names (`extra_lock_patterns=["-lock-"]`) waits for it.
 async fn a_dlock_holder_excludes_kazoo_with_curator_patterns(h: &Harness) -> Result<()> {
@@ -313,6 +336,7 @@ async fn kazoo_and_dlock_semaphores_share_one_limit(h: &Harness) -> Result<()> {
 
 per_backend!(zookeeper => crate::common::zookeeper();
     a_kazoo_holder_excludes_dlock,
+    a_kazoo_reader_excludes_dlock,
     a_dlock_holder_excludes_kazoo_with_curator_patterns,
     in_kazoo_layout_plain_kazoo_and_dlock_exclude_each_other,
     a_mixed_sale_in_kazoo_layout_sells_exactly_the_stock,

@@ -5,6 +5,7 @@ leadership and buy's result come later, as their own lines):
 
   lock PATH MS [PATTERN...]   Lock(PATH, extra_lock_patterns=PATTERNs).acquire
                               (MS < 0: no timeout)     -> "acquired NODE" | "timeout"
+  read PATH MS                ReadLock(PATH).acquire  -> "acquired NODE" | "timeout"
   semaphore PATH MAX MS       Semaphore(PATH, max_leases=MAX).acquire
                                                        -> "acquired NODE" | "timeout"
   release PATH                release what this probe holds at PATH -> "released"
@@ -49,8 +50,9 @@ class Probe(object):
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
 
-    def lock(self, path, ms, patterns):
-        lock = self.client.Lock(path, "kazoo-probe", extra_lock_patterns=patterns)
+    def lock(self, path, ms, patterns, kind="Lock"):
+        make = getattr(self.client, kind)
+        lock = make(path, "kazoo-probe", extra_lock_patterns=patterns)
         timeout = None if ms < 0 else ms / 1000.0
         try:
             got = lock.acquire(timeout=timeout)
@@ -142,6 +144,8 @@ class Probe(object):
         cmd, args = words[0], words[1:]
         if cmd == "lock":
             return self.lock(args[0], int(args[1]), args[2:])
+        if cmd == "read":
+            return self.lock(args[0], int(args[1]), [], "ReadLock")
         if cmd == "semaphore":
             return self.semaphore(args[0], int(args[1]), int(args[2]))
         if cmd == "release":
