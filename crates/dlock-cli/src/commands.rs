@@ -393,11 +393,15 @@ async fn lead(
 #[derive(Debug, clap::Subcommand)]
 pub enum CountCommand {
     /// Print the value.
+    ///
+    /// Example: dlock count get /config/workers
     Get {
         /// The counter's path.
         path: String,
     },
     /// Set the value (creating the counter if needed).
+    ///
+    /// Example: dlock count set /config/workers 8
     Set {
         /// The counter's path.
         path: String,
@@ -406,6 +410,8 @@ pub enum CountCommand {
         value: i32,
     },
     /// Set the value only if it is EXPECTED now (exit code 1 otherwise).
+    ///
+    /// Example: dlock count cas /config/workers 8 9
     Cas {
         /// The counter's path.
         path: String,

@@ -25,13 +25,8 @@ use dlock::{Endpoint, Session, SessionOptions};
 ///
 /// CMD runs with DLOCK_FENCE (the fencing token), DLOCK_NODE (our node) and
 /// DLOCK_ENDPOINT (the endpoint without user and password) set.
-///
-/// Exit codes: the command's own when one runs; 64 usage error, 65 acquire
-/// timed out, 66 lock lost (the command was stopped), 67 backend
-/// unreachable, 70 other error, 126/127 the command cannot run / was not
-/// found.
 #[derive(Debug, Parser)]
-#[command(name = "dlock", version, verbatim_doc_comment)]
+#[command(name = "dlock", version, verbatim_doc_comment, after_help = exit::table())]
 struct Cli {
     #[command(flatten)]
     global: Global,
@@ -102,8 +97,12 @@ enum Command {
     /// Example: dlock lock /locks/nightly -- ./nightly.sh
     Lock(commands::LockArgs),
     /// Run CMD while holding the read lock of the ReadWriteLock at PATH.
+    ///
+    /// Example: dlock read-lock /locks/catalog --timeout 30s -- ./export.sh
     ReadLock(commands::LockArgs),
     /// Run CMD while holding the write lock of the ReadWriteLock at PATH.
+    ///
+    /// Example: dlock write-lock /locks/catalog -- ./reindex.sh
     WriteLock(commands::LockArgs),
     /// Run CMD while holding leases of the Semaphore at PATH (Curator
     /// SemaphoreV2 layout, or --kv for the KvSemaphore).
@@ -115,6 +114,8 @@ enum Command {
     /// Example: dlock elect /services/cron --id host-a --requeue -- ./cron.sh
     Elect(commands::ElectArgs),
     /// Read or change a SharedCount (Curator-compatible 4-byte counter).
+    ///
+    /// Example: dlock count set /config/workers 8
     #[command(subcommand)]
     Count(commands::CountCommand),
     /// Set, remove or wait on the Barrier at PATH (Curator's
@@ -131,14 +132,20 @@ enum Command {
     /// Example: dlock double-barrier /barriers/batch --count 3 -- ./step.sh
     DoubleBarrier(commands::DoubleBarrierArgs),
     /// Show the holders and waiters at PATH, in queue order.
+    ///
+    /// Example: dlock inspect /locks/nightly --json
     Inspect(commands::InspectArgs),
     /// Ask the owner of a lock node to release it (Curator-compatible).
+    ///
+    /// Example: dlock revoke /locks/nightly/_c_4f1e…-lock-0000000042
     Revoke(commands::RevokeArgs),
     /// Measure a workload; prints one line in the peer harnesses' format.
     ///
     /// Example: dlock --endpoint zk://127.0.0.1:2181 bench mutex --clients 8 --seconds 10
     Bench(bench::Bench),
     /// Runnable scenarios from the design documents.
+    ///
+    /// Example: dlock demo flash-sale --buyers 200 --stock 50
     #[command(subcommand)]
     Demo(demo::Demo),
 }

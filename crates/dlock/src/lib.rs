@@ -33,6 +33,7 @@
 //! | share a lock with `consul lock` | [`ConsulLock`] | (Consul `api.Lock`) | one `.lock` key held by a session |
 //! | see who holds and waits | [`inspect`] | (Curator's `getParticipantNodes`) | reads each recipe's layout |
 //! | see who holds and waits, any recipe | [`inspect`] | `getParticipantNodes` | also etcd Go holders |
+//! | share a lock or an election with Go services on etcd | [`Mutex`], [`ReadWriteLock`], [`LeaderLatch`], [`LeaderSelector`] | (etcd's Go `concurrency.Mutex`, `Election`) | one create-revision queue; a Go holder is a writer |
 //! | share a lock, election or semaphore with kazoo (Python) | [`Mutex`], [`LeaderSelector`], [`Semaphore`] `.with_layout(`[`Layout::Kazoo`]`)` | (kazoo `Lock`, `Election`, `Semaphore`) | kazoo's nodes; kazoo holders keep dlock out in any layout |
 //!
 //! Every recipe runs on every backend: [`store::embedded`] (in-process, with

@@ -6,6 +6,7 @@ pub(crate) mod deadline;
 pub mod double_barrier;
 pub mod election;
 pub mod error_policy;
+pub(crate) mod etcd_go;
 pub mod guard;
 pub mod inspect;
 pub mod kv_semaphore;

@@ -18,7 +18,9 @@
 //! same path and are listed in its queue, marked [`Foreign::EtcdGo`]. A path
 //! holding only such keys shows as a [`RecipeKind::Mutex`] — or as a
 //! [`RecipeKind::LeaderElection`] if a key carries a value (a Go `Mutex`
-//! writes none; an `Election` candidate writes its proposal).
+//! writes none; an `Election` candidate writes its proposal). Next to a
+//! read-write lock's nodes they are writers ([`Access::Write`]), as the
+//! read-write lock treats them (the layout: `recipes/etcd_go.rs`).
 //!
 //! kazoo's (Python) lock nodes, `<uuid hex>__lock__<seq>` and
 //! `<uuid hex>__rlock__<seq>` (its `Lock`, `Election`, `ReadLock`,
@@ -50,7 +52,7 @@ mod report;
 pub use report::{Access, Contender, Foreign, Inspection, RecipeKind, Role};
 
 use super::queue::{is_kazoo_node, FirstN, Participant};
-use super::{kv_semaphore, leader_latch, mutex, rwlock, semaphore, shared_count};
+use super::{etcd_go, kv_semaphore, leader_latch, mutex, rwlock, semaphore, shared_count};
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
@@ -112,10 +114,15 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
         found(RecipeKind::Semaphore, semaphore_at(session, path).await?)
     } else if names.iter().any(|n| rwlock::is_writer(n).is_some()) {
         let rw = crate::ReadWriteLock::new(session, path)?;
-        found(
-            RecipeKind::ReadWriteLock,
-            contenders(rw.participants().await?),
-        )
+        let mut all = contenders(rw.participants().await?);
+        // A Go mutex contender is a writer to the read-write lock.
+        for go in all
+            .iter_mut()
+            .filter(|c| c.foreign == Some(Foreign::EtcdGo))
+        {
+            go.access = Some(Access::Write);
+        }
+        found(RecipeKind::ReadWriteLock, all)
     } else if any(leader_latch::is_node) {
         let queue = leader_latch::candidates(session, path)?;
         found(
@@ -218,13 +225,7 @@ fn is_etcd_go_key(name: &str, data: &[u8], owner: SessionId) -> bool {
     if owner == 0 || kv_semaphore::is_entry(name, data, owner) {
         return false;
     }
-    // Go's %x of a negative int64 is a minus sign and the magnitude.
-    let hex = if owner < 0 {
-        format!("-{:x}", owner.unsigned_abs())
-    } else {
-        format!("{owner:x}")
-    };
-    name == hex
+    name == etcd_go::key_name(owner)
 }
 
 async fn mutex_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
