@@ -18,7 +18,10 @@ pub struct LockArgs {
     pub path: String,
     /// Whose node layout to use: `curator` (Curator's InterProcessMutex)
     /// or `consul` (Consul's `api.Lock`, as `consul lock` writes it: the
-    /// key PATH/.lock); `lock` only.
+    /// key PATH/.lock); `lock` only. Or `kazoo`: kazoo's (Python) `Lock`
+    /// nodes, PATH/<uuid hex>__lock__<seq>, which kazoo sees without
+    /// extra_lock_patterns (kazoo holders keep `dlock lock` out in every
+    /// layout).
     #[arg(long, default_value_t = Layout::Curator)]
     pub layout: Layout,
     #[command(flatten)]
@@ -73,13 +76,20 @@ pub async fn lock(global: &Global, args: LockArgs, kind: LockKind) -> Result<u8>
             .with("--layout consul is Consul's api.Lock: only `dlock lock` has it")
             .into());
     }
+    if args.layout == Layout::Kazoo && !matches!(kind, LockKind::Mutex) {
+        return Err(Exit::Usage
+            .with("--layout kazoo is kazoo's Lock: only `dlock lock` has it")
+            .into());
+    }
     let endpoint = global.endpoint()?;
     in_session(global, |session| async move {
         let lock: Box<dyn Lockable> = match kind {
             LockKind::Mutex if args.layout == Layout::Consul => {
                 Box::new(dlock::ConsulLock::new(&session, &args.path)?)
             }
-            LockKind::Mutex => Box::new(dlock::Mutex::new(&session, &args.path)?),
+            LockKind::Mutex => {
+                Box::new(dlock::Mutex::new(&session, &args.path)?.with_layout(args.layout)?)
+            }
             LockKind::Read => Box::new(ReadWriteLock::new(&session, &args.path)?.read_half()),
             LockKind::Write => Box::new(ReadWriteLock::new(&session, &args.path)?.write_half()),
         };
@@ -229,7 +239,9 @@ pub struct SemaphoreArgs {
     pub kv: bool,
     /// Whose node layout the KvSemaphore uses: `curator` (dlock's own
     /// record) or `consul` (Consul's `api.Semaphore`, as `consul lock -n N`
-    /// writes it; implies --kv).
+    /// writes it; implies --kv). Or `kazoo`: kazoo's (Python) `Semaphore`
+    /// (leases PATH/<uuid hex>, the limit stored in PATH, turns under
+    /// PATH-__lock__; not with --kv).
     #[arg(long, default_value_t = Layout::Curator)]
     pub layout: Layout,
     #[command(flatten)]
@@ -245,6 +257,11 @@ pub async fn semaphore(global: &Global, args: SemaphoreArgs) -> Result<u8> {
                 "--qty {} is more than the {} leases there are",
                 args.qty, args.leases
             ))
+            .into());
+    }
+    if args.kv && args.layout == Layout::Kazoo {
+        return Err(Exit::Usage
+            .with("--layout kazoo is kazoo's Semaphore, which is no KvSemaphore: drop --kv")
             .into());
     }
     let kv = args.kv || args.layout == Layout::Consul;
@@ -263,7 +280,8 @@ pub async fn semaphore(global: &Global, args: SemaphoreArgs) -> Result<u8> {
                 let lease = within(t, |t| sem.acquire_timeout(t), sem.acquire()).await?;
                 vec![Box::new(lease)]
             } else {
-                let sem = dlock::Semaphore::new(&session, &args.path, args.leases)?;
+                let sem = dlock::Semaphore::new(&session, &args.path, args.leases)?
+                    .with_layout(args.layout)?;
                 let leases = within(
                     t,
                     |t| sem.acquire_timeout(args.qty, t),
@@ -296,6 +314,10 @@ pub struct ElectArgs {
     /// (until CMD's hold is lost, or dlock gets SIGINT or SIGTERM).
     #[arg(long)]
     pub requeue: bool,
+    /// Whose node layout to use: `curator` (Curator's LeaderSelector) or
+    /// `kazoo` (kazoo's `Election`, whose candidates see ours only then).
+    #[arg(long, default_value_t = Layout::Curator)]
+    pub layout: Layout,
     #[command(flatten)]
     pub run: RunOptions,
 }
@@ -309,6 +331,11 @@ type Term = (dlock::Leadership, tokio::sync::oneshot::Sender<()>);
 /// deleted) before dlock exits.
 pub async fn elect(global: &Global, args: ElectArgs) -> Result<u8> {
     dlock::path::validate(&args.path)?;
+    if args.layout == Layout::Consul {
+        return Err(Exit::Usage
+            .with("--layout consul has no election: use curator or kazoo")
+            .into());
+    }
     let endpoint = global.endpoint()?;
     in_session(global, |session| async move {
         // The selector hands each term over, and holds leadership until told
@@ -322,7 +349,8 @@ pub async fn elect(global: &Global, args: ElectArgs) -> Result<u8> {
                     let _ = done.await;
                 }
             }
-        })?;
+        })?
+        .with_layout(args.layout)?;
         if let Some(id) = &args.id {
             selector = selector.with_id(id.clone());
         }

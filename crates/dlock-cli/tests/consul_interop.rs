@@ -177,7 +177,7 @@ fn only_dlock_lock_has_consuls_lock_layout() {
         .expect("run dlock");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("expected \"curator\" or \"consul\""),
+        stderr.contains("expected \"curator\", \"consul\" or \"kazoo\""),
         "{stderr}"
     );
 }

@@ -40,6 +40,7 @@
 //! | share a lock or an election with Go services on etcd | [`Mutex`], [`ReadWriteLock`], [`LeaderLatch`], [`LeaderSelector`] | (etcd's Go `concurrency.Mutex`, `Election`) | one create-revision queue; a Go holder is a writer |
 //! | a 64-bit counter, updated atomically | [`AtomicCounter`] | `DistributedAtomicLong` | 8-byte big-endian; CAS tries, then a lock |
 //! | versioned bytes everyone sees | [`SharedValue`] | `SharedValue` | persistent node; watch-fed copy; CAS on the version |
+//! | share a lock, election or semaphore with kazoo (Python) | [`Mutex`], [`LeaderSelector`], [`Semaphore`] `.with_layout(`[`Layout::Kazoo`]`)` | (kazoo `Lock`, `Election`, `Semaphore`) | kazoo's nodes; kazoo holders keep dlock out in any layout |
 //!
 //! Every recipe runs on every backend: [`store::embedded`] (in-process, with
 //! fault injection — the default for demos and tests), ZooKeeper 3.5+

@@ -72,6 +72,7 @@ mod curator;
 mod etcd;
 mod go;
 pub mod history;
+mod kazoo;
 mod port;
 mod process;
 mod proxy;
@@ -86,6 +87,7 @@ pub use consul::{
 pub use curator::{classpath as curator_classpath, CuratorProbe};
 pub use etcd::{shared_etcd, try_shared_etcd, EtcdCluster, EtcdOptions, EtcdServer, EtcdTls};
 pub use go::{etcd_go_electsale, etcd_go_peerbench};
+pub use kazoo::{python as kazoo_python, KazooProbe};
 pub use port::free_port;
 pub use process::all_threads_stopped;
 pub use proxy::TcpProxy;

@@ -22,6 +22,16 @@
 //! read-write lock's nodes they are writers ([`Access::Write`]), as the
 //! read-write lock treats them (the layout: `recipes/etcd_go.rs`).
 //!
+//! kazoo's (Python) lock nodes, `<uuid hex>__lock__<seq>` and
+//! `<uuid hex>__rlock__<seq>` (its `Lock`, `Election`, `ReadLock`,
+//! `WriteLock`), are ordered among a mutex's own by their sequence (see
+//! [`layout`](super::layout)); a path with such nodes shows as a
+//! [`RecipeKind::Mutex`], each marked [`Foreign::Kazoo`] — dlock's own
+//! nodes in [`Layout::Kazoo`](crate::Layout::Kazoo) too, being the same.
+//! A path whose children are all kazoo semaphore leases (`<uuid hex>`)
+//! shows as a [`RecipeKind::Semaphore`]: those leases hold, and the
+//! acquirers queued at `<path>-__lock__` wait.
+//!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
 //! use dlock::{inspect, RecipeKind, Role};
@@ -41,7 +51,7 @@ mod report;
 
 pub use report::{Access, Contender, Foreign, Inspection, RecipeKind, Role};
 
-use super::queue::{FirstN, Participant};
+use super::queue::{is_kazoo_node, FirstN, Participant};
 use super::{etcd_go, kv_semaphore, leader_latch, mutex, rwlock, semaphore, shared_count};
 use crate::error::{Error, Result};
 use crate::path;
@@ -125,6 +135,11 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
         )
     } else if any(mutex::is_node) {
         found(RecipeKind::Mutex, mutex_at(session, path).await?)
+    } else if !names.is_empty() && names.iter().all(|n| semaphore::is_kazoo_lease(n)) {
+        found(
+            RecipeKind::Semaphore,
+            kazoo_semaphore_at(session, path).await?,
+        )
     } else if !children.is_empty() {
         unrecognised(session, path, nothing(RecipeKind::None)).await?
     } else {
@@ -189,9 +204,20 @@ fn contender(p: Participant) -> Contender {
         token: p.token,
         session: p.session,
         access: rwlock::is_writer(name).map(|w| if w { Access::Write } else { Access::Read }),
-        foreign: is_etcd_go_key(name, &p.data, p.session).then_some(Foreign::EtcdGo),
+        foreign: foreign(name, &p.data, p.session),
         data: p.data,
         node: p.node,
+    }
+}
+
+/// Which foreign client's layout a queue node `name` is in, if any.
+fn foreign(name: &str, data: &[u8], owner: SessionId) -> Option<Foreign> {
+    if is_etcd_go_key(name, data, owner) {
+        Some(Foreign::EtcdGo)
+    } else if is_kazoo_node(name) {
+        Some(Foreign::Kazoo)
+    } else {
+        None
     }
 }
 
@@ -248,6 +274,31 @@ async fn semaphore_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
         if pending.is_some() && Some(&acquirer.node) == head_node.as_ref() {
             continue;
         }
+        let mut c = contender(acquirer);
+        c.role = Role::Waiter;
+        all.push(c);
+    }
+    Ok(all)
+}
+
+/// A kazoo semaphore's leases (all hold: kazoo creates a lease node only
+/// once admitted), then its acquirers, queued on kazoo's lock at
+/// `<path>-__lock__`, all waiting.
+async fn kazoo_semaphore_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
+    let leases = crate::Semaphore::new(session, path, 1)?
+        .with_layout(crate::Layout::Kazoo)?
+        .participants()
+        .await?;
+    let lock = semaphore::kazoo_lock_path(path);
+    let acquirers = crate::Mutex::new(session, &lock)?.participants().await?;
+    let mut all = Vec::with_capacity(leases.len() + acquirers.len());
+    for lease in leases {
+        let mut c = contender(lease);
+        c.role = Role::Holder;
+        c.foreign = Some(Foreign::Kazoo);
+        all.push(c);
+    }
+    for acquirer in acquirers {
         let mut c = contender(acquirer);
         c.role = Role::Waiter;
         all.push(c);

@@ -107,6 +107,7 @@ impl Access {
 ///
 /// ```
 /// assert_eq!(dlock::Foreign::EtcdGo.as_str(), "etcd-go");
+/// assert_eq!(dlock::Foreign::Kazoo.as_str(), "kazoo");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -114,6 +115,11 @@ pub enum Foreign {
     /// etcd's Go `concurrency` package (`etcdctl lock`, `etcdctl elect`):
     /// a key `<prefix>/<lease id in hex>`.
     EtcdGo,
+    /// kazoo (Python) `Lock`, `ReadLock`, `WriteLock`, `Election`: a node
+    /// `<uuid hex>__lock__<seq>` or `<uuid hex>__rlock__<seq>` — also
+    /// dlock's own in [`Layout::Kazoo`](crate::Layout::Kazoo), which writes
+    /// the same nodes.
+    Kazoo,
 }
 
 impl Foreign {
@@ -121,6 +127,7 @@ impl Foreign {
     pub fn as_str(self) -> &'static str {
         match self {
             Foreign::EtcdGo => "etcd-go",
+            Foreign::Kazoo => "kazoo",
         }
     }
 }

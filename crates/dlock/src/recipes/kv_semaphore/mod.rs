@@ -140,7 +140,9 @@ impl KvSemaphore {
     }
 
     /// Uses `layout`'s nodes: [`Layout::Consul`] for Consul's
-    /// `api.Semaphore` (see the [module docs](self)).
+    /// `api.Semaphore` (see the [module docs](self)). kazoo has no such
+    /// semaphore: [`Layout::Kazoo`] writes dlock's own record, as
+    /// [`Layout::Curator`] does.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
