@@ -492,6 +492,9 @@ async fn an_observer_follows_curator_and_dlock_leaders(h: &Harness) -> Result<()
     ours.close().await?;
     ensure!(next_leader(&mut leaders, within).await?.is_none());
     observer.close().await;
+    Ok(())
+}
+
 /// One counter, both implementations: each reads what the other wrote,
 /// a stale compare-and-set fails on either side, and Curator and dlock
 /// clients incrementing at once (optimistic and promoted to one lock) sum
