@@ -142,23 +142,29 @@ async fn list(
     watch: bool,
     watches: &mut Vec<Watch>,
 ) -> Result<Vec<String>> {
-    let listed = if watch {
-        session.children_watch(dir).await.map(|(children, w)| {
-            watches.push(w);
-            children
-        })
-    } else {
-        session.children(dir).await
-    };
-    match listed {
-        Ok(children) => Ok(children.into_iter().map(|c| c.name).collect()),
-        Err(Error::NoNode { .. }) => {
-            if watch {
-                watches.push(session.exists_watch(dir).await?.1);
+    loop {
+        let listed = if watch {
+            session.children_watch(dir).await.map(|(children, w)| {
+                watches.push(w);
+                children
+            })
+        } else {
+            session.children(dir).await
+        };
+        match listed {
+            Ok(children) => return Ok(children.into_iter().map(|c| c.name).collect()),
+            Err(Error::NoNode { .. }) if watch => {
+                // Created since the listing? Then its watch would only see
+                // its deletion or a data change: list it again instead.
+                let (stat, created) = session.exists_watch(dir).await?;
+                if stat.is_none() {
+                    watches.push(created);
+                    return Ok(Vec::new());
+                }
             }
-            Ok(Vec::new())
+            Err(Error::NoNode { .. }) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => Err(e.into()),
     }
 }
 
