@@ -324,3 +324,71 @@ fn live_view_in_tmux_shows_a_new_holder_and_quits_on_q() {
     assert_eq!(holder.finish(), Some(0));
     await_nothing_under(&endpoint, &root);
 }
+
+/// A foreign holder is named as such: while `etcdctl lock` (etcd's Go
+/// `concurrency.Mutex`) holds a path and a `dlock lock` waits behind it,
+/// `--once --json` lists the Go key as the holder with `"foreign":
+/// "etcd-go"` and dlock's node as waiter 1, and the screen's holder line
+/// says `[etcd-go]`.
+#[cfg(feature = "etcd")]
+#[test]
+fn a_foreign_etcd_go_holder_is_named_on_etcd() {
+    use std::io::BufRead;
+    let endpoint = format!("etcd://{}", dlock_testkit::shared_etcd().endpoint());
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let root = unique_root();
+    let path = format!("{root}/jobs/orders");
+    let mut go = Command::new(std::env::var("DLOCK_ETCDCTL").unwrap_or("etcdctl".into()))
+        .env("ETCDCTL_API", "3")
+        .arg(format!(
+            "--endpoints={}",
+            dlock_testkit::shared_etcd().endpoint()
+        ))
+        .args(["lock", &path])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn (etcdctl comes with apt-get install etcd-client)");
+    // etcdctl prints its key once it holds.
+    let mut go_key = String::new();
+    std::io::BufReader::new(go.stdout.take().unwrap())
+        .read_line(&mut go_key)
+        .unwrap();
+    let go_key = go_key.trim().to_string();
+    let waiter = Holder::start(&endpoint, &path, &log, "dlock");
+    let json = await_snapshot(&endpoint, &root, |j| participants(j).len() == 2);
+    let seen = participants(&json);
+    assert_eq!(json["recipes"][0]["recipe"], "mutex", "{json}");
+    assert_eq!(
+        (&seen[0]["role"], &seen[0]["node"], &seen[0]["foreign"]),
+        (&"holder".into(), &go_key.as_str().into(), &"etcd-go".into()),
+        "{json}"
+    );
+    assert_eq!(
+        (&seen[1]["role"], &seen[1]["foreign"]),
+        (&"waiter".into(), &serde_json::Value::Null)
+    );
+
+    let out = dlock_on(&endpoint)
+        .args(["top", "--once", &root])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let screen = String::from_utf8(out.stdout).unwrap();
+    let holder_line = screen
+        .lines()
+        .find(|l| l.contains("holder"))
+        .unwrap_or_else(|| panic!("no holder line:\n{screen}"));
+    assert!(holder_line.contains("[etcd-go]"), "{screen}");
+    assert!(
+        holder_line.contains(&seen[0]["fence"].to_string()),
+        "{screen}"
+    );
+
+    // SAFETY: kill(2) on our own child, not reaped yet.
+    unsafe { libc::kill(go.id() as libc::pid_t, libc::SIGINT) };
+    assert!(go.wait().unwrap().success(), "etcdctl unlocks on SIGINT");
+    assert!(await_line(&log, "dlock "), "dlock never got the lock");
+    assert_eq!(waiter.finish(), Some(0));
+    await_nothing_under(&endpoint, &root);
+}
