@@ -19,7 +19,7 @@
 //! Hold times count from when top first saw a node hold (or wait): the
 //! store contract reports no creation time, only the creating
 //! transaction, so a node already held when top starts shows the time
-//! since top started.
+//! since top started, marked `≥`.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -196,6 +196,15 @@ async fn watch_recipe_parts(
     Ok(())
 }
 
+/// When a node was first seen in its role.
+#[derive(Debug, Clone, Copy)]
+struct Since {
+    role: Role,
+    at: Instant,
+    /// Seen at top's first scan: there since before top looked.
+    before_top: bool,
+}
+
 /// How long the handoff rate looks back.
 const RATE_WINDOW: Duration = Duration::from_secs(10);
 
@@ -208,8 +217,8 @@ pub struct Model {
     scans: u64,
     truncated: bool,
     recipes: Vec<Inspection>,
-    /// Node → (role, when first seen in that role).
-    since: HashMap<String, (Role, Instant)>,
+    /// Node → since when it is seen in its role.
+    since: HashMap<String, Since>,
     /// Recipe path → when each new holder was seen.
     handoffs: HashMap<String, VecDeque<Instant>>,
 }
@@ -235,14 +244,19 @@ impl Model {
         let mut since = HashMap::new();
         for recipe in &scan.recipes {
             for p in &recipe.participants {
-                let known = self.since.get(&p.node).filter(|(role, _)| *role == p.role);
+                let known = self.since.get(&p.node).filter(|s| s.role == p.role);
                 if known.is_none() && p.role == Role::Holder && self.scans > 0 {
                     self.handoffs
                         .entry(recipe.path.clone())
                         .or_default()
                         .push_back(now);
                 }
-                since.insert(p.node.clone(), known.copied().unwrap_or((p.role, now)));
+                let first = Since {
+                    role: p.role,
+                    at: now,
+                    before_top: self.scans == 0,
+                };
+                since.insert(p.node.clone(), known.copied().unwrap_or(first));
             }
         }
         let present: HashSet<&str> = scan.recipes.iter().map(|r| r.path.as_str()).collect();
@@ -300,7 +314,8 @@ impl Model {
                                 for_time: self
                                     .since
                                     .get(&p.node)
-                                    .map_or(Duration::ZERO, |(_, t)| now.duration_since(*t)),
+                                    .map_or(Duration::ZERO, |s| now.duration_since(s.at)),
+                                before_top: self.since.get(&p.node).is_none_or(|s| s.before_top),
                                 data: String::from_utf8_lossy(&p.data).into_owned(),
                                 access: p.access.map(dlock::Access::as_str),
                                 foreign: p.foreign.map(dlock::Foreign::as_str),
@@ -346,6 +361,9 @@ pub struct ParticipantRow {
     pub session: String,
     /// How long it has held (or waited), as far as top has seen.
     pub for_time: Duration,
+    /// Whether it was there at top's first scan: it has held (or waited)
+    /// longer than `for_time`, for how long top cannot tell.
+    pub before_top: bool,
     pub data: String,
     pub access: Option<&'static str>,
     pub foreign: Option<&'static str>,
@@ -395,6 +413,7 @@ impl View {
                             "access": p.access,
                             "foreign": p.foreign,
                             "seen_for_ms": p.for_time.as_millis() as u64,
+                            "seen_at_start": p.before_top,
                         })
                     })
                     .collect();
@@ -497,7 +516,11 @@ pub fn render(view: &View, status: &str, area: Rect, buf: &mut Buffer) {
                 Cell::from(p.role_label()),
                 Cell::from(p.fence.to_string()),
                 Cell::from(p.session.clone()),
-                Cell::from(short(p.for_time)),
+                Cell::from(format!(
+                    "{}{}",
+                    if p.before_top { "≥" } else { "" },
+                    short(p.for_time)
+                )),
                 Cell::from(p.who()),
             ]));
         }
