@@ -80,23 +80,48 @@ impl Default for Limits {
 pub struct Scan {
     pub recipes: Vec<Inspection>,
     pub truncated: bool,
-    pub watches: Vec<Watch>,
+    pub watches: Vec<Armed>,
 }
 
-/// Walks the tree under `prefix` for recipes. A directory [`dlock::inspect`]
-/// recognises is a recipe and is not descended into; any other directory
-/// with children is. With `watch`, every directory listed gets a children
-/// watch, and the parts of a recipe that change without a child of its
-/// directory changing (a semaphore's `locks` and `leases`, a KV
-/// semaphore's `.lock` record) get theirs: any change under the prefix
-/// that could change the view fires one of them.
+/// A watch a scan armed, and what to scan again when it fires.
+pub struct Armed {
+    /// What is watched: a node's children (`path/`) or its data (`path`).
+    pub watched: String,
+    /// The directory to scan again.
+    pub rescan: String,
+    /// That directory's depth below the prefix.
+    pub depth: usize,
+    pub watch: Watch,
+}
+
+/// Walks the tree under `prefix` for recipes: [`scan_from`] the prefix.
 pub async fn scan(session: &Session, prefix: &str, limits: Limits, watch: bool) -> Result<Scan> {
+    scan_from(session, prefix, 0, limits, watch).await
+}
+
+/// Walks the tree under `start` (`depth` levels below the prefix) for
+/// recipes. A directory [`dlock::inspect`] recognises is a recipe and is
+/// not descended into; any other directory with children is. With
+/// `watch`, every directory listed gets a children watch, and the parts of
+/// a recipe that change without a child of its directory changing (a
+/// semaphore's `locks` and `leases`, a KV semaphore's `.lock` record) get
+/// theirs: any change under `start` that could change the view fires one
+/// of them, and says which directory to scan again. (A directory that is
+/// missing needs no watch for its creation: its parent's listing has one —
+/// except the prefix, which gets an exists watch.)
+pub async fn scan_from(
+    session: &Session,
+    start: &str,
+    depth: usize,
+    limits: Limits,
+    watch: bool,
+) -> Result<Scan> {
     let mut found = Scan {
         recipes: Vec::new(),
         truncated: false,
         watches: Vec::new(),
     };
-    let mut queue = VecDeque::from([(prefix.to_string(), 0usize)]);
+    let mut queue = VecDeque::from([(start.to_string(), depth)]);
     let mut listed = 0usize;
     while let Some((dir, depth)) = queue.pop_front() {
         if listed == limits.directories {
@@ -104,8 +129,10 @@ pub async fn scan(session: &Session, prefix: &str, limits: Limits, watch: bool) 
             break;
         }
         listed += 1;
-        let children = list(session, &dir, watch, &mut found.watches).await?;
+        let mut armed = watch.then(Vec::new);
+        let children = list(session, &dir, depth == 0, armed.as_mut()).await?;
         if children.is_empty() {
+            found.watches.extend(tagged(armed, &dir, depth));
             continue;
         }
         let seen = if dir == "/" {
@@ -115,8 +142,8 @@ pub async fn scan(session: &Session, prefix: &str, limits: Limits, watch: bool) 
         };
         match seen {
             Some(seen) if seen.recipe != RecipeKind::None => {
-                if watch {
-                    watch_recipe_parts(session, &seen, &mut found.watches).await?;
+                if let Some(armed) = armed.as_mut() {
+                    watch_recipe_parts(session, &seen, armed).await?;
                 }
                 found.recipes.push(seen);
             }
@@ -129,36 +156,53 @@ pub async fn scan(session: &Session, prefix: &str, limits: Limits, watch: bool) 
             }
             _ => found.truncated = true,
         }
+        found.watches.extend(tagged(armed, &dir, depth));
     }
     found.recipes.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(found)
 }
 
-/// The names of `dir`'s children; with `watch`, a watch for a change among
-/// them — or, if `dir` does not exist, for its creation.
+/// Watches of `dir`'s, to scan it again when they fire.
+fn tagged(armed: Option<Vec<(String, Watch)>>, dir: &str, depth: usize) -> Vec<Armed> {
+    armed
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(watched, watch)| Armed {
+            watched,
+            rescan: dir.to_string(),
+            depth,
+            watch,
+        })
+        .collect()
+}
+
+/// The names of `dir`'s children; with `watches`, a watch for a change
+/// among them — or, if `dir` does not exist and `if_missing`, for its
+/// creation.
 async fn list(
     session: &Session,
     dir: &str,
-    watch: bool,
-    watches: &mut Vec<Watch>,
+    if_missing: bool,
+    mut watches: Option<&mut Vec<(String, Watch)>>,
 ) -> Result<Vec<String>> {
     loop {
-        let listed = if watch {
-            session.children_watch(dir).await.map(|(children, w)| {
-                watches.push(w);
+        let listed = match watches.as_deref_mut() {
+            Some(watches) => session.children_watch(dir).await.map(|(children, w)| {
+                watches.push((format!("{dir}/"), w));
                 children
-            })
-        } else {
-            session.children(dir).await
+            }),
+            None => session.children(dir).await,
         };
         match listed {
             Ok(children) => return Ok(children.into_iter().map(|c| c.name).collect()),
-            Err(Error::NoNode { .. }) if watch => {
+            Err(Error::NoNode { .. }) if if_missing && watches.is_some() => {
                 // Created since the listing? Then its watch would only see
                 // its deletion or a data change: list it again instead.
                 let (stat, created) = session.exists_watch(dir).await?;
                 if stat.is_none() {
-                    watches.push(created);
+                    if let Some(watches) = watches {
+                        watches.push((dir.to_string(), created));
+                    }
                     return Ok(Vec::new());
                 }
             }
@@ -171,29 +215,53 @@ async fn list(
 /// Watches for the changes of a recipe that its directory's listing does
 /// not show. These names are the recipes' documented layouts (Curator's
 /// `InterProcessSemaphoreV2`: `locks/` and `leases/`; the KV semaphore's
-/// and Consul's `.lock` record).
+/// and Consul's `.lock` record). One that is missing is not watched: its
+/// creation changes the recipe directory's listing, which is.
 async fn watch_recipe_parts(
     session: &Session,
     seen: &Inspection,
-    watches: &mut Vec<Watch>,
+    watches: &mut Vec<(String, Watch)>,
 ) -> Result<()> {
     match seen.recipe {
         RecipeKind::Semaphore => {
             for part in ["locks", "leases"] {
-                list(session, &dlock::path::join(&seen.path, part), true, watches).await?;
+                let dir = dlock::path::join(&seen.path, part);
+                list(session, &dir, false, Some(&mut *watches)).await?;
             }
         }
         RecipeKind::KvSemaphore => {
             let record = dlock::path::join(&seen.path, ".lock");
             match session.get_data_watch(&record).await {
-                Ok((_, _, w)) => watches.push(w),
-                Err(Error::NoNode { .. }) => watches.push(session.exists_watch(&record).await?.1),
+                Ok((_, _, w)) => watches.push((record, w)),
+                Err(Error::NoNode { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
         }
         _ => {}
     }
     Ok(())
+}
+
+/// Whether `path` is `root` or below it.
+fn is_under(root: &str, path: &str) -> bool {
+    root == "/"
+        || path == root
+        || path
+            .strip_prefix(root)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// The directories of `fired` that are not below another of them: scanning
+/// those scans the rest too.
+fn outermost(mut fired: Vec<(String, usize)>) -> Vec<(String, usize)> {
+    fired.sort_by_key(|(dir, _)| dir.len());
+    let mut kept: Vec<(String, usize)> = Vec::new();
+    for (dir, depth) in fired {
+        if !kept.iter().any(|(root, _)| is_under(root, &dir)) {
+            kept.push((dir, depth));
+        }
+    }
+    kept
 }
 
 /// When a node was first seen in its role.
@@ -237,12 +305,27 @@ impl Model {
         }
     }
 
-    /// Takes in a scan made at `now`. A node holding now that was not
-    /// holding at the last scan is a handoff — unless this is the first
-    /// scan, which sees holders that came before top.
+    /// Takes in a scan of the whole prefix made at `now`.
     pub fn update(&mut self, scan: &Scan, now: Instant) {
+        let prefix = self.prefix.clone();
+        self.update_under(&prefix, scan, now);
+    }
+
+    /// Takes in a scan of `root` made at `now`: its recipes replace those
+    /// seen under `root` before. A node holding now that was not holding
+    /// before is a handoff — unless this is the first scan, which sees
+    /// holders that came before top.
+    pub fn update_under(&mut self, root: &str, scan: &Scan, now: Instant) {
+        let mut recipes: Vec<Inspection> = self
+            .recipes
+            .iter()
+            .filter(|r| !is_under(root, &r.path))
+            .cloned()
+            .collect();
+        recipes.extend(scan.recipes.iter().cloned());
+        recipes.sort_by(|a, b| a.path.cmp(&b.path));
         let mut since = HashMap::new();
-        for recipe in &scan.recipes {
+        for recipe in &recipes {
             for p in &recipe.participants {
                 let known = self.since.get(&p.node).filter(|s| s.role == p.role);
                 if known.is_none() && p.role == Role::Holder && self.scans > 0 {
@@ -259,7 +342,7 @@ impl Model {
                 since.insert(p.node.clone(), known.copied().unwrap_or(first));
             }
         }
-        let present: HashSet<&str> = scan.recipes.iter().map(|r| r.path.as_str()).collect();
+        let present: HashSet<&str> = recipes.iter().map(|r| r.path.as_str()).collect();
         self.handoffs.retain(|path, times| {
             while times
                 .front()
@@ -270,8 +353,12 @@ impl Model {
             present.contains(path.as_str()) || !times.is_empty()
         });
         self.since = since;
-        self.recipes = scan.recipes.clone();
-        self.truncated = scan.truncated;
+        self.recipes = recipes;
+        self.truncated = if root == self.prefix {
+            scan.truncated
+        } else {
+            self.truncated || scan.truncated
+        };
         self.scans += 1;
     }
 
@@ -612,21 +699,37 @@ async fn live_loop(
     let mut keys = crossterm::event::EventStream::new();
     let mut clock = tokio::time::interval(Duration::from_secs(1));
     let status = format!("{} · q quits", session.backend());
+    // Each armed watch waits in a task of its own, which names the
+    // directory to scan again when it fires; a scan of a directory drops
+    // the watches it re-arms, and those of what is gone below it.
+    let (fired_tx, mut fired) = tokio::sync::mpsc::unbounded_channel();
+    let mut armed = Watches::default();
+    let mut pending = vec![(prefix.to_string(), 0usize)];
     loop {
-        let found = scan(session, prefix, limits, true).await?;
-        model.update(&found, Instant::now());
-        let mut changed = futures::future::select_all(
-            found
-                .watches
-                .into_iter()
-                .map(|w| Box::pin(w.changed()))
-                .collect::<Vec<_>>(),
-        );
+        while let Ok(more) = fired.try_recv() {
+            pending.push(more);
+        }
+        for (root, depth) in outermost(std::mem::take(&mut pending)) {
+            armed.drop_under(&root);
+            let found = scan_from(session, &root, depth, limits, true).await?;
+            model.update_under(&root, &found, Instant::now());
+            for a in found.watches {
+                let tx = fired_tx.clone();
+                let task = tokio::spawn(async move {
+                    a.watch.changed().await;
+                    let _ = tx.send((a.rescan, a.depth));
+                });
+                armed.insert(a.watched, task);
+            }
+        }
         loop {
             let view = model.view(Instant::now());
             terminal.draw(|frame| render(&view, &status, frame.area(), frame.buffer_mut()))?;
             tokio::select! {
-                _ = &mut changed => break,
+                rescan = fired.recv() => {
+                    pending.extend(rescan);
+                    break;
+                }
                 _ = clock.tick() => {}
                 event = keys.next() => match event {
                     Some(Ok(Event::Key(key))) if key.kind == KeyEventKind::Press => {
@@ -642,6 +745,40 @@ async fn live_loop(
                 },
             }
         }
+    }
+}
+
+/// The armed watches' tasks, by what they watch; dropping one (or all)
+/// drops its watch.
+#[derive(Default)]
+struct Watches(HashMap<String, tokio::task::JoinHandle<()>>);
+
+impl Watches {
+    fn insert(&mut self, watched: String, task: tokio::task::JoinHandle<()>) {
+        if let Some(old) = self.0.insert(watched, task) {
+            old.abort();
+        }
+    }
+
+    /// Drops the watches on `root` and below it.
+    fn drop_under(&mut self, root: &str) {
+        self.0.retain(|watched, task| {
+            let node = match watched.trim_end_matches('/') {
+                "" => "/",
+                node => node,
+            };
+            let under = is_under(root, node);
+            if under {
+                task.abort();
+            }
+            !under
+        });
+    }
+}
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        self.0.values().for_each(|task| task.abort());
     }
 }
 
@@ -671,7 +808,7 @@ mod tests {
                 let watches: Vec<_> = found
                     .watches
                     .into_iter()
-                    .map(|w| Box::pin(w.changed()))
+                    .map(|a| Box::pin(a.watch.changed()))
                     .collect();
                 futures::future::select_all(watches).await;
             }
@@ -764,6 +901,36 @@ mod tests {
         holder.close().await;
         other.close().await;
         Ok(())
+    }
+
+    /// A fired watch of a directory below another fired one is covered by
+    /// the other's scan; siblings that share a name's start are not.
+    #[test]
+    fn only_the_outermost_fired_directories_are_scanned() {
+        let fired = vec![
+            ("/a/b/c".to_string(), 2),
+            ("/a/bc".to_string(), 1),
+            ("/a/b".to_string(), 1),
+            ("/a/b".to_string(), 1),
+        ];
+        assert_eq!(
+            outermost(fired),
+            [("/a/b".to_string(), 1), ("/a/bc".to_string(), 1)]
+        );
+        assert_eq!(
+            outermost(vec![("/x".into(), 1), ("/".into(), 0)]),
+            [("/".to_string(), 0)]
+        );
+    }
+
+    #[test]
+    fn recipe_paths_show_below_the_prefix_and_node_names_by_their_tail() {
+        assert_eq!(relative("/locks", "/locks/jobs/a"), "jobs/a");
+        assert_eq!(relative("/", "/locks/a"), "locks/a");
+        assert_eq!(relative("/locks", "/locks"), "/locks");
+        assert_eq!(relative("/lo", "/locks/a"), "/locks/a");
+        assert_eq!(tail("_c_6f1e-lock-0000000042", 20), "…f1e-lock-0000000042");
+        assert_eq!(tail("short", 20), "short");
     }
 
     #[tokio::test]

@@ -350,10 +350,10 @@ fn a_foreign_etcd_go_holder_is_named_on_etcd() {
         .spawn()
         .expect("spawn (etcdctl comes with apt-get install etcd-client)");
     // etcdctl prints its key once it holds.
+    // (Its output stays open until it ends: it writes as it unlocks.)
+    let mut go_out = std::io::BufReader::new(go.stdout.take().unwrap());
     let mut go_key = String::new();
-    std::io::BufReader::new(go.stdout.take().unwrap())
-        .read_line(&mut go_key)
-        .unwrap();
+    go_out.read_line(&mut go_key).unwrap();
     let go_key = go_key.trim().to_string();
     let waiter = Holder::start(&endpoint, &path, &log, "dlock");
     let json = await_snapshot(&endpoint, &root, |j| participants(j).len() == 2);
@@ -387,7 +387,9 @@ fn a_foreign_etcd_go_holder_is_named_on_etcd() {
 
     // SAFETY: kill(2) on our own child, not reaped yet.
     unsafe { libc::kill(go.id() as libc::pid_t, libc::SIGINT) };
-    assert!(go.wait().unwrap().success(), "etcdctl unlocks on SIGINT");
+    let status = go.wait().unwrap();
+    assert!(status.success(), "etcdctl unlocks on SIGINT: {status}");
+    drop(go_out);
     assert!(await_line(&log, "dlock "), "dlock never got the lock");
     assert_eq!(waiter.finish(), Some(0));
     await_nothing_under(&endpoint, &root);
