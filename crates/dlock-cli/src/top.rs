@@ -13,8 +13,12 @@
 //! - [`render`] draws a [`View`] with ratatui.
 //!
 //! The live loop scans again only when one of the scan's watches fires (a
-//! child created or deleted, a record changed, a session state change):
-//! the store is never polled. The clock only redraws hold times.
+//! child created or deleted, a record changed, a session state change),
+//! and then only the directory that watch was armed for: the store is
+//! never polled, and a busy lock costs a rescan of that lock alone. The
+//! clock only redraws hold times. Handoffs per second count the new
+//! holders seen over the last ten seconds: holders that come and go
+//! between two scans of their recipe are not seen.
 //!
 //! Hold times count from when top first saw a node hold (or wait): the
 //! store contract reports no creation time, only the creating
@@ -593,6 +597,10 @@ pub fn render(view: &View, status: &str, area: Rect, buf: &mut Buffer) {
             Row::new(vec![
                 Cell::from(relative(&view.prefix, &r.path).to_string()),
                 Cell::from(r.recipe),
+                Cell::from(""),
+                Cell::from(""),
+                Cell::from(""),
+                // The widest column: the rate fits whatever the width.
                 Cell::from(format!("{:.1} handoffs/s", r.handoffs_per_second)),
             ])
             .style(bold),
@@ -615,9 +623,9 @@ pub fn render(view: &View, status: &str, area: Rect, buf: &mut Buffer) {
     Table::new(
         rows,
         [
-            Constraint::Fill(3),
-            Constraint::Length(16),
+            Constraint::Fill(1),
             Constraint::Length(14),
+            Constraint::Length(12),
             Constraint::Length(18),
             Constraint::Length(7),
             Constraint::Fill(1),
