@@ -265,14 +265,15 @@ fn await_pane(socket: &str, what: &str, done: impl Fn(&str) -> bool) -> String {
 
 /// The live view in a real terminal (a detached tmux session, 120×30):
 /// a lock taken by another process appears as a holder line with its
-/// fencing token, without any key pressed; `q` ends top with status 0.
-#[test]
-fn live_view_in_tmux_shows_a_new_holder_and_quits_on_q() {
+/// fencing token, without any key pressed (the store's watches tell top),
+/// then a waiter behind it, then the handoff to that waiter; `q` ends top
+/// with status 0.
+fn live_view_in_tmux_shows_a_new_holder_and_quits_on_q(endpoint: &str) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let status = dir.path().join("status");
     let socket = format!("dlock-top-{}", uuid::Uuid::new_v4().simple());
-    let endpoint = zk_endpoint();
+    let endpoint = endpoint.to_string();
     let root = unique_root();
     let path = format!("{root}/jobs/nightly");
     let script = format!(
@@ -311,6 +312,21 @@ fn live_view_in_tmux_shows_a_new_holder_and_quits_on_q() {
     // Recipes show below the prefix the title names.
     assert!(screen.contains("jobs/nightly"), "{screen}");
 
+    // A second process queues: it shows as waiter 1; when the first ends,
+    // the screen shows the second holding with its own token.
+    let next = Holder::start(&endpoint, &path, &log, "next");
+    await_pane(&socket, "the waiter", |s| {
+        s.lines().any(|l| l.contains("waiter 1"))
+    });
+    assert_eq!(holder.finish(), Some(0));
+    assert!(await_line(&log, "next "), "the waiter never ran");
+    let [_, next_fence, _] = <[String; 3]>::try_from(logged(&log, "next")).unwrap();
+    await_pane(&socket, "the handoff", |s| {
+        s.lines()
+            .any(|l| l.contains("holder") && l.contains(&next_fence))
+            && !s.contains("waiter 1")
+    });
+
     let sent = tmux(&socket, &["send-keys", "-t", "top", "q"]);
     assert!(sent.status.success(), "{sent:?}");
     assert!(
@@ -321,7 +337,7 @@ fn live_view_in_tmux_shows_a_new_holder_and_quits_on_q() {
     let code = std::fs::read_to_string(&status).unwrap();
     tmux(&socket, &["kill-server"]);
     assert_eq!(code.trim(), "0", "top's exit status");
-    assert_eq!(holder.finish(), Some(0));
+    assert_eq!(next.finish(), Some(0));
     await_nothing_under(&endpoint, &root);
 }
 
@@ -393,4 +409,27 @@ fn a_foreign_etcd_go_holder_is_named_on_etcd() {
     assert!(await_line(&log, "dlock "), "dlock never got the lock");
     assert_eq!(waiter.finish(), Some(0));
     await_nothing_under(&endpoint, &root);
+}
+
+#[test]
+fn live_view_in_tmux_on_zookeeper() {
+    live_view_in_tmux_shows_a_new_holder_and_quits_on_q(&zk_endpoint());
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn live_view_in_tmux_on_etcd() {
+    live_view_in_tmux_shows_a_new_holder_and_quits_on_q(&format!(
+        "etcd://{}",
+        dlock_testkit::shared_etcd().endpoint()
+    ));
+}
+
+#[cfg(feature = "consul")]
+#[test]
+fn live_view_in_tmux_on_consul() {
+    live_view_in_tmux_shows_a_new_holder_and_quits_on_q(&format!(
+        "consul://{}",
+        dlock_testkit::shared_consul().endpoint()
+    ));
 }
