@@ -24,7 +24,8 @@ done
 # protoc from the crate protoc-bin-vendored: see .cargo/config.toml.)
 packages=(zookeeper etcd-server etcd-client
           libcurator-recipes-java libcurator-framework-java libcurator-client-java
-          libslf4j-java python3-kazoo golang-go golang-etcd-server-dev)
+          libslf4j-java python3-kazoo golang-go golang-etcd-server-dev
+          tmux)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -8,6 +8,7 @@ mod duration;
 mod exit;
 mod members;
 mod run;
+mod top;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -166,6 +167,13 @@ enum Command {
     /// Example: dlock demo flash-sale --buyers 200 --stock 50
     #[command(subcommand)]
     Demo(demo::Demo),
+    /// A live view of every lock, semaphore and election under PREFIX:
+    /// holders with token, session and hold time, waiters in order,
+    /// handoffs per second; updated by watches. q quits. --once --json
+    /// prints one snapshot for scripts.
+    ///
+    /// Example: dlock --endpoint zk://127.0.0.1:2181 top /locks
+    Top(top::TopArgs),
 }
 
 fn main() -> ExitCode {
@@ -221,6 +229,7 @@ fn main() -> ExitCode {
             Command::Observe(args) => members::observe(&global, args).await,
             Command::Bench(args) => bench::run(&global, args).await.map(|()| 0),
             Command::Demo(demo) => demo::run(&global, demo).await.map(|()| 0),
+            Command::Top(args) => top::top(&global, args).await,
         }
     });
     // Background work (watch tasks, keep-alives) must not keep us alive.
