@@ -5,7 +5,9 @@
 # mode: in memory), each workload run alternately (dlock first in odd rounds,
 # last in even ones), then a table of medians and dlock/peer ratios.
 #
-#   scripts/bench-peers.sh [--seconds S] [--rounds R] [--only zk|etcd|embedded|consul] [--markdown FILE]
+#   scripts/bench-peers.sh [--seconds S] [--rounds R] [--only zk|etcd|embedded|consul|counter] [--markdown FILE]
+#
+# --only counter: the AtomicCounter and DoubleBarrier rows on ZooKeeper alone.
 #
 # Installs what is missing (Debian packages; Consul with scripts/consul.sh
 # get) the first time.
@@ -21,15 +23,15 @@ while [ $# -gt 0 ]; do
     --rounds) rounds="$2"; shift 2 ;;
     --only) only="$2"; shift 2 ;;
     --markdown) markdown="$2"; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "bench-peers.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 [ "$rounds" -ge 3 ] || { echo "bench-peers.sh: --rounds must be at least 3" >&2; exit 2; }
 
 case "$only" in
-  ""|zk|etcd|embedded|consul) ;;
-  *) echo "bench-peers.sh: --only takes zk, etcd, embedded or consul" >&2; exit 2 ;;
+  ""|zk|etcd|embedded|consul|counter) ;;
+  *) echo "bench-peers.sh: --only takes zk, etcd, embedded, consul or counter" >&2; exit 2 ;;
 esac
 
 # The Consul rows need no Debian package: only the consul binary.
@@ -104,6 +106,35 @@ etcd_fsyncs() {
 
 curator() { PEER_BUILD_DIR="$work/curator-build" bash "$peers/curator/run.sh" "$@"; }
 kazoo() { /usr/bin/python3 "$peers/kazoo/peerbench.py" "$@"; }
+# span_rate <command...>: runs `dlock bench double-barrier` and prints its
+# line with ops_per_s = 1000 / span_p50_ms: cycles per second as the median
+# first-member-in to last-member-out span allows, the figure
+# curator_barrier_cycles gets from Curator.
+span_rate() {
+  "$@" | awk '/^peer=/ { for (i = 1; i <= NF; i++) if ($i ~ /^span_p50_ms=/) { split($i, a, "="); s = a[2] }
+    sub(/ops_per_s=[0-9.]*/, "ops_per_s=" (s > 0 ? sprintf("%.1f", 1000 / s) : 0)); print }'
+}
+
+# curator_barrier_cycles <members> <path>: Curator's PeerBench doublebarrier
+# (one cycle per JVM: <members> clients enter, leave, print when) again and
+# again on fresh paths for $seconds (at least 3 cycles); prints a `peer=`
+# line with the median span from the first member in to the last out (its
+# own timestamps: JVM start and connection are not counted) and
+# ops_per_s = 1000 / that span.
+curator_barrier_cycles() {
+  local members="$1" path="$2" n=0 spans="" line start
+  start=${EPOCHREALTIME/./}
+  while [ "$n" -lt 3 ] || [ $((${EPOCHREALTIME/./} - start)) -lt $((seconds * 1000000)) ]; do
+    line=$(curator doublebarrier --connect "$zk" --clients "$members" --members "$members" --hold-ms 0 --path "$path/$n" 2>/dev/null | grep -E '^peer=') || return 1
+    spans="$spans $(awk '{ for (i = 1; i <= NF; i++) { split($i, a, "=");
+        if (a[1] == "entered" && (lo == "" || a[2] < lo)) lo = a[2];
+        if (a[1] == "left" && a[2] > hi) hi = a[2] } } END { print hi - lo }' <<<"$line")"
+    n=$((n + 1))
+  done
+  python3 -c 'import statistics, sys; s = [float(x) for x in sys.argv[2:]]; m = statistics.median(s)
+print("peer=curator-5.4 recipe=doublebarrier members=%s cycles=%d span_p50_ms=%.3f ops_per_s=%.1f" % (sys.argv[1], len(s), m, 1000 / m if m else 0))' "$members" $spans
+}
+
 etcdgo() { PEER_BUILD_DIR="$work/etcd-go-build" bash "$peers/etcd-go/run.sh" "$@"; }
 
 # in_turn <round> <command>...: runs the commands (each a quoted `run ...`
@@ -143,6 +174,26 @@ zk_workloads() {
       'run "zk rwlock 8 (1 write in 10)" curator curator rwlock --connect "$zk" --clients 8 --write-every 10 --seconds "$seconds" --path /b/crw'
     run "zk election 8" dlock "$dlock" --endpoint "zk://$zk" bench election --clients 8 --seconds "$seconds" --path /b/e
     run "zk raw create+delete (ceiling)" dlock "$dlock" --endpoint "zk://$zk" bench raw --clients 1 --seconds "$seconds" --path /b/raw
+  done
+}
+
+# The AtomicCounter against Curator's DistributedAtomicLong (PeerBench
+# `counter`: 4 clients x 200 increments, optimistic then promoted to a
+# lock), and the DoubleBarrier against DistributedDoubleBarrier.
+counter_workloads() {
+  local r
+  for r in $(seq "$rounds"); do
+    echo "round $r (ZooKeeper counter, double barrier)" >&2
+    in_turn "$r" \
+      'run "zk counter 4x200 (optimistic)" dlock "$dlock" --endpoint "zk://$zk" bench counter --clients 4 --rounds 200 --path /b/dc' \
+      'run "zk counter 4x200 (optimistic)" curator curator counter --connect "$zk" --clients 4 --rounds 200 --path /b/cc'
+    in_turn "$r" \
+      'run "zk counter 4x200 (promoted to a lock)" dlock "$dlock" --endpoint "zk://$zk" bench counter --clients 4 --rounds 200 --path /b/dcp --lock-path /b/dcl' \
+      'run "zk counter 4x200 (promoted to a lock)" curator curator counter --connect "$zk" --clients 4 --rounds 200 --path /b/ccp --lock-path /b/ccl'
+    in_turn "$r" \
+      'run "zk double-barrier 4 (1000 / median first-in-to-last-out ms)" dlock span_rate "$dlock" --endpoint "zk://$zk" bench double-barrier --clients 4 --seconds "$seconds" --path /b/ddb/$r' \
+      'run "zk double-barrier 4 (1000 / median first-in-to-last-out ms)" curator curator_barrier_cycles 4 /b/cdb/$r'
+    run "zk double-barrier 4 (whole cycles per s, sessions kept)" dlock "$dlock" --endpoint "zk://$zk" bench double-barrier --clients 4 --seconds "$seconds" --path /b/ddc/$r
   done
 }
 
@@ -230,8 +281,9 @@ embedded_workloads() {
 }
 
 case "$only" in
-  "") zk_workloads; etcd_workloads; embedded_workloads; consul_workloads ;;
-  zk) zk_workloads ;;
+  "") zk_workloads; counter_workloads; etcd_workloads; embedded_workloads; consul_workloads ;;
+  zk) zk_workloads; counter_workloads ;;
+  counter) counter_workloads ;;
   etcd) etcd_workloads ;;
   embedded) embedded_workloads ;;
   consul) consul_workloads ;;

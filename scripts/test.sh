@@ -19,11 +19,13 @@ for arg in "$@"; do
 done
 
 # Debian packages the suite needs: the real servers and the peers (Curator's
-# jars, kazoo) for the interoperability tests. (etcd-client's build takes
+# jars, kazoo, and Go with etcd's Go sources, from which the etcd ⇄ Go tests
+# build etcd's own client recipes offline) for the interoperability tests. (etcd-client's build takes
 # protoc from the crate protoc-bin-vendored: see .cargo/config.toml.)
 packages=(zookeeper etcd-server etcd-client
           libcurator-recipes-java libcurator-framework-java libcurator-client-java
-          libslf4j-java python3-kazoo)
+          libslf4j-java python3-kazoo golang-go golang-etcd-server-dev
+          tmux)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -25,6 +25,15 @@ pub enum Workload {
     /// Each client joins a LeaderLatch, waits to lead, and leaves: one
     /// leadership change per op (etcd's Campaign + Resign).
     Election,
+    /// Each client adds 1 to an AtomicCounter, --rounds times (Curator's
+    /// DistributedAtomicLong; promoted to a Mutex at --lock-path if given).
+    /// A violation: the counter did not grow by exactly the successes.
+    Counter,
+    /// Clients (--members of them, default all) enter a DoubleBarrier and
+    /// leave it, cycle after cycle (each cycle on a path of its own), for
+    /// --seconds. A violation: a member in before all arrived, or out
+    /// before all left.
+    DoubleBarrier,
     /// No recipe: create + delete pairs of one node per client, the fewest
     /// writes any lock cycle needs — the server's ceiling for lock cycles.
     Raw,
@@ -51,6 +60,19 @@ pub struct Bench {
     /// semaphore: how many leases.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     leases: u32,
+    /// counter: increments per client (as Curator's PeerBench --rounds);
+    /// the run ends when all are done, whatever --seconds says.
+    #[arg(long, default_value_t = 100)]
+    rounds: u32,
+    /// counter: the lock the optimistic tries fall back to.
+    #[arg(long)]
+    lock_path: Option<String>,
+    /// double-barrier: how many members open the barrier (default: --clients).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    members: Option<u32>,
+    /// double-barrier: how long each member stays in, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    hold_ms: u64,
     /// raw: concurrent create+delete pairs per client.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     inflight: u32,
@@ -64,6 +86,8 @@ pub async fn run(global: &Global, args: Bench) -> Result<()> {
         Workload::Semaphore => "semaphore",
         Workload::Election => "election",
         Workload::Raw => "raw",
+        Workload::Counter => "counter",
+        Workload::DoubleBarrier => "double-barrier",
     };
     let path = args
         .path
@@ -77,6 +101,11 @@ pub async fn run(global: &Global, args: Bench) -> Result<()> {
     let mut sessions = Vec::new();
     for _ in 0..args.clients {
         sessions.push(global.connect().await?);
+    }
+    match args.workload {
+        Workload::Counter => return counter_bench(&args, &path, sessions).await,
+        Workload::DoubleBarrier => return double_barrier_bench(&args, &path, sessions).await,
+        _ => {}
     }
     let shared = Arc::new(Shared::default());
     let started = Instant::now();
@@ -97,6 +126,7 @@ pub async fn run(global: &Global, args: Bench) -> Result<()> {
                     semaphore_loop(session, path, leases, deadline, shared).await
                 }
                 Workload::Election => election_loop(session, path, id, deadline, shared).await,
+                Workload::Counter | Workload::DoubleBarrier => unreachable!("run on their own"),
             }
         }));
     }
@@ -288,4 +318,166 @@ async fn raw_loop(
         all.extend(w.await??);
     }
     Ok(all)
+}
+
+/// `bench counter`: every client adds 1, `--rounds` times, as Curator's
+/// PeerBench `counter` does (with its retry policies: 100 optimistic tries
+/// 1 ms apart, or 10 then the lock with 100).
+async fn counter_bench(args: &Bench, path: &str, sessions: Vec<Session>) -> Result<()> {
+    let every_ms = |max_retries| dlock::RetryPolicy {
+        base_sleep: Duration::from_millis(1),
+        max_sleep: Duration::from_millis(1),
+        max_retries,
+    };
+    let make = |session: &Session| -> Result<dlock::AtomicCounter> {
+        let counter = dlock::AtomicCounter::new(session, path)?;
+        Ok(match &args.lock_path {
+            Some(lock) => counter
+                .with_retry(every_ms(10))
+                .promoted_to_lock(dlock::PromotedToLock::new(lock)?.with_retry(every_ms(100))),
+            None => counter.with_retry(every_ms(100)),
+        })
+    };
+    let before = make(&sessions[0])?.get().await?.post_value;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for session in &sessions {
+        let (counter, rounds) = (make(session)?, args.rounds);
+        tasks.push(tokio::spawn(async move {
+            let (mut latencies, mut failed) = (Vec::new(), 0u64);
+            for _ in 0..rounds {
+                let t0 = Instant::now();
+                if counter.increment().await?.succeeded {
+                    latencies.push(t0.elapsed());
+                } else {
+                    failed += 1;
+                }
+            }
+            anyhow::Ok((latencies, failed))
+        }));
+    }
+    let (mut latencies, mut failed) = (Vec::new(), 0);
+    for task in tasks {
+        let (l, f) = task.await.context("a client panicked")??;
+        latencies.extend(l);
+        failed += f;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let value = make(&sessions[0])?.get().await?.post_value;
+    for s in &sessions {
+        s.close().await;
+    }
+    latencies.sort_unstable();
+    let ops = latencies.len();
+    let violations = u64::from(value - before != ops as i64);
+    println!(
+        "peer=dlock recipe=counter clients={} seconds={elapsed:.2} ops={ops} ops_per_s={:.1} failed={failed} value={value} op_p50_ms={:.3} op_p99_ms={:.3} violations={violations}",
+        args.clients,
+        ops as f64 / elapsed,
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.99),
+    );
+    Ok(())
+}
+
+/// Per cycle of `bench double-barrier`: who arrived and who started to
+/// leave, and when the members got in and out.
+#[derive(Default)]
+struct Cycle {
+    arrived: u32,
+    leaving: u32,
+    entered: Vec<Instant>,
+    left: Vec<Instant>,
+}
+
+/// `bench double-barrier`: cycles of enter + hold + leave by every member,
+/// each cycle at `PATH/<n>` (a member that left early must not count in
+/// the next cycle of the others).
+async fn double_barrier_bench(args: &Bench, path: &str, sessions: Vec<Session>) -> Result<()> {
+    use std::collections::HashMap;
+    use std::sync::Mutex as StdMutex;
+
+    let members = args.members.unwrap_or(args.clients);
+    anyhow::ensure!(
+        members <= args.clients,
+        "--members {members} cannot open with only --clients {}: the barrier would never open",
+        args.clients
+    );
+    let cycles: Arc<StdMutex<HashMap<u64, Cycle>>> = Arc::default();
+    let violations = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(args.seconds);
+    let hold = Duration::from_millis(args.hold_ms);
+    let mut tasks = Vec::new();
+    for session in sessions.iter().take(members as usize) {
+        let (session, path) = (session.clone(), path.to_string());
+        let (cycles, violations) = (cycles.clone(), violations.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            // Every member runs the same cycles: all stop after the cycle
+            // in which the deadline passed for the first of them.
+            for n in 0u64.. {
+                let barrier =
+                    dlock::DoubleBarrier::new(&session, &format!("{path}/{n}"), members as usize)?;
+                let t0 = Instant::now();
+                cycles.lock().unwrap().entry(n).or_default().arrived += 1;
+                let member = barrier.enter().await?;
+                {
+                    let mut all = cycles.lock().unwrap();
+                    let cycle = all.entry(n).or_default();
+                    cycle.entered.push(Instant::now());
+                    if cycle.arrived != members {
+                        violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                tokio::time::sleep(hold).await;
+                cycles.lock().unwrap().entry(n).or_default().leaving += 1;
+                member.leave().await?;
+                let last = {
+                    let mut all = cycles.lock().unwrap();
+                    let cycle = all.entry(n).or_default();
+                    cycle.left.push(Instant::now());
+                    if cycle.leaving != members {
+                        violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                    cycle.entered[0] >= deadline
+                };
+                latencies.push(t0.elapsed());
+                if last {
+                    break;
+                }
+            }
+            anyhow::Ok(latencies)
+        }));
+    }
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.context("a client panicked")??);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    for s in &sessions {
+        s.close().await;
+    }
+    latencies.sort_unstable();
+    // From the first member in to the last one out, per cycle: what
+    // Curator's PeerBench `doublebarrier` prints (entered=, left=).
+    let mut spans: Vec<Duration> = cycles
+        .lock()
+        .unwrap()
+        .values()
+        .filter_map(|c| Some(*c.left.iter().max()? - *c.entered.iter().min()?))
+        .collect();
+    spans.sort_unstable();
+    let ops = spans.len();
+    println!(
+        "peer=dlock recipe=double-barrier members={members} clients={} seconds={elapsed:.2} ops={ops} ops_per_s={:.1} cycle_p50_ms={:.3} cycle_p99_ms={:.3} span_p50_ms={:.3} span_p99_ms={:.3} violations={}",
+        args.clients,
+        ops as f64 / elapsed,
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.99),
+        percentile(&spans, 0.50),
+        percentile(&spans, 0.99),
+        violations.load(Ordering::SeqCst),
+    );
+    Ok(())
 }

@@ -20,7 +20,10 @@ pub struct LockArgs {
     pub path: String,
     /// Whose node layout to use: `curator` (Curator's InterProcessMutex)
     /// or `consul` (Consul's `api.Lock`, as `consul lock` writes it: the
-    /// key PATH/.lock); `lock` only.
+    /// key PATH/.lock); `lock` only. Or `kazoo`: kazoo's (Python) `Lock`
+    /// nodes, PATH/<uuid hex>__lock__<seq>, which kazoo sees without
+    /// extra_lock_patterns (kazoo holders keep `dlock lock` out in every
+    /// layout).
     #[arg(long, default_value_t = Layout::Curator)]
     pub layout: Layout,
     #[command(flatten)]
@@ -77,6 +80,11 @@ pub async fn lock(global: &Global, args: LockArgs, kind: LockKind) -> Result<u8>
             .with("--layout consul is Consul's api.Lock: only `dlock lock` has it")
             .into());
     }
+    if args.layout == Layout::Kazoo && !matches!(kind, LockKind::Mutex) {
+        return Err(Exit::Usage
+            .with("--layout kazoo is kazoo's Lock: only `dlock lock` has it")
+            .into());
+    }
     if args.layout == Layout::Consul
         && (args.hold.revocable.is_some() || args.hold.max_hold.is_some())
     {
@@ -92,7 +100,8 @@ pub async fn lock(global: &Global, args: LockArgs, kind: LockKind) -> Result<u8>
                 Box::new(dlock::ConsulLock::new(&session, &args.path)?)
             }
             LockKind::Mutex => {
-                let mut mutex = dlock::Mutex::new(&session, &args.path)?;
+                let mut mutex =
+                    dlock::Mutex::new(&session, &args.path)?.with_layout(args.layout)?;
                 if let Some((requested, _)) = &revocation {
                     mutex = mutex.revocable(listener(requested));
                 }
@@ -192,6 +201,14 @@ pub async fn inspect(global: &Global, args: InspectArgs) -> Result<u8> {
     let seen = seen.expect("inspected");
     let recipe = seen.recipe.as_str();
     let participants = &seen.participants;
+    // A KV semaphore's free slots: its record's limit less its holders.
+    let holders = participants
+        .iter()
+        .filter(|p| p.role == dlock::Role::Holder)
+        .count();
+    let free = seen
+        .limit
+        .map(|limit| (limit as usize).saturating_sub(holders));
     if args.json {
         let list: Vec<_> = participants
             .iter()
@@ -214,6 +231,8 @@ pub async fn inspect(global: &Global, args: InspectArgs) -> Result<u8> {
                 "recipe": recipe,
                 "participants": list,
                 "count": seen.count,
+                "limit": seen.limit,
+                "free": free,
             })
         );
     } else {
@@ -222,9 +241,10 @@ pub async fn inspect(global: &Global, args: InspectArgs) -> Result<u8> {
             seen.path,
             participants.len()
         );
-        match seen.count {
-            Some(count) => println!(", value {count}"),
-            None => println!(),
+        match (seen.count, seen.limit, free) {
+            (Some(count), _, _) => println!(", value {count}"),
+            (None, Some(limit), Some(free)) => println!(", limit {limit}, {free} free"),
+            _ => println!(),
         }
         if !participants.is_empty() {
             println!(
@@ -271,7 +291,9 @@ pub struct SemaphoreArgs {
     pub kv: bool,
     /// Whose node layout the KvSemaphore uses: `curator` (dlock's own
     /// record) or `consul` (Consul's `api.Semaphore`, as `consul lock -n N`
-    /// writes it; implies --kv).
+    /// writes it; implies --kv). Or `kazoo`: kazoo's (Python) `Semaphore`
+    /// (leases PATH/<uuid hex>, the limit stored in PATH, turns under
+    /// PATH-__lock__; not with --kv).
     #[arg(long, default_value_t = Layout::Curator)]
     pub layout: Layout,
     #[command(flatten)]
@@ -289,6 +311,11 @@ pub async fn semaphore(global: &Global, args: SemaphoreArgs) -> Result<u8> {
                 "--qty {} is more than the {} leases there are",
                 args.qty, args.leases
             ))
+            .into());
+    }
+    if args.kv && args.layout == Layout::Kazoo {
+        return Err(Exit::Usage
+            .with("--layout kazoo is kazoo's Semaphore, which is no KvSemaphore: drop --kv")
             .into());
     }
     let kv = args.kv || args.layout == Layout::Consul;
@@ -314,7 +341,8 @@ pub async fn semaphore(global: &Global, args: SemaphoreArgs) -> Result<u8> {
                 let lease = within(t, |t| sem.acquire_timeout(t), sem.acquire()).await?;
                 vec![Box::new(lease)]
             } else {
-                let mut sem = dlock::Semaphore::new(&session, &args.path, args.leases)?;
+                let mut sem = dlock::Semaphore::new(&session, &args.path, args.leases)?
+                    .with_layout(args.layout)?;
                 if let Some((requested, _)) = &revocation {
                     sem = sem.revocable(listener(requested));
                 }
@@ -353,6 +381,10 @@ pub struct ElectArgs {
     /// (until CMD's hold is lost, or dlock gets SIGINT or SIGTERM).
     #[arg(long)]
     pub requeue: bool,
+    /// Whose node layout to use: `curator` (Curator's LeaderSelector) or
+    /// `kazoo` (kazoo's `Election`, whose candidates see ours only then).
+    #[arg(long, default_value_t = Layout::Curator)]
+    pub layout: Layout,
     #[command(flatten)]
     pub run: RunOptions,
 }
@@ -366,6 +398,11 @@ type Term = (dlock::Leadership, tokio::sync::oneshot::Sender<()>);
 /// deleted) before dlock exits.
 pub async fn elect(global: &Global, args: ElectArgs) -> Result<u8> {
     dlock::path::validate(&args.path)?;
+    if args.layout == Layout::Consul {
+        return Err(Exit::Usage
+            .with("--layout consul has no election: use curator or kazoo")
+            .into());
+    }
     let endpoint = global.endpoint()?;
     in_session(global, |session| async move {
         // The selector hands each term over, and holds leadership until told
@@ -379,7 +416,8 @@ pub async fn elect(global: &Global, args: ElectArgs) -> Result<u8> {
                     let _ = done.await;
                 }
             }
-        })?;
+        })?
+        .with_layout(args.layout)?;
         if let Some(id) = &args.id {
             selector = selector.with_id(id.clone());
         }
@@ -433,11 +471,15 @@ async fn lead(
 #[derive(Debug, clap::Subcommand)]
 pub enum CountCommand {
     /// Print the value.
+    ///
+    /// Example: dlock count get /config/workers
     Get {
         /// The counter's path.
         path: String,
     },
     /// Set the value (creating the counter if needed).
+    ///
+    /// Example: dlock count set /config/workers 8
     Set {
         /// The counter's path.
         path: String,
@@ -446,6 +488,8 @@ pub enum CountCommand {
         value: i32,
     },
     /// Set the value only if it is EXPECTED now (exit code 1 otherwise).
+    ///
+    /// Example: dlock count cas /config/workers 8 9
     Cas {
         /// The counter's path.
         path: String,
@@ -611,4 +655,182 @@ pub async fn double_barrier(global: &Global, args: DoubleBarrierArgs) -> Result<
         Ok(runner.run(&args.path, enter).await?.code)
     })
     .await
+}
+
+/// How `dlock counter` updates try (Curator's `DistributedAtomicLong`
+/// options).
+#[derive(Debug, Args)]
+pub struct CounterTries {
+    /// Fall back to the Mutex at LOCK_PATH (Curator's PromotedToLock) when
+    /// the optimistic tries lose.
+    #[arg(long, value_name = "LOCK_PATH")]
+    pub lock_path: Option<String>,
+    /// How many times a lost optimistic try is repeated (and, with
+    /// --lock-path, a lost try under the lock).
+    #[arg(long, default_value_t = 10)]
+    pub retries: u32,
+    /// Print every fact of the result as one JSON object (succeeded,
+    /// pre_value, post_value, the tries and their time).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `dlock counter ...`: an AtomicCounter (Curator's DistributedAtomicLong).
+#[derive(Debug, clap::Subcommand)]
+pub enum CounterCommand {
+    /// Print the value (0 if the counter does not exist yet).
+    ///
+    /// Example: dlock counter get /counters/jobs
+    Get {
+        /// The counter's path.
+        path: String,
+    },
+    /// Add DELTA (negative to subtract) and print the new value; exit 1
+    /// if every try lost a race (nothing was added).
+    ///
+    /// Example: dlock counter add /counters/jobs -3
+    Add {
+        /// The counter's path.
+        path: String,
+        /// What to add.
+        #[arg(allow_hyphen_values = true)]
+        delta: i64,
+        #[command(flatten)]
+        tries: CounterTries,
+    },
+    /// Set VALUE through the same tries as an update (Curator's trySet),
+    /// or unconditionally with --force; print it. Exit 1 if every try lost.
+    ///
+    /// Example: dlock counter set /counters/jobs 0
+    Set {
+        /// The counter's path.
+        path: String,
+        /// The new value.
+        #[arg(allow_hyphen_values = true)]
+        value: i64,
+        /// Write without comparing (Curator's forceSet).
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        tries: CounterTries,
+    },
+    /// Set VALUE only if the counter is EXPECTED now (Curator's
+    /// compareAndSet); exit 1 if it is not.
+    ///
+    /// Example: dlock counter cas /counters/jobs 41 42
+    Cas {
+        /// The counter's path.
+        path: String,
+        /// The value it must have.
+        #[arg(allow_hyphen_values = true)]
+        expected: i64,
+        /// The new value.
+        #[arg(allow_hyphen_values = true)]
+        value: i64,
+        /// Print every fact of the result as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs a `counter` command.
+pub async fn counter(global: &Global, command: CounterCommand) -> Result<u8> {
+    in_session(global, |session| counter_in(session, command)).await
+}
+
+fn atomic_counter(
+    session: &Session,
+    path: &str,
+    tries: &CounterTries,
+) -> Result<dlock::AtomicCounter> {
+    let retry = dlock::RetryPolicy {
+        max_retries: tries.retries,
+        ..dlock::AtomicCounter::DEFAULT_RETRY
+    };
+    let mut counter = dlock::AtomicCounter::new(session, path)?.with_retry(retry);
+    if let Some(lock_path) = &tries.lock_path {
+        counter =
+            counter.promoted_to_lock(dlock::PromotedToLock::new(lock_path)?.with_retry(retry));
+    }
+    Ok(counter)
+}
+
+/// Prints an update's result; exit code 1 if it did not take effect.
+fn report(path: &str, what: &str, value: &dlock::AtomicValue, json: bool) -> u8 {
+    if json {
+        let stats = &value.stats;
+        println!(
+            "{}",
+            serde_json::json!({
+                "path": path,
+                "succeeded": value.succeeded,
+                "pre_value": value.pre_value,
+                "post_value": value.post_value,
+                "optimistic_tries": stats.optimistic_tries,
+                "promoted_lock_tries": stats.promoted_lock_tries,
+                "optimistic_ms": stats.optimistic_time.as_secs_f64() * 1000.0,
+                "promoted_ms": stats.promoted_time.as_secs_f64() * 1000.0,
+            })
+        );
+    } else if value.succeeded {
+        println!("{}", value.post_value);
+    }
+    if value.succeeded {
+        0
+    } else {
+        if !json {
+            eprintln!(
+                "dlock: {what} at {path} did not take effect (it is {}); left as is",
+                value.post_value
+            );
+        }
+        1
+    }
+}
+
+async fn counter_in(session: Session, command: CounterCommand) -> Result<u8> {
+    Ok(match command {
+        CounterCommand::Get { path } => {
+            let value = dlock::AtomicCounter::new(&session, &path)?.get().await?;
+            println!("{}", value.post_value);
+            0
+        }
+        CounterCommand::Add { path, delta, tries } => {
+            let value = atomic_counter(&session, &path, &tries)?.add(delta).await?;
+            report(&path, &format!("adding {delta}"), &value, tries.json)
+        }
+        CounterCommand::Set {
+            path,
+            value,
+            force: true,
+            tries,
+        } => {
+            // forceSet neither reads nor retries: there are no facts to
+            // report but the value.
+            atomic_counter(&session, &path, &tries)?
+                .force_set(value)
+                .await?;
+            println!("{value}");
+            0
+        }
+        CounterCommand::Set {
+            path, value, tries, ..
+        } => {
+            let result = atomic_counter(&session, &path, &tries)?
+                .try_set(value)
+                .await?;
+            report(&path, &format!("setting {value}"), &result, tries.json)
+        }
+        CounterCommand::Cas {
+            path,
+            expected,
+            value,
+            json,
+        } => {
+            let result = dlock::AtomicCounter::new(&session, &path)?
+                .compare_and_set(expected, value)
+                .await?;
+            report(&path, &format!("{expected} -> {value}"), &result, json)
+        }
+    })
 }

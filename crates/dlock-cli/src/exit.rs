@@ -43,6 +43,36 @@ impl fmt::Display for Failure {
 impl std::error::Error for Failure {}
 
 impl Exit {
+    /// Every code dlock chooses itself, in the order of the table.
+    pub const ALL: [Exit; 8] = [
+        Exit::Usage,
+        Exit::Timeout,
+        Exit::Lost,
+        Exit::Unreachable,
+        Exit::Revoked,
+        Exit::Internal,
+        Exit::CannotRun,
+        Exit::NotFound,
+    ];
+
+    /// What the code tells a script, as the exit-code table says it.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Exit::Usage => {
+                "usage error: a bad flag or path, a missing `--`, an endpoint the command cannot use"
+            }
+            Exit::Timeout => "the lock, leases or leadership could not be had within --timeout",
+            Exit::Lost => "what dlock held was lost while CMD ran; CMD was stopped",
+            Exit::Unreachable => "no server of the endpoint could be reached",
+            Exit::Revoked => {
+                "a revocation was requested while CMD ran (--revocable); CMD was stopped and the hold released"
+            }
+            Exit::Internal => "any other error",
+            Exit::CannotRun => "CMD exists but cannot be run",
+            Exit::NotFound => "CMD was not found",
+        }
+    }
+
     /// An error with this exit code.
     pub fn with(self, message: impl Into<String>) -> Failure {
         Failure {
@@ -66,6 +96,68 @@ impl Exit {
             Some(dlock::Error::Lost { .. }) => Exit::Lost,
             Some(dlock::Error::Unreachable(_)) => Exit::Unreachable,
             _ => Exit::Internal,
+        }
+    }
+}
+
+/// The rows of the exit-code table that no [`Exit`] names: the outcomes
+/// that are a command's own.
+pub const OWN_CODES: [(&str, &str); 3] = [
+    ("0", "success (with CMD: CMD exited 0)"),
+    (
+        "CMD's",
+        "commands that run CMD exit with its code (128+N if signal N ended it)",
+    ),
+    (
+        "1",
+        "`count cas`: the counter did not hold EXPECTED; nothing changed",
+    ),
+];
+
+/// The exit-code table, as `dlock --help` ends (README.md has the same
+/// rows; a CLI test compares them).
+pub fn table() -> String {
+    let mut rows: Vec<(String, &str)> = OWN_CODES
+        .iter()
+        .map(|(code, meaning)| (code.to_string(), *meaning))
+        .collect();
+    rows.extend(
+        Exit::ALL
+            .iter()
+            .map(|e| ((*e as u8).to_string(), e.meaning())),
+    );
+    let mut table = String::from("Exit codes:\n");
+    for (code, meaning) in rows {
+        table.push_str(&format!("  {code:<6} {meaning}\n"));
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Exit::ALL` lists every variant once: adding a variant without a
+    /// row fails to compile here (the match) or fails this test.
+    #[test]
+    fn the_table_lists_every_exit_code_once() {
+        for (i, exit) in Exit::ALL.iter().enumerate() {
+            let place = match exit {
+                Exit::Usage => 0,
+                Exit::Timeout => 1,
+                Exit::Lost => 2,
+                Exit::Unreachable => 3,
+                Exit::Revoked => 4,
+                Exit::Internal => 5,
+                Exit::CannotRun => 6,
+                Exit::NotFound => 7,
+            };
+            assert_eq!(place, i, "{exit:?} out of place in Exit::ALL");
+        }
+        let table = table();
+        for exit in Exit::ALL {
+            let row = format!("  {:<6} {}\n", exit as u8, exit.meaning());
+            assert_eq!(table.matches(&row).count(), 1, "{row:?} in\n{table}");
         }
     }
 }

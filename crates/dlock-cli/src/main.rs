@@ -6,7 +6,9 @@ mod commands;
 mod demo;
 mod duration;
 mod exit;
+mod members;
 mod run;
+mod top;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -25,14 +27,8 @@ use dlock::{Endpoint, Session, SessionOptions};
 ///
 /// CMD runs with DLOCK_FENCE (the fencing token), DLOCK_NODE (our node) and
 /// DLOCK_ENDPOINT (the endpoint without user and password) set.
-///
-/// Exit codes: the command's own when one runs; 64 usage error, 65 acquire
-/// timed out, 66 lock lost (the command was stopped), 67 backend
-/// unreachable, 68 revocation requested (the command was stopped), 70
-/// other error, 126/127 the command cannot run / was not
-/// found.
 #[derive(Debug, Parser)]
-#[command(name = "dlock", version, verbatim_doc_comment)]
+#[command(name = "dlock", version, verbatim_doc_comment, after_help = exit::table())]
 struct Cli {
     #[command(flatten)]
     global: Global,
@@ -106,6 +102,8 @@ enum Command {
     Lock(commands::LockArgs),
     /// Run CMD while holding the read lock of the ReadWriteLock at PATH.
     ///
+    /// Example: dlock read-lock /locks/catalog --timeout 30s -- ./export.sh
+    ///
     /// Example: dlock read-lock /locks/catalog --revocable -- ./report.sh
     ReadLock(commands::LockArgs),
     /// Run CMD while holding the write lock of the ReadWriteLock at PATH.
@@ -124,6 +122,8 @@ enum Command {
     /// Example: dlock elect /services/cron --id host-a --requeue -- ./cron.sh
     Elect(commands::ElectArgs),
     /// Read or change a SharedCount (Curator-compatible 4-byte counter).
+    ///
+    /// Example: dlock count set /config/workers 8
     #[command(subcommand)]
     Count(commands::CountCommand),
     /// Set, remove or wait on the Barrier at PATH (Curator's
@@ -139,22 +139,50 @@ enum Command {
     ///
     /// Example: dlock double-barrier /barriers/batch --count 3 -- ./step.sh
     DoubleBarrier(commands::DoubleBarrierArgs),
+    /// Read or update an AtomicCounter (Curator's DistributedAtomicLong
+    /// layout: an 8-byte big-endian i64 at PATH).
+    ///
+    /// Example: dlock counter add /counters/jobs 1 --lock-path /counters/jobs-lock
+    #[command(subcommand)]
+    Counter(commands::CounterCommand),
     /// Show the holders and waiters at PATH, in queue order.
+    ///
+    /// Example: dlock inspect /locks/nightly --json
     Inspect(commands::InspectArgs),
     /// Ask the owner of a lock node to release it (Curator-compatible), or
     /// with --force take it away (delete the node).
     ///
-    /// Example: dlock revoke /locks/nightly/_c_6f1e...-lock-0000000003
+    /// Example: dlock revoke /locks/nightly/_c_4f1e…-lock-0000000042
     ///
-    /// Example: dlock revoke --force /limits/api/leases/_c_0a2b...-lease-0000000007
+    /// Example: dlock revoke --force /limits/api/leases/_c_0a2b…-lease-0000000007
     Revoke(commands::RevokeArgs),
+    /// Join, list or watch the group at PATH (Curator's GroupMember layout).
+    ///
+    /// Example: dlock members watch /groups/workers
+    #[command(subcommand)]
+    Members(members::MembersCommand),
+    /// Print the leader of the election at PATH, then every new leader as
+    /// it takes over, without taking part (etcd's Observe; LeaderLatch and
+    /// LeaderSelector layouts).
+    ///
+    /// Example: dlock observe /services/cron --json
+    Observe(members::ObserveArgs),
     /// Measure a workload; prints one line in the peer harnesses' format.
     ///
     /// Example: dlock --endpoint zk://127.0.0.1:2181 bench mutex --clients 8 --seconds 10
     Bench(bench::Bench),
     /// Runnable scenarios from the design documents.
+    ///
+    /// Example: dlock demo flash-sale --buyers 200 --stock 50
     #[command(subcommand)]
     Demo(demo::Demo),
+    /// A live view of every lock, semaphore and election under PREFIX:
+    /// holders with token, session and hold time, waiters in order,
+    /// handoffs per second; updated by watches. q quits. --once --json
+    /// prints one snapshot for scripts.
+    ///
+    /// Example: dlock --endpoint zk://127.0.0.1:2181 top /locks
+    Top(top::TopArgs),
 }
 
 fn main() -> ExitCode {
@@ -203,10 +231,14 @@ fn main() -> ExitCode {
             Command::Count(command) => commands::count(&global, command).await,
             Command::Barrier(command) => commands::barrier(&global, command).await,
             Command::DoubleBarrier(args) => commands::double_barrier(&global, args).await,
+            Command::Counter(command) => commands::counter(&global, command).await,
             Command::Inspect(args) => commands::inspect(&global, args).await,
             Command::Revoke(args) => commands::revoke(&global, args).await,
+            Command::Members(command) => members::members(&global, command).await,
+            Command::Observe(args) => members::observe(&global, args).await,
             Command::Bench(args) => bench::run(&global, args).await.map(|()| 0),
             Command::Demo(demo) => demo::run(&global, demo).await.map(|()| 0),
+            Command::Top(args) => top::top(&global, args).await,
         }
     });
     // Background work (watch tasks, keep-alives) must not keep us alive.

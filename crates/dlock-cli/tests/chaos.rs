@@ -16,11 +16,43 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use dlock::blocking::Session;
-use dlock::store::{CreateMode, CreateOptions};
+use dlock::store::{BackendKind, CreateMode, CreateOptions};
 
-/// The session timeout of the processes under test.
+/// The session timeout the processes under test ask for.
 const SESSION: Duration = Duration::from_secs(2);
 const SESSION_ARG: &str = "2s";
+
+/// The session timeout the server of `backend` grants for [`SESSION`]:
+/// Consul's session TTL is at least 10 s.
+fn granted(backend: BackendKind) -> Duration {
+    match backend {
+        BackendKind::Consul => SESSION.max(Duration::from_secs(10)),
+        _ => SESSION,
+    }
+}
+
+/// How long the server of `backend` may keep the session of a process
+/// that went silent (killed, frozen): the session timeout, and on Consul
+/// up to twice its TTL.
+fn kept_silent(backend: BackendKind) -> Duration {
+    match backend {
+        BackendKind::Consul => granted(backend) * 2,
+        _ => granted(backend),
+    }
+}
+
+/// The longest a waiter may take to get the lock of a process that went
+/// silent: the server's expiry plus a tenth of it (at least a second) for
+/// the server's timer, the delete and the waiter's watch.
+fn silent_hand_over_within(backend: BackendKind) -> Duration {
+    let expiry = kept_silent(backend);
+    expiry + (expiry / 10).max(Duration::from_secs(1))
+}
+
+#[cfg(feature = "consul")]
+fn consul_endpoint() -> String {
+    format!("consul://{}", dlock_testkit::shared_consul().endpoint())
+}
 
 fn zk_endpoint() -> String {
     format!("zk://{}", dlock_testkit::shared_zk().connect_string())
@@ -376,8 +408,10 @@ fn finish(admin: &Session, root: &str) -> Result<()> {
 // 1. A holder killed with -9
 
 /// `dlock lock` holding a lock is killed with -9 (no release, no goodbye):
-/// the waiting process runs its command within the session timeout + 1 s of
-/// the kill, and nothing is left under the root.
+/// the waiting process runs its command within the time the server may
+/// keep the silent session (the session timeout; 2 × TTL on Consul) plus a
+/// tenth of it (at least 1 s) after the kill, and nothing is left under the
+/// root.
 fn a_killed_holder_hands_over_on(endpoint: &str) -> Result<()> {
     let admin = connect(endpoint)?;
     let root = unique_root();
@@ -399,15 +433,16 @@ fn a_killed_holder_hands_over_on(endpoint: &str) -> Result<()> {
         "the waiter ran while the lock was held: {:?}",
         waiter.lines
     );
+    let bound = silent_hand_over_within(admin.session().backend());
     let killed = Instant::now();
     holder.kill9()?;
-    let acquired = waiter.await_line("acquired", SESSION + Duration::from_secs(10))?;
+    let acquired = waiter.await_line("acquired", bound + Duration::from_secs(10))?;
     let handover = acquired.duration_since(killed);
     let status = waiter.wait(Duration::from_secs(20))?;
     ensure!(status.success(), "waiter: {status}\n{}", waiter.describe());
     ensure!(
-        handover <= SESSION + Duration::from_secs(1),
-        "the waiter acquired {handover:?} after the kill (session timeout {SESSION:?} + 1 s)"
+        handover <= bound,
+        "the waiter acquired {handover:?} after the kill (bound {bound:?})"
     );
     // The killed holder's node went with its session; the waiter released.
     await_children(&admin, &path, |n| n == 0, Duration::from_secs(10))?;
@@ -467,14 +502,16 @@ fn a_frozen_holder_learns_it_lost_on(endpoint: &str) -> Result<()> {
     holder.await_line("held", Duration::from_secs(20))?;
     let mut waiter = spawn_waiter(endpoint, &path)?;
     await_children(&admin, &path, |n| n == 2, Duration::from_secs(20))?;
+    let backend = admin.session().backend();
     holder.freeze()?;
     let frozen = Instant::now();
     // The server expires the frozen holder's session; the waiter runs.
-    let acquired = waiter.await_line("acquired", SESSION + Duration::from_secs(10))?;
+    let within = silent_hand_over_within(backend) + Duration::from_secs(10);
+    let acquired = waiter.await_line("acquired", within)?;
     // Its last heartbeat was at most a third of the session before the
     // freeze (plus its lateness).
     ensure!(
-        acquired.duration_since(frozen) >= SESSION / 3,
+        acquired.duration_since(frozen) >= granted(backend) / 3,
         "the waiter acquired {:?} after the freeze, before the session could expire",
         acquired.duration_since(frozen)
     );
@@ -639,7 +676,7 @@ impl Sale {
             admin,
             &self.lock,
             |n| n == 0,
-            SESSION + Duration::from_secs(10),
+            silent_hand_over_within(admin.session().backend()) + Duration::from_secs(10),
         )?;
         finish(admin, &self.root)
     }
@@ -858,6 +895,7 @@ fn chaos_run(endpoint: &str, seed: u64, schedule: &mut Schedule) -> Result<Strin
     let stock = 40;
     let max_faults = 3 + rng.below(5);
     let admin = connect(endpoint)?;
+    let session = granted(admin.session().backend());
     let sale = Sale::open(&admin, stock)?;
     schedule.log(format!(
         "sale {} stock={stock}: {processes} processes x {buyers} buyers, up to {max_faults} faults",
@@ -968,7 +1006,7 @@ fn chaos_run(endpoint: &str, seed: u64, schedule: &mut Schedule) -> Result<Strin
                     let pause = if choice < 6 {
                         rng.ms(100, 800)
                     } else {
-                        SESSION + rng.ms(300, 1500)
+                        session + rng.ms(300, 1500)
                     };
                     let p = slot.proc.as_ref().expect("active");
                     p.freeze()?;
@@ -976,7 +1014,7 @@ fn chaos_run(endpoint: &str, seed: u64, schedule: &mut Schedule) -> Result<Strin
                         "freeze {whom} {} (pid {}) for {pause:?}{}, {left} left",
                         p.name,
                         p.pid(),
-                        if pause > SESSION {
+                        if pause > session {
                             " (past its session)"
                         } else {
                             ""
@@ -1089,3 +1127,4 @@ macro_rules! scenarios {
 
 scenarios!(zookeeper => zk_endpoint());
 scenarios!(#[cfg(feature = "etcd")] etcd => etcd_endpoint());
+scenarios!(#[cfg(feature = "consul")] consul => consul_endpoint());

@@ -177,7 +177,76 @@ fn only_dlock_lock_has_consuls_lock_layout() {
         .expect("run dlock");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("expected \"curator\" or \"consul\""),
+        stderr.contains("expected \"curator\", \"consul\" or \"kazoo\""),
         "{stderr}"
     );
+}
+
+/// A `consul lock` holder killed with -9: Consul invalidates its session
+/// within twice its 15 s TTL, releases the key, and then refuses to lock
+/// it for the session's 15 s lock delay. A waiting
+/// `dlock lock --layout consul` waits all of that out and runs — it neither
+/// fails on the lock delay nor gets in before it ends. (About 45 s.)
+#[test]
+#[ignore = "long: waits out consul lock's session TTL and lock delay (~45 s)"]
+fn dlock_lock_waits_out_a_killed_consul_locks_lock_delay() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let prefix = unique("killed");
+    let path = format!("/{prefix}");
+    let mut holder = Command::new(consul_binary().expect("the consul binary"))
+        .arg("lock")
+        .arg(format!("-http-addr={}", shared_consul().endpoint()))
+        .arg(&prefix)
+        .arg(format!("echo held $$ >> {}; exec sleep 600", log.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run consul lock");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let orphan: i32 = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(pid) = text.strip_prefix("held ") {
+            break pid.trim().parse().expect("a pid");
+        }
+        assert!(Instant::now() < deadline, "consul lock never held");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let waiter = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .env(
+            "DLOCK_ENDPOINT",
+            format!("consul://{}", shared_consul().endpoint()),
+        )
+        .args(["lock", "--layout", "consul", &path, "--timeout", "120s"])
+        .args(["--", "sh", "-c", &format!("echo next >> {}", log.display())])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run dlock");
+    holder.kill().expect("kill -9 consul lock");
+    let killed = Instant::now();
+    let _ = holder.wait();
+    // SAFETY: signalling the command's pid, which it wrote itself.
+    unsafe { libc::kill(orphan, libc::SIGKILL) };
+    let out = waiter.wait_with_output().expect("wait for dlock");
+    let took = killed.elapsed();
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("a killed consul lock's key was taken over {took:?} after the kill");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.lines().any(|l| l == "next"), "{text}");
+    // At least the TTL (Consul's invalidation) plus the lock delay; at most
+    // twice the TTL plus the delay plus dlock's longest retry pause (2 s)
+    // and a margin.
+    let (ttl, delay) = (Duration::from_secs(15), Duration::from_secs(15));
+    assert!(took >= ttl + delay, "got in after {took:?}");
+    assert!(
+        took <= ttl * 2 + delay + Duration::from_secs(5),
+        "got in after {took:?}"
+    );
+    assert_eq!(leftovers(&prefix), "", "keys left behind");
 }

@@ -1,6 +1,7 @@
 //! The leader demo, run as the real binary: on the embedded store with both
-//! recipes, and on ZooKeeper — alone and together with Curator 5.4's
-//! `LeaderSelector` (`shared/peers/curator/run.sh selectorprobe`).
+//! recipes, on ZooKeeper — alone and together with Curator 5.4's
+//! `LeaderSelector` (`shared/peers/curator/run.sh selectorprobe`) — and on
+//! Consul.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -125,10 +126,29 @@ fn zk_paths() -> (String, String, String) {
 #[test]
 fn both_recipes_run_on_zookeeper() {
     let (endpoint, path, probe) = zk_paths();
+    both_recipes_run_on(&endpoint, "zookeeper", &path, &probe);
+}
+
+/// The same on the shared Consul agent.
+#[cfg(feature = "consul")]
+#[test]
+fn both_recipes_run_on_consul() {
+    let id = uuid::Uuid::new_v4().simple();
+    let endpoint = format!("consul://{}", dlock_testkit::shared_consul().endpoint());
+    let (path, probe) = (
+        format!("/leader-demo-{id}/election"),
+        format!("/leader-demo-{id}/leaders"),
+    );
+    both_recipes_run_on(&endpoint, "consul", &path, &probe);
+}
+
+/// Both recipes take turns with 3 candidates for 9 terms on `endpoint`,
+/// whose summary names the store `backend`.
+fn both_recipes_run_on(endpoint: &str, backend: &str, path: &str, probe: &str) {
     for recipe in ["selector", "latch"] {
         let out = dlock(&[
             "--endpoint",
-            &endpoint,
+            endpoint,
             "demo",
             "leader",
             "--recipe",
@@ -140,11 +160,11 @@ fn both_recipes_run_on_zookeeper() {
             "--hold-ms",
             "10",
             "--path",
-            &path,
+            path,
             "--probe-path",
-            &probe,
+            probe,
         ]);
-        assert_safe(&summary(&out, "leader"), "zookeeper", recipe, 3, 9);
+        assert_safe(&summary(&out, "leader"), backend, recipe, 3, 9);
     }
 }
 

@@ -128,6 +128,16 @@ pub enum Error {
     /// Any other backend failure, with its message.
     #[error("backend error: {0}")]
     Backend(String),
+    /// The node's name cannot be taken yet: a session that held it was
+    /// invalidated, and the store keeps the name from being taken by a
+    /// session for a while (Consul's lock delay, 15 s for `consul lock`).
+    /// The same create succeeds once the delay is over; the store does not
+    /// say when that is.
+    #[error("{path} cannot be taken yet: the lock delay of a session that held it is in force")]
+    LockDelay {
+        /// The node that could not be created.
+        path: String,
+    },
 }
 
 impl Error {

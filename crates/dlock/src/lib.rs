@@ -35,6 +35,14 @@
 //! | share a lock with `consul lock` | [`ConsulLock`] | (Consul `api.Lock`) | one `.lock` key held by a session |
 //! | see who holds and waits | [`inspect`] | (Curator's `getParticipantNodes`) | reads each recipe's layout |
 //! | see who holds and waits, any recipe | [`inspect`] | `getParticipantNodes` | also etcd Go holders |
+//! | group membership with a payload each | [`GroupMember`] | `GroupMember` | ephemeral `<path>/<id>`; re-created if it vanishes |
+//! | a directory's children and data, as events | [`ChildrenCache`] | `CuratorCache` (children) | watches, re-sync after a blip; no polling |
+//! | follow an election without joining | [`observe`] | (etcd `Election.Observe`) | leader changes in order |
+//! | free permits and holders of a semaphore | [`Semaphore::available_permits`], [`KvSemaphore::available_permits`] | (CURATOR-230) | one read, no acquire |
+//! | share a lock or an election with Go services on etcd | [`Mutex`], [`ReadWriteLock`], [`LeaderLatch`], [`LeaderSelector`] | (etcd's Go `concurrency.Mutex`, `Election`) | one create-revision queue; a Go holder is a writer |
+//! | a 64-bit counter, updated atomically | [`AtomicCounter`] | `DistributedAtomicLong` | 8-byte big-endian; CAS tries, then a lock |
+//! | versioned bytes everyone sees | [`SharedValue`] | `SharedValue` | persistent node; watch-fed copy; CAS on the version |
+//! | share a lock, election or semaphore with kazoo (Python) | [`Mutex`], [`LeaderSelector`], [`Semaphore`] `.with_layout(`[`Layout::Kazoo`]`)` | (kazoo `Lock`, `Election`, `Semaphore`) | kazoo's nodes; kazoo holders keep dlock out in any layout |
 //!
 //! Every recipe runs on every backend: [`store::embedded`] (in-process, with
 //! fault injection — the default for demos and tests), ZooKeeper 3.5+
@@ -94,11 +102,14 @@ pub mod store;
 
 pub use endpoint::{Credentials, Endpoint, TlsFiles};
 pub use error::{Error, Result};
+pub use recipes::atomic_counter::{AtomicCounter, AtomicStats, AtomicValue, PromotedToLock};
 pub use recipes::barrier::Barrier;
+pub use recipes::children_cache::{CacheEvent, CachedChild, ChildrenCache};
 pub use recipes::consul_lock::ConsulLock;
 pub use recipes::double_barrier::{BarrierMember, DoubleBarrier};
 pub use recipes::election::Candidate;
 pub use recipes::error_policy::ErrorPolicy;
+pub use recipes::group_member::{GroupMember, MemberEvent};
 pub use recipes::guard::{Acquisition, LockGuard};
 pub use recipes::inspect::{inspect, Access, Contender, Foreign, Inspection, RecipeKind, Role};
 pub use recipes::kv_semaphore::{KvLease, KvSemaphore};
@@ -109,11 +120,13 @@ pub use recipes::leader_latch::{
 pub use recipes::leader_selector::{LeaderSelector, SelectorState};
 pub use recipes::multi_lock::{Hold, Lockable, MultiGuard, MultiLock};
 pub use recipes::mutex::{Mutex, MutexGuard};
+pub use recipes::observe::{observe, LeaderObserver, Observation};
 pub use recipes::revocation::{revoke, revoke_forced};
 pub use recipes::rwlock::{ReadGuard, ReadWriteLock, WriteGuard};
 pub use recipes::semaphore::{Lease, Semaphore};
 pub use recipes::semaphore_mutex::{SemaphoreMutex, SemaphoreMutexGuard};
 pub use recipes::shared_count::{SharedCount, VersionedValue};
+pub use recipes::shared_value::{SharedValue, ValueCodec};
 pub use recipes::Participant;
 pub use session::{connect, connect_endpoint, connect_with, RetryPolicy, Session, SessionOptions};
 pub use store::{FencingToken, SessionState};

@@ -1,18 +1,22 @@
-//! The blocking API, from plain threads.
+//! The blocking API, from plain threads, on every backend: the embedded
+//! store and the test binary's shared ZooKeeper, etcd and Consul servers
+//! (`<backend>::<case>`). Every case works under a fresh root and ends with
+//! nothing left under it.
+
+mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-#[test]
-fn threads_exclude_each_other_through_the_blocking_api() {
-    let path = format!("/blocking-{}", uuid::Uuid::new_v4().simple());
+fn threads_exclude_each_other_through_the_blocking_api(endpoint: &str, root: &str) {
+    let path = format!("{root}/lock");
     let inside = Arc::new(AtomicBool::new(false));
     let threads: Vec<_> = (0..4)
         .map(|_| {
-            let (path, inside) = (path.clone(), inside.clone());
+            let (endpoint, path, inside) = (endpoint.to_string(), path.clone(), inside.clone());
             std::thread::spawn(move || {
-                let session = dlock::blocking::connect("embedded").unwrap();
+                let session = dlock::blocking::connect(&endpoint).unwrap();
                 let mutex = session.mutex(&path).unwrap();
                 for _ in 0..20 {
                     let guard = mutex.acquire().unwrap();
@@ -30,11 +34,10 @@ fn threads_exclude_each_other_through_the_blocking_api() {
     }
 }
 
-#[test]
-fn timeouts_try_and_dropped_guards() {
-    let path = format!("/blocking-{}", uuid::Uuid::new_v4().simple());
-    let a = dlock::blocking::connect("embedded").unwrap();
-    let b = dlock::blocking::connect("embedded").unwrap();
+fn timeouts_try_and_dropped_guards(endpoint: &str, root: &str) {
+    let path = format!("{root}/lock");
+    let a = dlock::blocking::connect(endpoint).unwrap();
+    let b = dlock::blocking::connect(endpoint).unwrap();
     let held = a.mutex(&path).unwrap().acquire().unwrap();
     let err = b
         .mutex(&path)
@@ -68,13 +71,14 @@ fn timeouts_try_and_dropped_guards() {
             .unwrap_or(0),
         0
     );
+    a.close();
+    b.close();
 }
 
-#[test]
-fn semaphores_and_latches_from_threads() {
-    let path = format!("/blocking-{}", uuid::Uuid::new_v4().simple());
-    let a = dlock::blocking::connect("embedded").unwrap();
-    let b = dlock::blocking::connect("embedded").unwrap();
+fn semaphores_and_latches_from_threads(endpoint: &str, root: &str) {
+    let path = root;
+    let a = dlock::blocking::connect(endpoint).unwrap();
+    let b = dlock::blocking::connect(endpoint).unwrap();
     let sem_a = a.semaphore(&format!("{path}/sem"), 2).unwrap();
     let sem_b = b.semaphore(&format!("{path}/sem"), 2).unwrap();
     let l1 = sem_a.acquire().unwrap();
@@ -99,4 +103,53 @@ fn semaphores_and_latches_from_threads() {
     let e2 = second.await_leadership().unwrap();
     assert!(e2 > e1);
     second.close().unwrap();
+    a.close();
+    b.close();
 }
+
+/// Ends a case: nothing ephemeral and nothing holding data is left under
+/// `root` (the harness's check, through a blocking session); the empty
+/// skeleton is then removed.
+fn finish(endpoint: &str, root: &str) {
+    let checker = dlock::blocking::connect(endpoint).unwrap();
+    let left = checker
+        .block_on(common::collect_leftovers(checker.session(), root))
+        .unwrap();
+    assert!(left.is_empty(), "left behind under {root}: {left:#?}");
+    checker
+        .block_on(common::remove_tree(checker.session(), root))
+        .unwrap();
+    checker.close();
+}
+
+/// Every case on one backend, as `<module>::<case>`.
+macro_rules! cases {
+    ($(#[$attr:meta])* $module:ident => $endpoint:expr) => {
+        $(#[$attr])*
+        mod $module {
+            cases!(@each $endpoint;
+                threads_exclude_each_other_through_the_blocking_api,
+                timeouts_try_and_dropped_guards,
+                semaphores_and_latches_from_threads);
+        }
+    };
+    (@each $endpoint:expr; $($case:ident),+) => {
+        $(
+            #[test]
+            fn $case() {
+                let endpoint: String = $endpoint;
+                let root = format!("/blocking-{}", uuid::Uuid::new_v4().simple());
+                super::$case(&endpoint, &root);
+                super::finish(&endpoint, &root);
+            }
+        )+
+    };
+}
+
+cases!(embedded => "embedded".to_string());
+cases!(#[cfg(feature = "zookeeper")] zookeeper =>
+    format!("zk://{}", dlock_testkit::shared_zk().connect_string()));
+cases!(#[cfg(feature = "etcd")] etcd =>
+    format!("etcd://{}", dlock_testkit::shared_etcd().endpoint()));
+cases!(#[cfg(feature = "consul")] consul =>
+    format!("consul://{}", dlock_testkit::shared_consul().endpoint()));

@@ -628,6 +628,22 @@ async fn a_node_named_after_a_siblings_sequence_takes_its_place(h: &Harness) -> 
     Ok(())
 }
 
+/// The name of an ephemeral node whose session ended (closed, expired,
+/// destroyed) can be taken again at once by another session: no lock
+/// delay by default (`Error::LockDelay` only where a session asked for
+/// one; `consul_backend.rs` pins that on Consul).
+async fn an_ended_sessions_node_name_is_free_at_once(h: &Harness) -> Result<()> {
+    let (owner, next) = (h.session().await, h.session().await);
+    let path = h.path("/named/holder");
+    owner.create(&path, b"", ephemeral()).await?;
+    owner.close().await;
+    await_gone(&next, &path, WITHIN).await?;
+    let again = next.create(&path, b"", ephemeral()).await?;
+    ensure!(again.stat.ephemeral_owner == next.session_id(), "{again:?}");
+    next.delete(&path, None).await?;
+    Ok(())
+}
+
 per_backend!(every_backend {
     fencing_tokens_only_grow,
     ephemeral_nodes_die_with_their_session,
@@ -648,6 +664,7 @@ per_backend!(every_backend {
     a_node_named_after_a_siblings_sequence_takes_its_place,
     tagged_nodes_keep_versions_for_compare_and_set,
     native_session_ids_name_the_owner,
+    an_ended_sessions_node_name_is_free_at_once,
 });
 
 // ZooKeeper-style stores only; etcd differs (see `dlock::store::etcd`):

@@ -167,3 +167,57 @@ async fn on_consul_the_keys_carry_consuls_flags() {
     run.await.expect("flags");
     h.finish().await;
 }
+
+/// `consul lock`'s sessions have a 15 s lock delay: once such a holder's
+/// session is invalidated (here destroyed from outside, as when its TTL
+/// runs out), Consul refuses to lock the key for that long. A waiting
+/// `ConsulLock` waits it out and then gets the lock — neither failing nor
+/// getting in early. (The holder's session here has a 4 s lock delay: the
+/// mechanism is the same, the test shorter.)
+#[cfg(feature = "consul")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_consul_a_consul_lock_waits_out_the_lock_delay() {
+    let h = common::consul();
+    let consul = dlock_testkit::shared_consul();
+    let delay = Duration::from_secs(4);
+    let run = async {
+        let holder = dlock::connect(&format!(
+            "consul://{}?lock-delay={}s",
+            consul.endpoint(),
+            delay.as_secs()
+        ))
+        .await?;
+        let waiter = h.session().await;
+        let prefix = h.path("/delayed");
+        let held = ConsulLock::new(&holder, &prefix)?.acquire().await?;
+        let uuid = holder.native_session_id().1;
+        let lock = ConsulLock::new(&waiter, &prefix)?;
+        let within = delay + WITHIN;
+        let waiting = tokio::spawn(async move { lock.acquire_timeout(within).await });
+        let (status, body) = consul.http("PUT", &format!("/v1/session/destroy/{uuid}"), None)?;
+        ensure!(status == 200, "{status} {body}");
+        let invalidated = std::time::Instant::now();
+        let next = waiting
+            .await?
+            .context("the waiter gets the lock after the delay")?;
+        let took = invalidated.elapsed();
+        eprintln!("lock delay {delay:?}: the next holder got in after {took:?}");
+        // Consul counts the delay from its own invalidation, a moment
+        // after ours; the waiter retries with a pause of at most 2 s.
+        ensure!(
+            took + Duration::from_millis(500) >= delay,
+            "got in {took:?} after the invalidation, within the {delay:?} lock delay"
+        );
+        ensure!(
+            took <= delay + Duration::from_secs(3),
+            "got in {took:?} after a {delay:?} lock delay"
+        );
+        ensure!(next.token() > held.token());
+        next.release().await?;
+        let _ = held.release().await;
+        holder.close().await;
+        Ok::<(), anyhow::Error>(())
+    };
+    run.await.expect("the lock delay is waited out");
+    h.finish().await;
+}

@@ -15,7 +15,10 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use common::{await_children, Harness};
 use dlock::store::{CreateMode, CreateOptions};
-use dlock::{Barrier, DoubleBarrier, Error, Lockable, Mutex, ReadWriteLock, Session};
+use dlock::{
+    AtomicCounter, Barrier, DoubleBarrier, Error, Lockable, Mutex, PromotedToLock, ReadWriteLock,
+    RetryPolicy, Session, SharedValue,
+};
 
 type Probe = dlock_testkit::CuratorProbe;
 
@@ -373,9 +376,249 @@ async fn double_barrier_members_mix(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+async fn next_member_event(
+    seen: &mut futures::stream::BoxStream<'static, dlock::MemberEvent>,
+    within: Duration,
+) -> Result<dlock::MemberEvent> {
+    use futures::StreamExt;
+    tokio::time::timeout(within, seen.next())
+        .await
+        .context("no membership event in time")?
+        .context("the stream ended")
+}
+
+/// A Curator `GroupMember` and a dlock `GroupMember` on one path see each
+/// other with their payloads, follow each other's payload updates and
+/// departures; Curator's member node is the one dlock writes (ephemeral,
+/// `<path>/<id>`, the payload as data).
+async fn group_members_see_each_other(h: &Harness) -> Result<()> {
+    use dlock::{GroupMember, MemberEvent};
+    let s = h.session().await;
+    let path = h.path("/interop/group");
+    let within = Duration::from_secs(20);
+    let mut curator = Probe::start(&zk(h))?;
+    let ours = GroupMember::new(&s, &path, "d")?.with_payload(b"dp".to_vec());
+    ours.start().await?;
+    let mut seen = ours.events();
+    ensure!(curator.ask(&format!("member-join {path} c cp"))? == "joined c");
+    let (data, stat) = s.get_data(&format!("{path}/c")).await?;
+    ensure!(stat.ephemeral_owner != 0 && data == b"cp", "{data:?}");
+    ensure!(
+        next_member_event(&mut seen, within).await?
+            == MemberEvent::Joined {
+                id: "c".into(),
+                payload: b"cp".to_vec()
+            }
+    );
+    let all: Vec<(String, Vec<u8>)> = ours.current_members().into_iter().collect();
+    ensure!(
+        all == [("c".into(), b"cp".to_vec()), ("d".into(), b"dp".to_vec())],
+        "{all:?}"
+    );
+    ensure!(curator.ask("members c c=cp,d=dp 20000")? == "members c=cp,d=dp");
+
+    ensure!(curator.ask("member-update c cp2")? == "updated c");
+    ensure!(
+        next_member_event(&mut seen, within).await?
+            == MemberEvent::Updated {
+                id: "c".into(),
+                payload: b"cp2".to_vec()
+            }
+    );
+    ours.set_payload(b"dp2".to_vec()).await?;
+    // Our own update is a change of the group as well.
+    ensure!(
+        next_member_event(&mut seen, within).await?
+            == MemberEvent::Updated {
+                id: "d".into(),
+                payload: b"dp2".to_vec()
+            }
+    );
+    ensure!(curator.ask("members c c=cp2,d=dp2 20000")? == "members c=cp2,d=dp2");
+
+    ensure!(curator.ask("member-leave c")? == "left c");
+    ensure!(next_member_event(&mut seen, within).await? == MemberEvent::Left { id: "c".into() });
+    ensure!(ours.current_members().keys().collect::<Vec<_>>() == ["d"]);
+    ours.close().await?;
+    Ok(())
+}
+
+/// A dlock member's departure (its session's end) is seen by Curator.
+async fn curator_sees_a_dlock_member_leave(h: &Harness) -> Result<()> {
+    use dlock::GroupMember;
+    let s = h.session().await;
+    let path = h.path("/interop/group-leave");
+    let mut curator = Probe::start(&zk(h))?;
+    ensure!(curator.ask(&format!("member-join {path} c cp"))? == "joined c");
+    let ours = GroupMember::new(&s, &path, "d")?.with_payload(b"dp".to_vec());
+    ours.start().await?;
+    ensure!(curator.ask("members c c=cp,d=dp 20000")? == "members c=cp,d=dp");
+    s.close().await;
+    ensure!(curator.ask("members c c=cp 20000")? == "members c=cp");
+    ensure!(curator.ask("member-leave c")? == "left c");
+    Ok(())
+}
+
+async fn next_leader(
+    leaders: &mut futures::stream::BoxStream<'static, Option<dlock::LeaderParticipant>>,
+    within: Duration,
+) -> Result<Option<String>> {
+    use futures::StreamExt;
+    let leader = tokio::time::timeout(within, leaders.next())
+        .await
+        .context("no leader change in time")?
+        .context("the stream ended")?;
+    Ok(leader.map(|l| l.id))
+}
+
+/// An observer sees Curator's and dlock's LeaderLatches lead in turn, in
+/// order, on one path, without taking part.
+async fn an_observer_follows_curator_and_dlock_leaders(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/interop/observe");
+    let within = Duration::from_secs(20);
+    let observer = dlock::observe(&h.session().await, &path).await?;
+    let mut leaders = observer.leader_changes();
+    ensure!(next_leader(&mut leaders, within).await?.is_none());
+    let mut curator = Probe::start(&zk(h))?;
+    ensure!(curator.ask(&format!("latch-start {path} c1"))? == "started c1");
+    ensure!(next_leader(&mut leaders, within).await?.as_deref() == Some("c1"));
+    let ours = dlock::LeaderLatch::new(&s, &path)?.with_id("d1");
+    ours.start()?;
+    await_children(&s, &path, 2, within).await?;
+    ensure!(curator.ask("latch-close c1")? == "closed c1");
+    ensure!(next_leader(&mut leaders, within).await?.as_deref() == Some("d1"));
+    ours.await_leadership_timeout(within).await?;
+    ours.close().await?;
+    ensure!(next_leader(&mut leaders, within).await?.is_none());
+    observer.close().await;
+    Ok(())
+}
+
+/// One counter, both implementations: each reads what the other wrote,
+/// a stale compare-and-set fails on either side, and Curator and dlock
+/// clients incrementing at once (optimistic and promoted to one lock) sum
+/// exactly.
+async fn counters_cross_implementations(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/interop/counter");
+    let lock_path = h.path("/interop/counter-lock");
+    let within = Duration::from_secs(60);
+    let mut curator = Probe::start(&zk(h))?;
+    let counter = AtomicCounter::new(&s, &path)?;
+
+    ensure!(curator.ask(&format!("counter-add {path} 5"))? == "added ok 0 5");
+    ensure!(
+        s.get_data(&path).await?.0 == 5i64.to_be_bytes(),
+        "Curator's bytes"
+    );
+    let v = counter.add(-7).await?;
+    ensure!(
+        v.succeeded && v.pre_value == 5 && v.post_value == -2,
+        "{v:?}"
+    );
+    ensure!(curator.ask(&format!("counter-get {path}"))? == "counter -2");
+    ensure!(curator.ask(&format!("counter-cas {path} 5 9"))? == "cas failed -2");
+    ensure!(curator.ask(&format!("counter-cas {path} -2 9"))? == "cas ok -2");
+    ensure!(!counter.compare_and_set(-2, 0).await?.succeeded, "stale");
+    ensure!(counter.compare_and_set(9, 0).await?.succeeded);
+    ensure!(curator.ask(&format!("counter-get {path}"))? == "counter 0");
+
+    // Two Curator threads (one promoted to the lock) and two dlock
+    // sessions (promoted to the same lock) at once.
+    const ROUNDS: usize = 40;
+    curator.send(&format!("counter-incr c1 {path} {ROUNDS} {lock_path}"))?;
+    curator.send(&format!("counter-incr c2 {path} {ROUNDS}"))?;
+    let patient = RetryPolicy {
+        base_sleep: Duration::from_millis(1),
+        max_sleep: Duration::from_millis(20),
+        max_retries: 100,
+    };
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let counter = AtomicCounter::new(&h.session().await, &path)?
+            .with_retry(RetryPolicy {
+                max_retries: 3,
+                ..patient
+            })
+            .promoted_to_lock(PromotedToLock::new(&lock_path)?.with_retry(patient));
+        tasks.push(tokio::spawn(async move {
+            let mut ok = 0i64;
+            for _ in 0..ROUNDS {
+                ensure!(counter.increment().await?.succeeded);
+                ok += 1;
+            }
+            anyhow::Ok(ok)
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    for _ in 0..2 {
+        let line = curator.next_line(within)?;
+        let words: Vec<&str> = line.split(' ').collect();
+        ensure!(words.len() == 4 && words[0] == "incremented", "{line}");
+        total += words[2].parse::<i64>()?;
+    }
+    ensure!(total >= 3 * ROUNDS as i64, "too many failed: {total}");
+    ensure!(
+        counter.get().await?.post_value == total,
+        "dlock reads {total}"
+    );
+    ensure!(curator.ask(&format!("counter-get {path}"))? == format!("counter {total}"));
+    s.delete(&path, None).await?;
+    Ok(())
+}
+
+/// One SharedValue, both implementations: bytes Curator sets reach a
+/// started dlock value by its watch, and bytes dlock sets are what
+/// Curator reads, at the version dlock reports.
+async fn shared_values_cross_implementations(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/interop/value");
+    let within = Duration::from_secs(20);
+    let mut curator = Probe::start(&zk(h))?;
+    // Curator's start creates the node with the seed, its set writes it
+    // again: version 1.
+    ensure!(curator.ask(&format!("value-set {path} 00ff10"))? == "value-set 1");
+    let value = SharedValue::new(&s, &path, b"ignored seed".to_vec())?;
+    value.start().await?;
+    ensure!(value.get() == [0x00, 0xff, 0x10], "{:?}", value.get());
+    let mut rx = value.subscribe();
+    ensure!(curator.ask(&format!("value-set {path} 68656c6c6f"))? == "value-set 2");
+    tokio::time::timeout(within, rx.wait_for(|v| v.value == b"hello")).await??;
+    ensure!(value.versioned().version == 2);
+
+    ensure!(
+        value
+            .try_set(&value.versioned(), b"from dlock".to_vec())
+            .await?
+    );
+    let hex: String = b"from dlock".iter().map(|b| format!("{b:02x}")).collect();
+    ensure!(curator.ask(&format!("value-get {path}"))? == format!("value 3 {hex}"));
+    value.set(Vec::new()).await?;
+    ensure!(curator.ask(&format!("value-get {path}"))? == "value 4 ");
+    // A SharedCount's bytes through Curator's SharedValue.
+    value.set(1i32.to_be_bytes().to_vec()).await?;
+    let count = dlock::SharedCount::new(&s, &path, 0)?;
+    count.start().await?;
+    count.set(258).await?;
+    ensure!(curator.ask(&format!("value-get {path}"))? == "value 6 00000102");
+    count.close().await;
+    value.close().await;
+    s.delete(&path, None).await?;
+    Ok(())
+}
+
 per_backend!(zookeeper => crate::common::zookeeper();
+    counters_cross_implementations,
+    shared_values_cross_implementations,
     barriers_cross_implementations,
     double_barrier_members_mix,
+    group_members_see_each_other,
+    curator_sees_a_dlock_member_leave,
+    an_observer_follows_curator_and_dlock_leaders,
     curator_holder_excludes_dlock,
     dlock_holder_excludes_curator,
     an_expired_dlock_holder_hands_over_to_curator,

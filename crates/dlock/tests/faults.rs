@@ -1,12 +1,19 @@
-//! Faults on real ZooKeeper and etcd servers: a cluster losing its leader
-//! (kill -9) while clients contend on a fenced mutex, a semaphore and a
-//! leader selector; connections cut within and past the session; a paused
+//! Faults on real ZooKeeper, etcd and Consul servers: a cluster losing its
+//! leader (kill -9) while clients contend on a fenced mutex, a semaphore and
+//! a leader selector; connections cut within and past the session; a paused
 //! holder with and without fencing.
 //!
-//! Each scenario is written once, over a [`Backend`], and runs on both:
-//! `zookeeper::<scenario>` and `etcd::<scenario>`. Histories are checked
-//! afterwards (see `dlock_testkit::history`). Every test ends with nothing
-//! left under its root (a listing, see [`finish`]) and its sessions closed.
+//! Each scenario is written once, over a [`Backend`], and runs on each:
+//! `zookeeper::<scenario>`, `etcd::<scenario>` and `consul::<scenario>`.
+//! Histories are checked afterwards (see `dlock_testkit::history`). Every
+//! test ends with nothing left under its root (a listing, see [`finish`])
+//! and its sessions closed.
+//!
+//! Timing bounds come from the session's own timeout
+//! ([`Session::session_timeout`], what the server granted) and from how long
+//! the server may keep a silent session ([`Backend::keeps_silent_session`]):
+//! Consul's session TTL is at least 10 s and Consul may keep a session up
+//! to twice its TTL, so the expiry scenarios take about 20 s there.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
@@ -16,14 +23,15 @@ use anyhow::{bail, ensure, Context, Result};
 use dlock::store::{CreateMode, CreateOptions, Op, SessionState};
 use dlock::{Error, LeaderSelector, LockGuard, Mutex, Semaphore, Session, SessionOptions};
 use dlock_testkit::history::{check_fenced_log, Event, History};
-use dlock_testkit::{EtcdCluster, TcpProxy, ZkEnsemble};
+use dlock_testkit::{ConsulCluster, EtcdCluster, TcpProxy, ZkEnsemble};
 use tokio::sync::watch;
 
 /// A session timeout the faults of the contention and short-cut scenarios
 /// do not outlast: sessions ride them out.
 const LONG: Duration = Duration::from_secs(6);
 /// The session timeout of the expiry scenarios: ZooKeeper grants at least
-/// 2 ticks (1 s with the testkit's tickTime), etcd 3.4 at least 2 s.
+/// 2 ticks (1 s with the testkit's tickTime), etcd 3.4 at least 2 s, Consul
+/// at least 10 s (its minimum session TTL).
 const SHORT: Duration = Duration::from_secs(2);
 /// How long a scenario waits for an effect (progress, a state change)
 /// before it fails.
@@ -31,10 +39,14 @@ const WITHIN: Duration = Duration::from_secs(60);
 
 /// The store a scenario runs on.
 #[derive(Debug, Clone, Copy)]
-#[cfg_attr(not(all(feature = "zookeeper", feature = "etcd")), allow(dead_code))]
+#[cfg_attr(
+    not(all(feature = "zookeeper", feature = "etcd", feature = "consul")),
+    allow(dead_code)
+)]
 enum Backend {
     ZooKeeper,
     Etcd,
+    Consul,
 }
 
 impl Backend {
@@ -43,6 +55,7 @@ impl Backend {
         match self {
             Backend::ZooKeeper => format!("zk://{hosts}"),
             Backend::Etcd => format!("etcd://{hosts}"),
+            Backend::Consul => format!("consul://{hosts}"),
         }
     }
 
@@ -51,6 +64,7 @@ impl Backend {
         match self {
             Backend::ZooKeeper => dlock_testkit::shared_zk().connect_string(),
             Backend::Etcd => dlock_testkit::shared_etcd().endpoint(),
+            Backend::Consul => dlock_testkit::shared_consul().endpoint(),
         }
     }
 
@@ -59,7 +73,27 @@ impl Backend {
         Ok(match self {
             Backend::ZooKeeper => Cluster::ZooKeeper(ZkEnsemble::start(3)?),
             Backend::Etcd => Cluster::Etcd(EtcdCluster::start(3)?),
+            Backend::Consul => Cluster::Consul(ConsulCluster::start(3)?),
         })
+    }
+
+    /// How long the server may keep a session whose client went silent
+    /// (no renewal, no keep-alive), for a session that was granted
+    /// `timeout`: ZooKeeper and etcd expire it after the timeout; Consul
+    /// only promises to invalidate it within twice its TTL.
+    fn keeps_silent_session(self, timeout: Duration) -> Duration {
+        match self {
+            Backend::ZooKeeper | Backend::Etcd => timeout,
+            Backend::Consul => timeout * 2,
+        }
+    }
+
+    /// How long a waiter may take to get a lock whose holder went silent
+    /// while holding a session granted `timeout`: the server's expiry
+    /// ([`Self::keeps_silent_session`]), then as long again for the server's
+    /// expiry timer, the delete and the waiter's watch to fire.
+    fn hand_over_within(self, timeout: Duration) -> Duration {
+        self.keeps_silent_session(timeout) + timeout.max(Duration::from_secs(2)) * 2
     }
 
     /// A new session to `hosts` with the session timeout `timeout`.
@@ -72,10 +106,11 @@ impl Backend {
     }
 }
 
-/// A 3-member ZooKeeper ensemble or etcd cluster.
+/// A 3-member ZooKeeper ensemble, etcd cluster or Consul server cluster.
 enum Cluster {
     ZooKeeper(ZkEnsemble),
     Etcd(EtcdCluster),
+    Consul(ConsulCluster),
 }
 
 impl Cluster {
@@ -84,6 +119,7 @@ impl Cluster {
         match self {
             Cluster::ZooKeeper(zk) => zk.connect_string(),
             Cluster::Etcd(etcd) => etcd.endpoints().join(","),
+            Cluster::Consul(consul) => consul.connect_string(),
         }
     }
 
@@ -92,11 +128,13 @@ impl Cluster {
         let leader = match self {
             Cluster::ZooKeeper(zk) => zk.leader_index(),
             Cluster::Etcd(etcd) => etcd.leader_index(),
+            Cluster::Consul(consul) => consul.leader_index(),
         }
         .context("the cluster has a leader")?;
         match self {
             Cluster::ZooKeeper(zk) => zk.kill(leader),
             Cluster::Etcd(etcd) => etcd.kill(leader),
+            Cluster::Consul(consul) => consul.kill(leader),
         }
         Ok(leader)
     }
@@ -112,6 +150,10 @@ impl Cluster {
             Cluster::Etcd(etcd) => {
                 etcd.restart(i)?;
                 etcd.wait_for_quorum(WITHIN)
+            }
+            Cluster::Consul(consul) => {
+                consul.restart(i)?;
+                consul.wait_for_quorum(WITHIN)
             }
         }
     }
@@ -613,7 +655,8 @@ async fn a_long_cut_loses_the_lock_without_a_double_holder(backend: Backend) -> 
     let m2 = Mutex::new(&other, &lock)?;
     let waiting = tokio::spawn(async move { m2.acquire().await });
     proxy.cut();
-    let g2 = tokio::time::timeout(SHORT * 3, waiting)
+    let within = backend.hand_over_within(holder.session_timeout());
+    let g2 = tokio::time::timeout(within, waiting)
         .await
         .context("the lock was not handed over after the holder's session ran out")???;
     ensure!(fenced_append(&other, &g2, &resource, true).await?);
@@ -652,7 +695,7 @@ async fn a_paused_holder_is_fenced_and_unfenced_writes_are_unsafe(backend: Backe
         let seen = parse_number(&stalled.get_data(&counter).await?.0)?;
         proxy.pause();
         let g2 = Mutex::new(&other, &lock)?
-            .acquire_timeout(SHORT * 3)
+            .acquire_timeout(backend.hand_over_within(stalled.session_timeout()))
             .await
             .context("the lock was not handed over while the holder stalled")?;
         let now = parse_number(&other.get_data(&counter).await?.0)?;
@@ -700,9 +743,10 @@ async fn a_paused_holder_is_fenced_and_unfenced_writes_are_unsafe(backend: Backe
 }
 
 /// With the leader of a 3-member cluster dead, new clients that know every
-/// member still connect, every time (the client balances over the members
-/// and may still offer the dead one: the lease grant is tried again), and
-/// lock and release.
+/// member still connect, every time, and lock and release. (etcd's client
+/// balances over the members and may still offer the dead one: the lease
+/// grant is tried again. Consul's followers answer a session create with
+/// 500 until they know a new leader: the create is tried again.)
 async fn new_sessions_connect_while_a_member_is_down(backend: Backend) -> Result<()> {
     let mut cluster = backend.start_cluster()?;
     let hosts = cluster.hosts();
@@ -772,3 +816,4 @@ macro_rules! scenarios {
 
 scenarios!(#[cfg(feature = "zookeeper")] zookeeper => super::Backend::ZooKeeper);
 scenarios!(#[cfg(feature = "etcd")] etcd => super::Backend::Etcd);
+scenarios!(#[cfg(feature = "consul")] consul => super::Backend::Consul);

@@ -11,15 +11,38 @@
 //   revoke NODE          Revoker.attemptRevoke                           -> "revoke-sent"
 //   participants PATH    LeaderLatch-style participant ids at PATH       -> "participants ID|LEADER,..."
 //   count PATH           read a SharedCount (4-byte big-endian)          -> "count N"
+//   member-join PATH ID DATA  start a GroupMember with payload DATA (UTF-8) and
+//                        wait until its node exists                      -> "joined ID"
+//   members ID EXPECT MS wait (at most MS) until member ID's getCurrentMembers,
+//                        rendered "id=data,..." sorted by id, is EXPECT  -> "members RENDERED"
+//   member-update ID DATA  setThisData                                   -> "updated ID"
+//   member-leave ID      close the GroupMember                           -> "left ID"
+//   latch-start PATH ID  start a LeaderLatch with id ID (it queues in the
+//                        background)                                     -> "started ID"
+//   latch-close ID       close that LeaderLatch                          -> "closed ID"
+//   counter-get PATH     DistributedAtomicLong.get                       -> "counter V"
+//   counter-add PATH N   DistributedAtomicLong.add (optimistic)          -> "added ok|failed PRE POST"
+//   counter-cas PATH E N DistributedAtomicLong.compareAndSet             -> "cas ok|failed PRE"
+//   counter-incr ID PATH ROUNDS [LOCKPATH]  ROUNDS increments on a thread of their own (promoted
+//                        to an InterProcessMutex at LOCKPATH if given)   -> later "incremented ID OK FAILED"
+//   value-set PATH [HEX] SharedValue.setValue (seeded with the bytes)    -> "value-set VERSION"
+//   value-get PATH       SharedValue.getVersionedValue                   -> "value VERSION [HEX]"
 //   quit
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.atomic.AtomicValue;
+import org.apache.curator.framework.recipes.atomic.DistributedAtomicLong;
+import org.apache.curator.framework.recipes.atomic.PromotedToLock;
 import org.apache.curator.framework.recipes.barriers.DistributedBarrier;
 import org.apache.curator.framework.recipes.barriers.DistributedDoubleBarrier;
 import org.apache.curator.framework.recipes.leader.LeaderLatch;
 import org.apache.curator.framework.recipes.leader.Participant;
 import org.apache.curator.framework.recipes.locks.*;
+import org.apache.curator.framework.recipes.nodes.GroupMember;
+import org.apache.curator.framework.recipes.shared.SharedValue;
+import org.apache.curator.framework.recipes.shared.VersionedValue;
 import org.apache.curator.retry.ExponentialBackoffRetry;
+import org.apache.curator.retry.RetryNTimes;
 
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
@@ -30,6 +53,28 @@ public class CuratorProbe {
     static final Map<String, InterProcessLock> held = new HashMap<>();
     static final Map<String, Lease> leases = new HashMap<>();
     static final Map<String, DistributedDoubleBarrier> members = new java.util.concurrent.ConcurrentHashMap<>();
+    static final Map<String, GroupMember> groupMembers = new HashMap<>();
+    static final Map<String, LeaderLatch> latches = new HashMap<>();
+
+    static String render(Map<String, byte[]> members) {
+        StringBuilder sb = new StringBuilder();
+        for (Map.Entry<String, byte[]> e : new TreeMap<>(members).entrySet()) {
+            if (sb.length() > 0) sb.append(',');
+            sb.append(e.getKey()).append('=').append(new String(e.getValue(), java.nio.charset.StandardCharsets.UTF_8));
+        }
+        return sb.toString();
+    }
+
+    /** Waits (by watch) until a node exists. */
+    static boolean awaitNode(CuratorFramework client, String path, long ms) throws Exception {
+        long end = System.currentTimeMillis() + ms;
+        while (true) {
+            java.util.concurrent.CountDownLatch changed = new java.util.concurrent.CountDownLatch(1);
+            if (client.checkExists().usingWatcher((org.apache.zookeeper.Watcher) e -> changed.countDown()).forPath(path) != null) return true;
+            long left = end - System.currentTimeMillis();
+            if (left <= 0 || !changed.await(left, TimeUnit.MILLISECONDS)) return false;
+        }
+    }
 
     /** Runs a blocking barrier call on its own thread; it answers when done. */
     static void background(String what, java.util.concurrent.Callable<Boolean> call) {
@@ -137,8 +182,107 @@ public class CuratorProbe {
                         background("left " + w[1], () -> b.leave(60, TimeUnit.SECONDS));
                         break;
                     }
+                    case "member-join": {
+                        GroupMember m = new GroupMember(client, w[1], w[2], w[3].getBytes(java.nio.charset.StandardCharsets.UTF_8));
+                        m.start();
+                        groupMembers.put(w[2], m);
+                        say(awaitNode(client, w[1] + "/" + w[2], 30000) ? "joined " + w[2] : "timeout");
+                        break;
+                    }
+                    case "members": {
+                        // GroupMember tells no listener of its cache's changes, so
+                        // its view is read again until it matches or time is up.
+                        GroupMember m = groupMembers.get(w[1]);
+                        if (m == null) { say("error no member " + w[1]); break; }
+                        String expect = w[2].equals("-") ? "" : w[2];
+                        long end = System.currentTimeMillis() + Long.parseLong(w[3]);
+                        String seen = render(m.getCurrentMembers());
+                        while (!seen.equals(expect) && System.currentTimeMillis() < end) {
+                            Thread.sleep(20);
+                            seen = render(m.getCurrentMembers());
+                        }
+                        say("members " + seen);
+                        break;
+                    }
+                    case "member-update": {
+                        GroupMember m = groupMembers.get(w[1]);
+                        if (m == null) { say("error no member " + w[1]); break; }
+                        m.setThisData(w[2].getBytes(java.nio.charset.StandardCharsets.UTF_8));
+                        say("updated " + w[1]);
+                        break;
+                    }
+                    case "member-leave": {
+                        GroupMember m = groupMembers.remove(w[1]);
+                        if (m == null) { say("error no member " + w[1]); break; }
+                        m.close();
+                        say("left " + w[1]);
+                        break;
+                    }
+                    case "latch-start": {
+                        LeaderLatch latch = new LeaderLatch(client, w[1], w[2]);
+                        latch.start();
+                        latches.put(w[2], latch);
+                        say("started " + w[2]);
+                        break;
+                    }
+                    case "latch-close": {
+                        LeaderLatch latch = latches.remove(w[1]);
+                        if (latch == null) { say("error no latch " + w[1]); break; }
+                        latch.close();
+                        say("closed " + w[1]);
+                        break;
+                    }
+                    case "counter-get":
+                        say("counter " + new DistributedAtomicLong(client, w[1], new RetryNTimes(3, 1)).get().postValue());
+                        break;
+                    case "counter-add": {
+                        AtomicValue<Long> v = new DistributedAtomicLong(client, w[1], new RetryNTimes(100, 1)).add(Long.parseLong(w[2]));
+                        say("added " + (v.succeeded() ? "ok " : "failed ") + v.preValue() + " " + v.postValue());
+                        break;
+                    }
+                    case "counter-cas": {
+                        AtomicValue<Long> v = new DistributedAtomicLong(client, w[1], new RetryNTimes(3, 1))
+                                .compareAndSet(Long.parseLong(w[2]), Long.parseLong(w[3]));
+                        say("cas " + (v.succeeded() ? "ok " : "failed ") + v.preValue());
+                        break;
+                    }
+                    case "counter-incr": {
+                        String id = w[1], path = w[2];
+                        int rounds = Integer.parseInt(w[3]);
+                        DistributedAtomicLong n = w.length > 4
+                                ? new DistributedAtomicLong(client, path, new RetryNTimes(3, 1),
+                                      PromotedToLock.builder().lockPath(w[4]).retryPolicy(new RetryNTimes(100, 1)).build())
+                                : new DistributedAtomicLong(client, path, new RetryNTimes(100, 1));
+                        new Thread(() -> {
+                            int ok = 0, failed = 0;
+                            try {
+                                for (int r = 0; r < rounds; r++) { if (n.increment().succeeded()) ok++; else failed++; }
+                                say("incremented " + id + " " + ok + " " + failed);
+                            } catch (Exception e) { say("error counter-incr " + id + " " + e); }
+                        }).start();
+                        break;
+                    }
+                    case "value-set": {
+                        byte[] bytes = unhex(w.length > 2 ? w[2] : "");
+                        try (SharedValue v = new SharedValue(client, w[1], bytes)) {
+                            v.start();
+                            v.setValue(bytes);
+                            say("value-set " + v.getVersionedValue().getVersion());
+                        }
+                        break;
+                    }
+                    case "value-get": {
+                        try (SharedValue v = new SharedValue(client, w[1], new byte[0])) {
+                            v.start();
+                            VersionedValue<byte[]> got = v.getVersionedValue();
+                            say("value " + got.getVersion() + " " + hex(got.getValue()));
+                        }
+                        break;
+                    }
                     case "quit":
                         for (InterProcessLock l : held.values()) { try { l.release(); } catch (Exception ignored) {} }
+                        for (GroupMember m : groupMembers.values()) m.close();
+                        for (LeaderLatch l : latches.values()) { try { l.close(); } catch (Exception ignored) {} }
                         client.close();
                         say("bye");
                         return;
@@ -150,6 +294,18 @@ public class CuratorProbe {
             }
         }
         client.close();
+    }
+
+    static String hex(byte[] bytes) {
+        StringBuilder sb = new StringBuilder();
+        for (byte b : bytes) sb.append(String.format("%02x", b & 0xff));
+        return sb.toString();
+    }
+
+    static byte[] unhex(String s) {
+        byte[] out = new byte[s.length() / 2];
+        for (int i = 0; i < out.length; i++) out[i] = (byte) Integer.parseInt(s.substring(2 * i, 2 * i + 2), 16);
+        return out;
     }
 
     static boolean acquire(InterProcessLock lock) throws Exception { lock.acquire(); return true; }

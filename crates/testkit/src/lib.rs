@@ -43,6 +43,7 @@
 //! | a Consul any test may share | [`shared_consul`] | once per test process |
 //! | a Consul dev agent to stop, restart or pause | [`ConsulServer`] | ~0.4 s |
 //! | a 3-server Consul cluster | [`ConsulCluster`] | ~2 s |
+//! | etcd's Go recipes as programs (peer harness, election sale) | [`etcd_go_peerbench`], [`etcd_go_electsale`] | ~40 s to build, once |
 //!
 //! "Shared" means one server per *process*: with `cargo test` that is one per
 //! test binary; under `cargo nextest` (one process per test) every test
@@ -69,7 +70,9 @@
 mod consul;
 mod curator;
 mod etcd;
+mod go;
 pub mod history;
+mod kazoo;
 mod port;
 mod process;
 mod proxy;
@@ -83,6 +86,8 @@ pub use consul::{
 };
 pub use curator::{classpath as curator_classpath, CuratorProbe};
 pub use etcd::{shared_etcd, try_shared_etcd, EtcdCluster, EtcdOptions, EtcdServer, EtcdTls};
+pub use go::{etcd_go_electsale, etcd_go_peerbench};
+pub use kazoo::{python as kazoo_python, KazooProbe};
 pub use port::free_port;
 pub use process::all_threads_stopped;
 pub use proxy::TcpProxy;

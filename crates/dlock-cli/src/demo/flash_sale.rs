@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dlock::store::{CreateMode, CreateOptions, Op};
-use dlock::{Error, Hold, Lockable, Mutex, ReadWriteLock, SemaphoreMutex, Session};
+use dlock::{Error, Hold, Layout, Lockable, Mutex, ReadWriteLock, SemaphoreMutex, Session};
 
 use crate::Global;
 
@@ -38,9 +38,19 @@ impl LockKind {
 
     /// The lock for one buyer; its nodes carry `label` (as `dlock inspect`
     /// shows), so that anyone can tell which process and buyer holds.
-    fn make(self, session: &Session, path: &str, label: &str) -> Result<Option<Box<dyn Lockable>>> {
+    fn make(
+        self,
+        session: &Session,
+        path: &str,
+        label: &str,
+        layout: Layout,
+    ) -> Result<Option<Box<dyn Lockable>>> {
         Ok(match self {
-            LockKind::Mutex => Some(Box::new(Mutex::new(session, path)?.with_data(label))),
+            LockKind::Mutex => Some(Box::new(
+                Mutex::new(session, path)?
+                    .with_layout(layout)?
+                    .with_data(label),
+            )),
             LockKind::Write => Some(Box::new(
                 ReadWriteLock::new(session, path)?
                     .with_data(label)
@@ -81,6 +91,11 @@ pub struct FlashSale {
     /// Path of the lock.
     #[arg(long, default_value = "/shop/lock")]
     lock_path: String,
+    /// Whose node layout the mutex writes: `curator` (Curator's
+    /// InterProcessMutex) or `kazoo` (kazoo's `Lock`: Python buyers with a
+    /// plain `Lock` on --lock-path share the sale). `--lock mutex` only.
+    #[arg(long, default_value_t = Layout::Curator)]
+    layout: Layout,
     /// Path of the stock counter (its data: the decimal number as text).
     #[arg(long, default_value = "/shop/stock")]
     stock_path: String,
@@ -110,6 +125,16 @@ pub struct FlashSale {
 pub async fn run(global: &Global, args: FlashSale) -> Result<()> {
     dlock::path::validate(&args.lock_path)?;
     dlock::path::validate(&args.stock_path)?;
+    if args.layout != Layout::Curator && args.lock != LockKind::Mutex {
+        return Err(crate::exit::Exit::Usage
+            .with(format!("--layout {} is for --lock mutex only", args.layout))
+            .into());
+    }
+    if args.layout == Layout::Consul {
+        return Err(crate::exit::Exit::Usage
+            .with("the flash sale's mutex has the curator and kazoo layouts, not consul")
+            .into());
+    }
     if let Some(ledger) = &args.ledger {
         dlock::path::validate(ledger)?;
     }
@@ -164,6 +189,7 @@ pub async fn run(global: &Global, args: FlashSale) -> Result<()> {
                 session,
                 &args.lock_path,
                 &format!("flash-sale pid={} buyer={i}", std::process::id()),
+                args.layout,
             )?,
             guard: args.guard,
             stock_path: args.stock_path.clone(),

@@ -52,7 +52,9 @@ pub struct ParkingLot {
     /// Whose layout the KvSemaphore uses: `curator` (dlock's own record)
     /// or `consul` (Consul's `api.Semaphore`: the lot is shared with
     /// `consul lock -n SPACES <path without its leading slash> ...`;
-    /// implies `--semaphore kv`).
+    /// implies `--semaphore kv`). Or `kazoo`: the v2 semaphore runs
+    /// kazoo's (Python) `Semaphore` on its layout, sharing the lot with
+    /// `zk.Semaphore(<path>, max_leases=SPACES)` (`--semaphore v2` only).
     #[arg(long, default_value_t = Layout::Curator)]
     layout: Layout,
     /// Append `in parking-lot` to FILE when a car has parked and
@@ -84,6 +86,13 @@ pub async fn run(global: &Global, args: ParkingLot) -> Result<()> {
     dlock::path::validate(&args.probe_path)?;
     // Consul's layout exists only for the KvSemaphore; asking for it picks
     // that semaphore, as `dlock semaphore --layout consul` implies --kv.
+    if args.layout == Layout::Kazoo && args.semaphore == SemaphoreKind::Kv {
+        return Err(crate::exit::Exit::Usage
+            .with(
+                "--layout kazoo is kazoo's Semaphore, which is no KvSemaphore: use --semaphore v2",
+            )
+            .into());
+    }
     let kind = if args.layout == Layout::Consul {
         SemaphoreKind::Kv
     } else {
@@ -105,9 +114,9 @@ pub async fn run(global: &Global, args: ParkingLot) -> Result<()> {
         let counter = SharedCount::new(&session, &args.probe_path, 0)?;
         counter.start().await?;
         let lot = match kind {
-            SemaphoreKind::V2 => {
-                Lot::V2(Box::new(Semaphore::new(&session, &args.path, args.spaces)?))
-            }
+            SemaphoreKind::V2 => Lot::V2(Box::new(
+                Semaphore::new(&session, &args.path, args.spaces)?.with_layout(args.layout)?,
+            )),
             SemaphoreKind::Kv => Lot::Kv(
                 KvSemaphore::new(&session, &args.path, args.spaces)?.with_layout(args.layout),
             ),

@@ -25,11 +25,20 @@
 //!   without being deleted keeps its `CreateIndex`; dlock never does that,
 //!   it always creates.
 //!
-//! Consul's `consul lock` sessions have a lock delay (15 s): after such a
-//! session is *invalidated* while holding (not on a normal release), Consul
-//! refuses to lock the key for that long, and an acquire meanwhile fails
-//! with a backend error rather than waiting. dlock's own sessions use no
-//! lock delay.
+//! - **Lock delay**: `consul lock`'s sessions have a lock delay (15 s):
+//!   after such a session is *invalidated* while holding (its TTL ran out,
+//!   it was destroyed; not on a normal release), Consul refuses to lock the
+//!   key for that long ([`Error::LockDelay`] from the create). An acquire
+//!   waits it out, as `api.Lock` does: Consul neither says how long is
+//!   left nor tells when it ends, so the create is tried again after a
+//!   pause that doubles from 250 ms up to 2 s (about 10 tries over a 15 s
+//!   delay; `api.Lock` retries every 5 s), and a holder that gets in
+//!   meanwhile is found by that create and watched as usual. dlock's own
+//!   sessions use no lock delay unless asked to (`?lock-delay=`). A
+//!   `consul lock` killed with -9 thus hands over after its session's
+//!   invalidation (up to 2 × its 15 s TTL) plus the 15 s delay: measured
+//!   45.8 s (`consul_interop.rs`,
+//!   `dlock_lock_waits_out_a_killed_consul_locks_lock_delay`, long).
 //!
 //! On ZooKeeper, etcd and the embedded store it is a plain create-if-absent
 //! ephemeral node whose waiters watch it (not fair, unlike
@@ -48,6 +57,11 @@ use crate::store::{CreateMode, CreateOptions, Created};
 
 /// The node's name under the prefix (`consul lock`'s default key).
 pub const LOCK_KEY: &str = ".lock";
+
+/// The first pause before trying again while a lock delay is in force.
+const LOCK_DELAY_FIRST_PAUSE: Duration = Duration::from_millis(250);
+/// The longest pause: how late an acquire may notice a lock delay's end.
+const LOCK_DELAY_LAST_PAUSE: Duration = Duration::from_secs(2);
 
 /// A mutex in Consul's `api.Lock` layout. See the [module docs](self).
 ///
@@ -108,12 +122,24 @@ impl ConsulLock {
         let opts = CreateOptions::new(CreateMode::Ephemeral)
             .with_parents()
             .with_tag(CONSUL_LOCK_FLAGS);
+        let mut delayed = LOCK_DELAY_FIRST_PAUSE;
         loop {
             match session.create(&self.node, &token, opts).await {
                 Ok(created) => return Ok(Some(self.guard(created))),
                 // Taken — or our create landed and its reply was lost: the
                 // read tells.
                 Err(Error::NodeExists { .. } | Error::ConnectionLoss) => {}
+                // Free, but not yet takeable: nothing announces the end of
+                // a lock delay, so try again after a pause.
+                Err(Error::LockDelay { .. }) => {
+                    if deadline.passed()
+                        || deadline.race(tokio::time::sleep(delayed)).await.is_none()
+                    {
+                        return Ok(None);
+                    }
+                    delayed = (delayed * 2).min(LOCK_DELAY_LAST_PAUSE);
+                    continue;
+                }
                 Err(e) => return Err(e),
             }
             let (data, stat, watch) = match session.get_data_watch(&self.node).await {

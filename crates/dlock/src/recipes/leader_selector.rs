@@ -27,7 +27,7 @@ pub use super::election::{LeaderParticipant, Leadership};
 use super::error_policy::ErrorPolicy;
 use super::guard::LockGuard;
 use super::lifecycle::{lock, Backoff, Lifecycle, State};
-use super::mutex::{Mutex, LOCK_NAME};
+use super::mutex::Mutex;
 use super::queue::{HeldNode, WaitQueue};
 use crate::error::{Error, Result};
 use crate::session::Session;
@@ -109,7 +109,7 @@ impl LeaderSelector {
         Fut: Future<Output = ()> + Send + 'static,
     {
         // The selector's candidates are the mutex's queue.
-        let queue = WaitQueue::new(session, path, LOCK_NAME, &[LOCK_NAME])?;
+        let queue = WaitQueue::mutex(session, path)?;
         Ok(LeaderSelector {
             candidate: Candidate::new(queue, "selector"),
             mutex: Mutex::new(session, path)?,
@@ -127,12 +127,46 @@ impl LeaderSelector {
     pub fn with_id(mut self, id: impl Into<String>) -> Self {
         self.candidate.id = id.into();
         self.mutex = match self.candidate.id.is_empty() {
-            true => {
-                Mutex::new(self.mutex.session(), self.mutex.path()).expect("the path was valid")
-            }
+            true => Mutex::new(self.mutex.session(), self.mutex.path())
+                .and_then(|m| m.with_layout(self.mutex.layout()))
+                .expect("the path and the layout were valid"),
             false => self.mutex.with_data(self.candidate.id.as_bytes().to_vec()),
         };
         self
+    }
+
+    /// Writes `layout`'s nodes (before [`start`](Self::start)):
+    /// [`Layout::Curator`](crate::Layout::Curator) (the default) or
+    /// [`Layout::Kazoo`](crate::Layout::Kazoo), in which candidates are
+    /// kazoo `Lock` nodes, as kazoo's `Election` makes them — so that dlock
+    /// and kazoo candidates on one path elect one leader. kazoo's candidates
+    /// are ordered among ours in either layout, but a kazoo `Election` sees
+    /// ours only in kazoo's.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for [`Layout::Consul`](crate::Layout::Consul).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use dlock::{Layout, LeaderSelector};
+    /// let session = dlock::connect("embedded").await?;
+    /// let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    /// let selector = LeaderSelector::new(&session, "/doc/kazoo-election", move |term| {
+    ///     let tx = tx.clone();
+    ///     async move { tx.send(term.node().to_string()).unwrap(); }
+    /// })?
+    /// .with_layout(Layout::Kazoo)?
+    /// .with_id("py-compatible");
+    /// selector.start()?;
+    /// assert!(rx.recv().await.unwrap().contains("__lock__"));
+    /// selector.close().await?;
+    /// # session.delete("/doc/kazoo-election", None).await?; Ok(()) }
+    /// ```
+    pub fn with_layout(mut self, layout: crate::Layout) -> Result<Self> {
+        self.mutex = self.mutex.with_layout(layout)?;
+        self.candidate.queue = self.candidate.queue.with_layout(layout)?;
+        Ok(self)
     }
 
     /// Sets which session states end a term (before

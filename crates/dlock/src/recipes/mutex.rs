@@ -6,23 +6,31 @@
 //! containers); the lowest sequence holds; each waiter watches only its
 //! predecessor. A dlock `Mutex` and a Java `InterProcessMutex` on one path
 //! exclude each other.
+//!
+//! kazoo's lock nodes (`<uuid hex>__lock__<seq>`, `__rlock__`) on the path
+//! are ordered among ours by their sequence, so a kazoo holder keeps a
+//! dlock `Mutex` out; with [`Layout::Kazoo`] dlock
+//! writes kazoo's names, so that kazoo keeps out of a dlock holder too. The
+//! contract is in [`layout`](super::layout).
 
 use std::time::Duration;
 
 use super::deadline::Deadline;
 use super::guard::LockGuard;
-use super::queue::{FirstN, Participant, WaitQueue};
+use super::layout::Layout;
+use super::queue::{is_kazoo_node, FirstN, Participant, WaitQueue, CURATOR_LOCK};
 use crate::error::Result;
 use crate::session::Session;
 use crate::store::CreateMode;
 
 /// Curator's node name for mutex participants.
-pub(crate) const LOCK_NAME: &str = "lock-";
+pub(crate) const LOCK_NAME: &str = CURATOR_LOCK;
 
 /// Whether `name` is a queue node of a mutex — or of a leader selector,
-/// which queues on a mutex: the two layouts are one (as in Curator).
+/// which queues on a mutex: the two layouts are one (as in Curator) — in
+/// Curator's layout or kazoo's.
 pub(crate) fn is_node(name: &str) -> bool {
-    name.contains(LOCK_NAME)
+    name.contains(LOCK_NAME) || is_kazoo_node(name)
 }
 
 /// A fair, re-entrant lock shared by every session that names the same path.
@@ -55,9 +63,41 @@ impl Mutex {
     /// A mutex at `path` (a ZooKeeper-style path), used through `session`.
     pub fn new(session: &Session, path: &str) -> Result<Self> {
         Ok(Mutex {
-            queue: WaitQueue::new(session, path, LOCK_NAME, &[LOCK_NAME])?,
+            queue: WaitQueue::mutex(session, path)?,
             data: None,
         })
+    }
+
+    /// Writes `layout`'s nodes: [`Layout::Curator`] (the default) or
+    /// [`Layout::Kazoo`] (`<uuid hex>__lock__<seq>` in a persistent
+    /// directory, which kazoo's `Lock` and `Election` see without
+    /// `extra_lock_patterns`). Either way kazoo's nodes on the path are
+    /// ordered among ours.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for
+    /// [`Layout::Consul`] (that is [`ConsulLock`](crate::ConsulLock)).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use dlock::{Layout, Mutex};
+    /// let session = dlock::connect("embedded").await?;
+    /// let mutex = Mutex::new(&session, "/doc/kazoo-mutex")?.with_layout(Layout::Kazoo)?;
+    /// let guard = mutex.acquire().await?;
+    /// assert!(guard.node().contains("__lock__"));
+    /// guard.release().await?;
+    /// assert!(Mutex::new(&session, "/doc/m")?.with_layout(Layout::Consul).is_err());
+    /// # session.delete("/doc/kazoo-mutex", None).await?; Ok(()) }
+    /// ```
+    pub fn with_layout(mut self, layout: Layout) -> Result<Self> {
+        self.queue = self.queue.with_layout(layout)?;
+        Ok(self)
+    }
+
+    /// Whose nodes this mutex writes.
+    pub fn layout(&self) -> Layout {
+        self.queue.layout()
     }
 
     /// Stores `data` in this mutex's lock nodes instead of the session's

@@ -8,6 +8,12 @@
 //! first writer otherwise. A downgrading writer's read node takes its write
 //! node's sequence (Curator 5.5's fix of CURATOR-621), so a writer queued
 //! behind cannot slip in between.
+//!
+//! On etcd, a contender of etcd's Go `Mutex` (`etcdctl lock`, a Go service)
+//! on the lock's path — a key `<path>/<lease hex>` — counts as a writer
+//! (the layout: `recipes/etcd_go.rs`): readers queued after it wait for it,
+//! writers queue with it, and Go waits for every dlock node ahead of its
+//! own.
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::deadline::Deadline;
+use super::etcd_go;
 use super::guard::LockGuard;
 use super::queue::{position, FirstN, HeldNode, Participant, Predicate, Verdict, WaitQueue};
 use crate::error::{Error, Result};
@@ -40,6 +47,12 @@ pub(crate) fn is_writer(name: &str) -> Option<bool> {
     }
 }
 
+/// Whether a listed child excludes readers: a writer's node, or a
+/// contender of etcd's Go `Mutex`, which has no shared mode.
+fn excludes_readers(child: &Child) -> bool {
+    child.name.contains(WRITE_LOCK_NAME) || etcd_go::is_contender(child)
+}
+
 /// A reader holds when no writer is queued ahead of it; it watches the
 /// first writer (not the nearest), as Curator does.
 struct NoWriterAhead;
@@ -47,15 +60,10 @@ struct NoWriterAhead;
 impl Predicate for NoWriterAhead {
     fn check(&self, sorted: &[Child], ours: &str) -> Result<Verdict> {
         let index = position(sorted, ours)?;
-        Ok(
-            match sorted[..index]
-                .iter()
-                .find(|c| c.name.contains(WRITE_LOCK_NAME))
-            {
-                None => Verdict::Acquired,
-                Some(writer) => Verdict::WatchNode(writer.clone()),
-            },
-        )
+        Ok(match sorted[..index].iter().find(|c| excludes_readers(c)) {
+            None => Verdict::Acquired,
+            Some(writer) => Verdict::WatchNode(writer.clone()),
+        })
     }
 }
 
@@ -64,7 +72,8 @@ struct ByKind;
 
 impl Predicate for ByKind {
     fn check(&self, sorted: &[Child], ours: &str) -> Result<Verdict> {
-        if ours.contains(WRITE_LOCK_NAME) {
+        let index = position(sorted, ours)?;
+        if excludes_readers(&sorted[index]) {
             FirstN(1).check(sorted, ours)
         } else {
             NoWriterAhead.check(sorted, ours)
@@ -217,7 +226,7 @@ impl ReadWriteLock {
     /// Takes the read lock only if no writer holds or waits now.
     pub async fn try_read(&self) -> Result<Option<ReadGuard>> {
         let (children, _) = self.readers.sorted_children(false).await?;
-        if children.iter().any(|c| c.name.contains(WRITE_LOCK_NAME)) {
+        if children.iter().any(excludes_readers) {
             return Ok(None);
         }
         self.read_until(Deadline::after(Some(Duration::ZERO))).await

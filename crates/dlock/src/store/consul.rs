@@ -67,7 +67,8 @@
 //! renewal fails, and `Lost` when Consul answers 404 or no renewal was
 //! answered for a whole TTL (then it destroys the session, which may still
 //! live on the server). After `Lost` the next operation creates a new
-//! session.
+//! session. Opening a store while the servers elect a leader (they answer
+//! a session create with 500 meanwhile) tries again for up to 15 s.
 //!
 //! **A holder that dies without closing** (killed, partitioned) keeps its
 //! keys until Consul invalidates the session: Consul waits twice the TTL
@@ -88,7 +89,10 @@
 //! keys' names from being acquired again for that long: an expired
 //! holder's hand-over takes 2 × TTL plus nothing (new names), but a retry
 //! that recreates a node under the same name (a leader latch's or a
-//! lease's node after a loss) waits out the delay.
+//! lease's node after a loss) waits out the delay. A create that Consul
+//! refuses for a lock delay fails with [`Error::LockDelay`] (Consul does
+//! not say how long is left); [`ConsulLock`](crate::ConsulLock) waits
+//! it out.
 //!
 //! # Operations
 //!
@@ -460,6 +464,13 @@ impl ConsulStore {
                 if failure.session_gone() {
                     self.keeper.lose(session);
                     return Err(Error::SessionExpired);
+                }
+                // The key of an invalidated session with a lock delay:
+                // "failed to lock key ... due to lock delay".
+                if failure.what.contains("lock delay") {
+                    return Err(Error::LockDelay {
+                        path: path.to_string(),
+                    });
                 }
                 // ACLs deny a transaction's operation as its failure (409),
                 // not as a 403 like the KV endpoint.

@@ -41,6 +41,9 @@ pub mod consul;
 pub mod embedded;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+// The renewal loop of the etcd and Consul sessions.
+#[cfg(any(feature = "etcd", feature = "consul"))]
+mod keepalive;
 // Used by the etcd backend (namespaces); ZooKeeper chroots are native.
 #[cfg(any(feature = "etcd", test))]
 mod namespace;
@@ -520,7 +523,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Creates a node. A sequential node's path is `path` followed by the
-    /// 10-digit sequence (ZooKeeper: the parent's cversion).
+    /// 10-digit sequence (ZooKeeper: the parent's cversion). An ephemeral
+    /// node whose name is still under a lock delay (Consul: the key's
+    /// earlier holder's session was invalidated and had one) fails with
+    /// [`Error::LockDelay`](crate::Error::LockDelay); stores without lock
+    /// delays never return it.
     async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created>;
 
     /// Creates a node and then lists the children of `list`, as one round

@@ -152,7 +152,7 @@ impl Harness {
 
 /// Nodes under `root` that a finished test must not leave: ephemeral nodes
 /// and nodes holding data.
-async fn collect_leftovers(session: &Session, root: &str) -> Result<Vec<String>> {
+pub async fn collect_leftovers(session: &Session, root: &str) -> Result<Vec<String>> {
     let mut found = Vec::new();
     let mut stack = vec![root.to_string()];
     while let Some(path) = stack.pop() {

@@ -18,7 +18,19 @@
 //! same path and are listed in its queue, marked [`Foreign::EtcdGo`]. A path
 //! holding only such keys shows as a [`RecipeKind::Mutex`] — or as a
 //! [`RecipeKind::LeaderElection`] if a key carries a value (a Go `Mutex`
-//! writes none; an `Election` candidate writes its proposal).
+//! writes none; an `Election` candidate writes its proposal). Next to a
+//! read-write lock's nodes they are writers ([`Access::Write`]), as the
+//! read-write lock treats them (the layout: `recipes/etcd_go.rs`).
+//!
+//! kazoo's (Python) lock nodes, `<uuid hex>__lock__<seq>` and
+//! `<uuid hex>__rlock__<seq>` (its `Lock`, `Election`, `ReadLock`,
+//! `WriteLock`), are ordered among a mutex's own by their sequence (see
+//! [`layout`](super::layout)); a path with such nodes shows as a
+//! [`RecipeKind::Mutex`], each marked [`Foreign::Kazoo`] — dlock's own
+//! nodes in [`Layout::Kazoo`](crate::Layout::Kazoo) too, being the same.
+//! A path whose children are all kazoo semaphore leases (`<uuid hex>`)
+//! shows as a [`RecipeKind::Semaphore`]: those leases hold, and the
+//! acquirers queued at `<path>-__lock__` wait.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
@@ -39,8 +51,8 @@ mod report;
 
 pub use report::{Access, Contender, Foreign, Inspection, RecipeKind, Role};
 
-use super::queue::{FirstN, Participant};
-use super::{kv_semaphore, leader_latch, mutex, rwlock, semaphore, shared_count};
+use super::queue::{is_kazoo_node, FirstN, Participant};
+use super::{etcd_go, kv_semaphore, leader_latch, mutex, rwlock, semaphore, shared_count};
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
@@ -72,6 +84,7 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
         recipe,
         participants: Vec::new(),
         count: None,
+        limit: None,
     };
     if path == "/" {
         // No recipe can live at the root (they refuse it), and its children
@@ -91,10 +104,13 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
     let any = |is: fn(&str) -> bool| names.iter().any(|n| is(n));
     let inspection = if kv_semaphore::is_layout(&names) {
         match dot_lock_at(session, path).await? {
-            Ok(layout) => found(
-                RecipeKind::KvSemaphore,
-                kv_semaphore_at(session, path, layout).await?,
-            ),
+            Ok(layout) => Inspection {
+                limit: kv_limit(session, path, layout).await?,
+                ..found(
+                    RecipeKind::KvSemaphore,
+                    kv_semaphore_at(session, path, layout).await?,
+                )
+            },
             // Consul's `api.Lock` key (a ConsulLock): a mutex's one holder.
             Err(holder) => found(RecipeKind::Mutex, vec![holder]),
         }
@@ -102,10 +118,15 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
         found(RecipeKind::Semaphore, semaphore_at(session, path).await?)
     } else if names.iter().any(|n| rwlock::is_writer(n).is_some()) {
         let rw = crate::ReadWriteLock::new(session, path)?;
-        found(
-            RecipeKind::ReadWriteLock,
-            contenders(rw.participants().await?),
-        )
+        let mut all = contenders(rw.participants().await?);
+        // A Go mutex contender is a writer to the read-write lock.
+        for go in all
+            .iter_mut()
+            .filter(|c| c.foreign == Some(Foreign::EtcdGo))
+        {
+            go.access = Some(Access::Write);
+        }
+        found(RecipeKind::ReadWriteLock, all)
     } else if any(leader_latch::is_node) {
         let queue = leader_latch::candidates(session, path)?;
         found(
@@ -114,6 +135,11 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
         )
     } else if any(mutex::is_node) {
         found(RecipeKind::Mutex, mutex_at(session, path).await?)
+    } else if !names.is_empty() && names.iter().all(|n| semaphore::is_kazoo_lease(n)) {
+        found(
+            RecipeKind::Semaphore,
+            kazoo_semaphore_at(session, path).await?,
+        )
     } else if !children.is_empty() {
         unrecognised(session, path, nothing(RecipeKind::None)).await?
     } else {
@@ -178,9 +204,20 @@ fn contender(p: Participant) -> Contender {
         token: p.token,
         session: p.session,
         access: rwlock::is_writer(name).map(|w| if w { Access::Write } else { Access::Read }),
-        foreign: is_etcd_go_key(name, &p.data, p.session).then_some(Foreign::EtcdGo),
+        foreign: foreign(name, &p.data, p.session),
         data: p.data,
         node: p.node,
+    }
+}
+
+/// Which foreign client's layout a queue node `name` is in, if any.
+fn foreign(name: &str, data: &[u8], owner: SessionId) -> Option<Foreign> {
+    if is_etcd_go_key(name, data, owner) {
+        Some(Foreign::EtcdGo)
+    } else if is_kazoo_node(name) {
+        Some(Foreign::Kazoo)
+    } else {
+        None
     }
 }
 
@@ -192,13 +229,7 @@ fn is_etcd_go_key(name: &str, data: &[u8], owner: SessionId) -> bool {
     if owner == 0 || kv_semaphore::is_entry(name, data, owner) {
         return false;
     }
-    // Go's %x of a negative int64 is a minus sign and the magnitude.
-    let hex = if owner < 0 {
-        format!("-{:x}", owner.unsigned_abs())
-    } else {
-        format!("{owner:x}")
-    };
-    name == hex
+    name == etcd_go::key_name(owner)
 }
 
 async fn mutex_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
@@ -250,6 +281,31 @@ async fn semaphore_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
     Ok(all)
 }
 
+/// A kazoo semaphore's leases (all hold: kazoo creates a lease node only
+/// once admitted), then its acquirers, queued on kazoo's lock at
+/// `<path>-__lock__`, all waiting.
+async fn kazoo_semaphore_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
+    let leases = crate::Semaphore::new(session, path, 1)?
+        .with_layout(crate::Layout::Kazoo)?
+        .participants()
+        .await?;
+    let lock = semaphore::kazoo_lock_path(path);
+    let acquirers = crate::Mutex::new(session, &lock)?.participants().await?;
+    let mut all = Vec::with_capacity(leases.len() + acquirers.len());
+    for lease in leases {
+        let mut c = contender(lease);
+        c.role = Role::Holder;
+        c.foreign = Some(Foreign::Kazoo);
+        all.push(c);
+    }
+    for acquirer in acquirers {
+        let mut c = contender(acquirer);
+        c.role = Role::Waiter;
+        all.push(c);
+    }
+    Ok(all)
+}
+
 /// What the `.lock` child of `path` is: a KV semaphore's record, in dlock's
 /// or Consul's layout (`Ok`), or — owned by a session — the key of Consul's
 /// `api.Lock` layout, whose holder is returned (`Err`).
@@ -272,6 +328,18 @@ async fn dot_lock_at(
             Ok(Ok(crate::Layout::Consul))
         }
         Ok(_) | Err(Error::NoNode { .. }) => Ok(Ok(crate::Layout::Curator)),
+        Err(e) => Err(e),
+    }
+}
+
+/// The limit a KV semaphore's record states, if there is a record.
+async fn kv_limit(session: &Session, path: &str, layout: crate::Layout) -> Result<Option<u32>> {
+    let node = path::join(path, kv_semaphore::RECORD);
+    match session.get_data(&node).await {
+        Ok((data, _)) => Ok(kv_semaphore::Record::decode(layout, &node, &data)
+            .ok()
+            .map(|r| r.limit)),
+        Err(Error::NoNode { .. }) => Ok(None),
         Err(e) => Err(e),
     }
 }

@@ -107,6 +107,7 @@ impl Access {
 ///
 /// ```
 /// assert_eq!(dlock::Foreign::EtcdGo.as_str(), "etcd-go");
+/// assert_eq!(dlock::Foreign::Kazoo.as_str(), "kazoo");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -114,6 +115,11 @@ pub enum Foreign {
     /// etcd's Go `concurrency` package (`etcdctl lock`, `etcdctl elect`):
     /// a key `<prefix>/<lease id in hex>`.
     EtcdGo,
+    /// kazoo (Python) `Lock`, `ReadLock`, `WriteLock`, `Election`: a node
+    /// `<uuid hex>__lock__<seq>` or `<uuid hex>__rlock__<seq>` — also
+    /// dlock's own in [`Layout::Kazoo`](crate::Layout::Kazoo), which writes
+    /// the same nodes.
+    Kazoo,
 }
 
 impl Foreign {
@@ -121,6 +127,7 @@ impl Foreign {
     pub fn as_str(self) -> &'static str {
         match self {
             Foreign::EtcdGo => "etcd-go",
+            Foreign::Kazoo => "kazoo",
         }
     }
 }
@@ -171,4 +178,9 @@ pub struct Inspection {
     pub participants: Vec<Contender>,
     /// A shared count's value ([`RecipeKind::SharedCount`] only).
     pub count: Option<i32>,
+    /// A KV semaphore's limit, as its holders' record states it
+    /// ([`RecipeKind::KvSemaphore`] with a record only): its free slots are
+    /// this less its holders (CURATOR-230). A Curator-layout semaphore
+    /// stores no limit (each client states its own).
+    pub limit: Option<u32>,
 }

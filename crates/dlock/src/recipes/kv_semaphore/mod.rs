@@ -143,7 +143,9 @@ impl KvSemaphore {
     }
 
     /// Uses `layout`'s nodes: [`Layout::Consul`] for Consul's
-    /// `api.Semaphore` (see the [module docs](self)).
+    /// `api.Semaphore` (see the [module docs](self)). kazoo has no such
+    /// semaphore: [`Layout::Kazoo`] writes dlock's own record, as
+    /// [`Layout::Curator`] does.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
@@ -237,9 +239,30 @@ impl KvSemaphore {
     }
 
     /// The live holders in the record (those whose session still has its
-    /// entry), in the order they joined.
+    /// entry), in the order they joined — without taking a slot
+    /// (CURATOR-230).
     pub async fn holders(&self) -> Result<Vec<String>> {
         Ok(self.place.look(false).await?.live_holders())
+    }
+
+    /// How many slots are free now, without taking one (CURATOR-230): the
+    /// limit the holders' record states (this contender's, if nobody
+    /// holds) less the live holders. One round of reads.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// let session = dlock::connect("embedded").await?;
+    /// let sem = dlock::KvSemaphore::new(&session, "/doc/kv-available", 3)?;
+    /// assert_eq!(sem.available_permits().await?, 3);
+    /// let lease = sem.acquire().await?;
+    /// assert_eq!(sem.available_permits().await?, 2);
+    /// # lease.release().await?; Ok(()) }
+    /// ```
+    pub async fn available_permits(&self) -> Result<u32> {
+        let look = self.place.look(false).await?;
+        let limit = look.record.as_ref().map_or(self.limit, |(r, _)| r.limit);
+        let held = u32::try_from(look.live_holders().len()).unwrap_or(u32::MAX);
+        Ok(limit.saturating_sub(held))
     }
 
     /// Waits as long as it takes for a slot.

@@ -54,7 +54,7 @@ impl Place {
         // Consul's contenders are named after the session's UUID, ours after
         // its number; either way the entry must end up owned by `owner`.
         let (owner, id) = match self.layout {
-            Layout::Curator => {
+            Layout::Curator | Layout::Kazoo => {
                 let owner = session.session_id();
                 (owner, holder_id(owner))
             }
@@ -114,7 +114,7 @@ impl Place {
     /// `opts` with the layout's tag, if it has one.
     fn tagged(&self, opts: CreateOptions) -> CreateOptions {
         match self.layout {
-            Layout::Curator => opts,
+            Layout::Curator | Layout::Kazoo => opts,
             Layout::Consul => opts.with_tag(CONSUL_SEMAPHORE_FLAGS),
         }
     }

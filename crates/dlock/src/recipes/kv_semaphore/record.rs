@@ -45,7 +45,7 @@ impl Record {
     /// The record in `layout`'s format.
     pub fn encode(&self, layout: Layout) -> String {
         match layout {
-            Layout::Curator => self.to_json(),
+            Layout::Curator | Layout::Kazoo => self.to_json(),
             Layout::Consul => self.to_consul_json(),
         }
     }
@@ -53,7 +53,7 @@ impl Record {
     /// Decodes a record in `layout`'s format.
     pub fn decode(layout: Layout, path: &str, data: &[u8]) -> Result<Record> {
         match layout {
-            Layout::Curator => Record::parse(path, data),
+            Layout::Curator | Layout::Kazoo => Record::parse(path, data),
             Layout::Consul => Record::parse_consul(path, data),
         }
     }

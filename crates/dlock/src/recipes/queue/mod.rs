@@ -4,6 +4,7 @@
 //! siblings says it holds. It watches only what the predicate names (its
 //! predecessor, normally), so a release wakes exactly one waiter.
 
+mod names;
 mod node;
 mod predicate;
 
@@ -11,13 +12,17 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+pub(crate) use self::names::{is_kazoo_node, NodeNames, CURATOR_LOCK};
 pub(crate) use self::node::{HeldNode, PendingNode};
 pub(crate) use self::predicate::{position, FirstN, Predicate, Verdict};
 use super::deadline::Deadline;
+use super::layout::Layout;
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
-use crate::store::{sort_sequenced, Child, CreateMode, Created, SessionState, Watch};
+use crate::store::{
+    sort_sequenced, Child, CreateMode, CreateOptions, Created, SessionState, Watch,
+};
 
 /// A directory of sequenced participants.
 #[derive(Debug, Clone)]
@@ -28,6 +33,12 @@ pub(crate) struct WaitQueue {
     pub lock_name: &'static str,
     /// Lock names stripped, in turn, to find the sort key.
     pub sort_names: &'static [&'static str],
+    /// kazoo's node name for this recipe, if kazoo has it.
+    kazoo_name: Option<&'static str>,
+    /// Whose node names we write.
+    layout: Layout,
+    /// Whether `dir` was made sure of as a persistent node (kazoo's layout).
+    assured: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Called with our node's path when someone asks us to give it up.
     pub revocation: Option<super::revocation::Listener>,
     /// The longest a hold may last before the library ends it.
@@ -84,6 +95,9 @@ impl WaitQueue {
             dir: dir.to_string(),
             lock_name,
             sort_names,
+            kazoo_name: None,
+            layout: Layout::Curator,
+            assured: Default::default(),
             revocation: None,
             max_hold: None,
             path_label: metrics::SharedString::from_shared(std::sync::Arc::from(dir)),
@@ -104,6 +118,61 @@ impl WaitQueue {
             node.limit(max_hold);
         }
         node
+    }
+
+    /// A queue of mutex shape (a mutex, a leader selector, a semaphore's
+    /// internal lock): Curator's `lock-` nodes, and kazoo's lock nodes
+    /// ordered among them.
+    pub fn mutex(session: &Session, dir: &str) -> Result<Self> {
+        let names = NodeNames::MUTEX;
+        let mut queue = Self::new(session, dir, names.curator, names.sort)?;
+        queue.kazoo_name = names.kazoo;
+        Ok(queue)
+    }
+
+    fn names(&self) -> NodeNames {
+        NodeNames {
+            curator: self.lock_name,
+            sort: self.sort_names,
+            kazoo: self.kazoo_name,
+        }
+    }
+
+    /// Writes `layout`'s node names from now on; an error if this recipe
+    /// has no such layout.
+    pub fn with_layout(mut self, layout: Layout) -> Result<Self> {
+        self.names()
+            .check_layout(layout, self.recipe(), &self.dir)?;
+        self.layout = layout;
+        Ok(self)
+    }
+
+    /// Whose node names the queue writes.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// kazoo makes sure of a lock's directory once (`ensure_path`: a
+    /// persistent node) and then takes it for granted; a container, which
+    /// ZooKeeper removes once empty, would make its next create fail. So
+    /// in kazoo's layout the directory is made persistent, as kazoo would.
+    async fn assure_dir(&self) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        if self.layout != Layout::Kazoo || self.assured.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let persistent = CreateOptions::new(CreateMode::Persistent).with_parents();
+        let created = self
+            .session
+            .retrying(|| self.session.create(&self.dir, b"", persistent))
+            .await;
+        match created {
+            Ok(_) | Err(Error::NodeExists { .. }) => {
+                self.assured.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     pub fn node_path(&self, name: &str) -> String {
@@ -278,10 +347,13 @@ impl WaitQueue {
         } else {
             data
         };
-        let prefix = self.session.protection_prefix();
+        self.assure_dir().await?;
+        let (prefix, name) = self
+            .names()
+            .for_new_node(self.layout, || self.session.protection_prefix());
         let (created, children) = self
             .session
-            .create_protected(&self.dir, &prefix, self.lock_name, data, mode, true)
+            .create_protected(&self.dir, &prefix, name, data, mode, true)
             .await?;
         let pending = PendingNode::new(&self.session, &created.path);
         if let Some(listener) = &self.revocation {

@@ -19,12 +19,20 @@
 //! serialises through the same mutex, dlock and Java clients can share one
 //! semaphore safely.
 //!
+//! With [`Semaphore::with_layout`]`(`[`Layout::Kazoo`]`)` the semaphore is
+//! kazoo's instead, node for node and step for step (see `kazoo.rs` and
+//! the contract in [`layout`](super::layout)): Python clients of kazoo's
+//! `Semaphore` and dlock clients then share it. The two layouts do not
+//! mix: a Curator-layout and a kazoo-layout semaphore on one path count
+//! different nodes.
+//!
 //! Differences from Curator, all client-side: `qty == 0`, `qty > max` and a
 //! maximum of 0 fail at once with [`Error::InvalidArgument`] (Curator
 //! self-deadlocks on `qty > max` until its timeout), and every lease is an
 //! owned [`Lease`] with a fencing token and a lost signal, released in the
 //! background if dropped.
 
+mod kazoo;
 mod lease;
 mod max;
 
@@ -32,10 +40,12 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+pub(crate) use self::kazoo::{is_lease_name as is_kazoo_lease, lock_path as kazoo_lock_path};
 use self::lease::return_all;
 pub use self::lease::Lease;
 use self::max::{forward_changes, Holders, LeaseCount, Max};
 use super::deadline::Deadline;
+use super::layout::Layout;
 use super::mutex::Mutex;
 use super::queue::{Participant, Stop, WaitQueue};
 use super::shared_count::SharedCount;
@@ -90,6 +100,8 @@ pub struct Semaphore {
     leases: WaitQueue,
     max: Max,
     data: Option<Vec<u8>>,
+    /// kazoo's lease pool, in kazoo's layout.
+    kazoo: Option<kazoo::Pool>,
 }
 
 impl Semaphore {
@@ -124,7 +136,69 @@ impl Semaphore {
             )?,
             max,
             data: None,
+            kazoo: None,
         })
+    }
+
+    /// Uses `layout`'s nodes and algorithm: [`Layout::Curator`] (the
+    /// default) or [`Layout::Kazoo`] — kazoo's `Semaphore`: leases are
+    /// `<path>/<uuid hex>` nodes, the maximum is stored in `<path>`, and
+    /// acquirers take turns under a kazoo lock at `<path>-__lock__` (both
+    /// persistent, as kazoo leaves them).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for [`Layout::Consul`] (that is the
+    /// [`KvSemaphore`](crate::KvSemaphore)), and for [`Layout::Kazoo`] with
+    /// a maximum from a [`SharedCount`] (kazoo's maximum is fixed).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use dlock::{Layout, Semaphore};
+    /// let session = dlock::connect("embedded").await?;
+    /// let sem = Semaphore::new(&session, "/doc/kazoo-sem", 2)?.with_layout(Layout::Kazoo)?;
+    /// let lease = sem.acquire_one().await?;
+    /// assert_eq!(session.get_data("/doc/kazoo-sem").await?.0, b"2"); // kazoo's max_leases
+    /// assert_eq!(lease.name().len(), 32); // a uuid in hex
+    /// let taller = Semaphore::new(&session, "/doc/kazoo-sem", 3)?.with_layout(Layout::Kazoo)?;
+    /// assert!(taller.try_acquire(1).await.is_err()); // kazoo refuses another maximum too
+    /// lease.release().await?;
+    /// # session.delete("/doc/kazoo-sem", None).await?; session.delete("/doc/kazoo-sem-__lock__", None).await?; Ok(()) }
+    /// ```
+    pub fn with_layout(mut self, layout: Layout) -> Result<Self> {
+        let session = self.leases.session.clone();
+        match (layout, &self.max) {
+            (Layout::Curator, _) => {
+                self.locks = Mutex::new(&session, &path::join(&self.path, LOCK_PARENT))?;
+                self.kazoo = None;
+            }
+            (Layout::Kazoo, Max::Fixed(max)) => {
+                self.locks = Mutex::new(&session, &kazoo::lock_path(&self.path))?
+                    .with_layout(Layout::Kazoo)?;
+                self.kazoo = Some(kazoo::Pool::new(&session, &self.path, *max));
+            }
+            (Layout::Kazoo, Max::Count(_)) => {
+                return Err(Error::InvalidArgument(format!(
+                    "the semaphore at {}: kazoo's layout stores a fixed maximum, not a SharedCount",
+                    self.path
+                )))
+            }
+            (other, _) => {
+                return Err(Error::InvalidArgument(format!(
+                    "the semaphore at {} has no {other} layout (see KvSemaphore)",
+                    self.path
+                )))
+            }
+        }
+        Ok(self)
+    }
+
+    /// Whose nodes this semaphore uses.
+    pub fn layout(&self) -> Layout {
+        match self.kazoo {
+            Some(_) => Layout::Kazoo,
+            None => Layout::Curator,
+        }
     }
 
     /// Stores `data` in this semaphore's lease nodes instead of the session's
@@ -134,7 +208,8 @@ impl Semaphore {
         self
     }
 
-    /// Makes every lease revocable (CURATOR-650): `listener` is called with
+    /// Makes every lease revocable (CURATOR-650; in Curator's layout — a
+    /// kazoo-layout semaphore does not listen): `listener` is called with
     /// the lease node's path whenever someone asks for it with
     /// [`revoke`](crate::revoke) — while the lease is held or being
     /// acquired. Cooperative: the holder decides to give the lease back.
@@ -203,7 +278,46 @@ impl Semaphore {
     /// inferred from the listing: when there are more nodes than the maximum,
     /// the newest is taken to be the one still waiting.
     pub async fn participants(&self) -> Result<Vec<Participant>> {
+        if let Some(pool) = &self.kazoo {
+            return pool.participants().await;
+        }
         self.leases.participants(&Holders(&self.max)).await
+    }
+
+    /// The leases held now, in sequence order, without acquiring
+    /// (CURATOR-230): [`participants`](Self::participants) less the one an
+    /// acquirer still waits on.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// let session = dlock::connect("embedded").await?;
+    /// let sem = dlock::Semaphore::new(&session, "/doc/sem-holders", 2)?.with_data(b"worker-7".to_vec());
+    /// let lease = sem.acquire_one().await?;
+    /// let holders = sem.holders().await?;
+    /// assert!(holders.len() == 1 && holders[0].data == b"worker-7" && holders[0].token == lease.token());
+    /// # lease.release().await?; Ok(()) }
+    /// ```
+    pub async fn holders(&self) -> Result<Vec<Participant>> {
+        let mut all = self.participants().await?;
+        all.retain(|p| p.holds);
+        Ok(all)
+    }
+
+    /// How many leases could be had now, without acquiring (CURATOR-230):
+    /// the maximum less the leases held (never below 0, as a lowered
+    /// [`SharedCount`] maximum never revokes leases).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// let session = dlock::connect("embedded").await?;
+    /// let sem = dlock::Semaphore::new(&session, "/doc/sem-available", 3)?;
+    /// let leases = sem.acquire(2).await?;
+    /// assert_eq!(sem.available_permits().await?, 1);
+    /// # for l in leases { l.release().await?; } Ok(()) }
+    /// ```
+    pub async fn available_permits(&self) -> Result<i64> {
+        let held = self.holders().await?.len() as i64;
+        Ok((self.max.current() - held).max(0))
     }
 
     /// Waits as long as it takes to acquire `qty` leases.
@@ -294,10 +408,16 @@ impl Semaphore {
     /// create the lease node and wait until the leases fit the maximum.
     /// `NoNode` if our lease node vanished: the caller makes a new one.
     async fn acquire_lease(&self, deadline: Deadline) -> Result<Option<Lease>> {
+        if let Some(pool) = &self.kazoo {
+            pool.assure().await?;
+        }
         let Some(lock) = self.locks.acquire_until(deadline).await? else {
             return Ok(None);
         };
-        let attempt = self.lease_under_lock(deadline).await;
+        let attempt = match &self.kazoo {
+            Some(pool) => self.kazoo_lease_under_lock(pool, deadline).await,
+            None => self.lease_under_lock(deadline).await,
+        };
         match (attempt, to_completion(lock.release()).await) {
             (Ok(lease), Ok(())) => Ok(lease),
             (Ok(lease), Err(e)) => {
@@ -311,6 +431,27 @@ impl Semaphore {
             }
             (Err(e), _) => Err(e),
         }
+    }
+
+    /// kazoo's `_get_lease` loop, under kazoo's lock.
+    async fn kazoo_lease_under_lock(
+        &self,
+        pool: &kazoo::Pool,
+        deadline: Deadline,
+    ) -> Result<Option<Lease>> {
+        let session = &self.leases.session;
+        let data = self
+            .data
+            .as_deref()
+            .unwrap_or(&session.options().default_data);
+        let node = pool.lease_under_lock(data, deadline).await?;
+        // The hold limit works on kazoo's leases too (kazoo's acquirers
+        // watch the lease directory); revocation requests are not listened
+        // to in kazoo's layout: kazoo reads every lease node's data.
+        if let (Some(node), Some(max_hold)) = (&node, self.leases.max_hold) {
+            node.limit(max_hold);
+        }
+        Ok(node.map(|node| Lease::new(node, data.to_vec())))
     }
 
     async fn lease_under_lock(&self, deadline: Deadline) -> Result<Option<Lease>> {

@@ -1,5 +1,6 @@
-//! The session side of the Consul backend: a Consul session, our renewal
-//! loop, and Curator's connection states on the one status machine.
+//! The session side of the Consul backend: a Consul session, renewed by
+//! the shared keep-alive loop (`store::keepalive`), and Curator's
+//! connection states on the one status machine.
 //!
 //! - The first session is `Connected`.
 //! - A renewal that fails or goes unanswered (within a third of the TTL)
@@ -20,9 +21,10 @@ use serde::Deserialize;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use super::http::Http;
+use super::http::{Http, Response};
 use super::keys::session_id;
 use crate::error::{Error, Result};
+use crate::store::keepalive::{keep_alive, Cadence, Renewed, Renewer};
 use crate::store::status::{Renewal, StatusMachine};
 use crate::store::{SessionId, SessionStatus};
 
@@ -67,7 +69,7 @@ impl std::fmt::Debug for Keeper {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase")]
-struct Created {
+struct NewSession {
     #[serde(rename = "ID")]
     id: String,
 }
@@ -77,7 +79,7 @@ impl Keeper {
     pub async fn open(http: Arc<Http>, ttl: Duration, lock_delay: Duration) -> Result<Arc<Keeper>> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::Backend("the Consul backend needs a tokio runtime".into()))?;
-        let uuid = create(&http, ttl, lock_delay, true).await?;
+        let uuid = create_first(&http, ttl, lock_delay).await?;
         let id = session_id(&uuid);
         let keeper = Arc::new(Keeper {
             http,
@@ -115,7 +117,7 @@ impl Keeper {
     /// Replaces the lost session `lost` by a new one.
     async fn renew(self: &Arc<Self>, lost: SessionId) -> Result<()> {
         let open = || async {
-            let uuid = create(&self.http, self.ttl, self.lock_delay, false).await?;
+            let uuid = create(&self.http, self.ttl, self.lock_delay).await?;
             Ok((session_id(&uuid), SessionSlot { uuid }))
         };
         match self.machine.renew(lost, open).await? {
@@ -202,16 +204,22 @@ impl Keeper {
         });
     }
 
+    /// Renews session `id` every third of the TTL until it is lost,
+    /// replaced or closed, or the store is dropped.
     fn spawn_renewals(self: &Arc<Self>, id: SessionId, uuid: String) {
         let this = Arc::downgrade(self);
-        let ttl = self.ttl;
+        let cadence = Cadence {
+            ttl: self.ttl,
+            interval: self.ttl / 3,
+            retry: (self.ttl / 10).max(Duration::from_millis(200)),
+        };
         self.runtime.spawn(async move {
-            renewals(this, id, uuid, ttl).await;
+            keep_alive(move || this.upgrade(), id, uuid, cadence, Instant::now()).await;
         });
     }
 
     /// One renewal: `Ok(true)` if Consul still has the session.
-    async fn renew_once(&self, uuid: &str, timeout: Duration) -> Result<bool> {
+    async fn renew_session(&self, uuid: &str, timeout: Duration) -> Result<bool> {
         let resp = self
             .http
             .send(
@@ -233,91 +241,139 @@ impl Keeper {
     }
 }
 
-/// The renewal loop of session `id`: every third of the TTL, until the
-/// session is lost, replaced or closed.
-async fn renewals(keeper: std::sync::Weak<Keeper>, id: SessionId, uuid: String, ttl: Duration) {
-    let interval = ttl / 3;
-    let retry = (ttl / 10).max(Duration::from_millis(200));
-    let mut confirmed = Instant::now();
-    let mut next = confirmed + interval;
+/// How long opening a store may keep trying to create its first session
+/// while the servers have no leader.
+const FIRST_SESSION_WITHIN: Duration = Duration::from_secs(15);
+/// How long one session create may take.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Creates the first session of a store. A server cluster that is electing
+/// a leader (its leader just died) answers 500 ("No cluster leader", or the
+/// forwarded call's broken pipe) for a second or two: such an answer is
+/// tried again, with a growing pause, for up to [`FIRST_SESSION_WITHIN`]
+/// (an agent that is down is skipped by [`Http::send`] already). No agent
+/// answering at all is [`Error::Unreachable`] at once.
+async fn create_first(http: &Http, ttl: Duration, lock_delay: Duration) -> Result<String> {
+    let deadline = Instant::now() + FIRST_SESSION_WITHIN;
+    let mut pause = Duration::from_millis(50);
     loop {
-        let Some(this) = keeper.upgrade() else {
-            return;
-        };
-        if !this.machine.is_current(id) {
-            return;
-        }
-        let now = Instant::now();
-        if now >= confirmed + ttl {
-            if this.lose(id) {
-                this.destroy_in_background(uuid);
+        let left = deadline.saturating_duration_since(Instant::now());
+        let resp = http
+            .send_or_unreachable(
+                Method::PUT,
+                "/v1/session/create",
+                Some(create_body(ttl, lock_delay)),
+                left.min(CREATE_TIMEOUT),
+            )
+            .await?;
+        match created(http, resp) {
+            Err(Created::ServerError(why)) if Instant::now() + pause < deadline => {
+                tracing::debug!(endpoint = %http.endpoint, %why, "no Consul session yet; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(1000));
             }
-            return;
-        }
-        let suspended = this.machine.fault_suspended();
-        if now >= next && !suspended {
-            let sent = Instant::now();
-            match this.renew_once(&uuid, interval).await {
-                Ok(true) => {
-                    confirmed = sent;
-                    next = sent + interval;
-                    this.machine.connected(id);
-                }
-                Ok(false) => {
-                    this.lose(id);
-                    return;
-                }
-                Err(e) => {
-                    tracing::debug!(session = %uuid, "Consul session renewal failed: {e}");
-                    next = Instant::now() + retry;
-                    this.machine.disconnected(id);
-                }
+            Err(Created::ServerError(why)) => {
+                return Err(Error::Unreachable(format!(
+                    "Consul at {} created no session within {FIRST_SESSION_WITHIN:?}: {why}",
+                    http.endpoint
+                )))
             }
-            continue;
-        }
-        let expiry = confirmed + ttl;
-        let wake = if suspended { expiry } else { next.min(expiry) };
-        // Holding `this` meanwhile is fine: a close kicks the loop.
-        tokio::select! {
-            () = tokio::time::sleep_until(wake) => {}
-            () = this.kick.notified() => next = Instant::now(),
+            Err(Created::Refused(e)) => return Err(e),
+            Ok(uuid) => return Ok(uuid),
         }
     }
 }
 
-/// Creates a session: TTL, delete its keys when it ends, the lock delay, no
-/// health checks (only the TTL decides).
-async fn create(http: &Http, ttl: Duration, lock_delay: Duration, first: bool) -> Result<String> {
-    let body = serde_json::json!({
+/// Creates a session after a loss; a server error (no leader, a failed
+/// forward) is `ConnectionLoss`, as another try may work.
+async fn create(http: &Http, ttl: Duration, lock_delay: Duration) -> Result<String> {
+    let body = Some(create_body(ttl, lock_delay));
+    let resp = http
+        .send(Method::PUT, "/v1/session/create", body, CREATE_TIMEOUT)
+        .await?;
+    created(http, resp).map_err(|e| match e {
+        Created::ServerError(why) => {
+            tracing::debug!(endpoint = %http.endpoint, %why, "no new Consul session");
+            Error::ConnectionLoss
+        }
+        Created::Refused(e) => e,
+    })
+}
+
+/// A session create's body: TTL, delete its keys when it ends, the lock
+/// delay, no health checks (only the TTL decides).
+fn create_body(ttl: Duration, lock_delay: Duration) -> Vec<u8> {
+    serde_json::json!({
         "Name": "dlock",
         "TTL": format!("{}s", ttl.as_secs()),
         "Behavior": "delete",
         "LockDelay": format!("{}s", lock_delay.as_secs()),
         "Checks": [],
-    });
-    let timeout = Duration::from_secs(10);
-    let path = "/v1/session/create";
-    let body = Some(body.to_string().into_bytes());
-    let resp = if first {
-        http.send_or_unreachable(Method::PUT, path, body, timeout)
-            .await?
-    } else {
-        http.send(Method::PUT, path, body, timeout).await?
-    };
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// Why a session create made no session.
+enum Created {
+    /// A 5xx answer: the servers could not serve it now.
+    ServerError(String),
+    /// Any other refusal, as the error to report.
+    Refused(Error),
+}
+
+/// The new session's UUID from a session create's answer.
+fn created(http: &Http, resp: Response) -> std::result::Result<String, Created> {
     match resp.status {
-        200 => Ok(resp.json::<Created>("a session create")?.id),
-        403 => Err(Error::AuthFailed(format!(
+        200 => resp
+            .json::<NewSession>("a session create")
+            .map(|s| s.id)
+            .map_err(Created::Refused),
+        403 => Err(Created::Refused(Error::AuthFailed(format!(
             "Consul at {} refused to create a session (ACL token lacks session:write?): {}",
             http.endpoint,
             resp.text()
+        )))),
+        500..=599 => Err(Created::ServerError(format!(
+            "{} {}",
+            resp.status,
+            resp.text()
         ))),
-        500..=599 if !first => Err(Error::ConnectionLoss),
-        _ => Err(Error::Unreachable(format!(
+        _ => Err(Created::Refused(Error::Unreachable(format!(
             "Consul at {} created no session: {} {}",
             http.endpoint,
             resp.status,
             resp.text()
-        ))),
+        )))),
+    }
+}
+
+#[async_trait::async_trait]
+impl Renewer for Keeper {
+    type Slot = SessionSlot;
+    /// The session's UUID.
+    type Loop = String;
+
+    fn machine(&self) -> &StatusMachine<SessionSlot> {
+        &self.machine
+    }
+
+    fn kick(&self) -> &Notify {
+        &self.kick
+    }
+
+    async fn renew_once(&self, _id: SessionId, uuid: &mut String, timeout: Duration) -> Renewed {
+        match self.renew_session(uuid, timeout).await {
+            Ok(true) => Renewed::Alive,
+            Ok(false) => Renewed::Gone,
+            Err(e) => Renewed::Failed(format!("Consul session {uuid}: renewal failed: {e}")),
+        }
+    }
+
+    fn expired(self: &Arc<Self>, id: SessionId, uuid: String) {
+        if self.lose(id) {
+            self.destroy_in_background(uuid);
+        }
     }
 }
 

@@ -1,5 +1,6 @@
-//! The session side of the etcd backend: a lease, our own keep-alive loop,
-//! and Curator's connection states on top of them.
+//! The session side of the etcd backend: a lease, kept alive by the shared
+//! keep-alive loop (`store::keepalive`) over one keep-alive stream, and
+//! Curator's connection states on top of them.
 //!
 //! - The first lease is `Connected`.
 //! - A keep-alive that fails or goes unanswered (within a third of the TTL)
@@ -21,6 +22,7 @@ use tokio::time::Instant;
 use super::error::{map_error, Failure};
 use crate::endpoint::{Endpoint, TlsFiles};
 use crate::error::{Error, Result};
+use crate::store::keepalive::{keep_alive, Cadence, Renewed, Renewer};
 use crate::store::status::{Renewal, StatusMachine};
 use crate::store::{SessionId, SessionStatus};
 
@@ -386,77 +388,20 @@ impl Lease {
     }
 
     fn spawn_keep_alive(self: &Arc<Self>, lease: SessionId, ttl: Duration, granted: Instant) {
-        let this = self.clone();
-        self.runtime
-            .spawn(async move { this.keep_alive(lease, ttl, granted).await });
-    }
-
-    /// Keeps `lease` alive about every third of its TTL until it is lost,
-    /// replaced or closed.
-    async fn keep_alive(self: Arc<Self>, lease: SessionId, ttl: Duration, granted: Instant) {
         let interval = (ttl / 3).max(Duration::from_millis(100));
-        let retry = interval.min(Duration::from_millis(200));
-        // When the last answered keep-alive was sent: the server's expiry is
-        // no earlier than this plus the TTL.
-        let mut confirmed = granted;
-        let mut next = granted + interval;
-        let mut channel: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
-        loop {
-            if !self.machine.is_current(lease) {
-                return;
-            }
-            let now = Instant::now();
-            if now >= confirmed + ttl {
-                let faulted = self.machine.fault_suspended();
-                if self.lose(lease) && !faulted {
-                    // It may still live on the server (answers lost on the
-                    // way back): let its keys go now rather than later.
-                    self.revoke_in_background(lease);
-                }
-                return;
-            }
-            if now >= next && !self.machine.fault_suspended() {
-                let sent = Instant::now();
-                let answer =
-                    tokio::time::timeout(interval, self.renew_once(lease, &mut channel)).await;
-                match answer {
-                    Ok(Ok(left)) if left > 0 => {
-                        confirmed = sent;
-                        next = sent + interval;
-                        self.machine.connected(lease);
-                    }
-                    Ok(Ok(_)) | Ok(Err(Failure::LeaseGone)) => {
-                        self.lose(lease);
-                        return;
-                    }
-                    Ok(Err(e)) => {
-                        tracing::debug!(
-                            lease = format_args!("{lease:#x}"),
-                            "etcd keep-alive failed: {}",
-                            e.into_error("")
-                        );
-                        channel = None;
-                        next = Instant::now() + retry;
-                        self.machine.disconnected(lease);
-                    }
-                    Err(_) => {
-                        channel = None;
-                        next = Instant::now() + retry;
-                        self.machine.disconnected(lease);
-                    }
-                }
-                continue;
-            }
-            let wake = keep_alive_wake(next, confirmed + ttl, self.machine.fault_suspended());
-            tokio::select! {
-                () = tokio::time::sleep_until(wake) => {}
-                () = self.kick.notified() => next = Instant::now(),
-            }
-        }
+        let cadence = Cadence {
+            ttl,
+            interval,
+            retry: interval.min(Duration::from_millis(200)),
+        };
+        let this = self.clone();
+        self.runtime.spawn(async move {
+            keep_alive(move || Some(this.clone()), lease, None, cadence, granted).await
+        });
     }
 
     /// One keep-alive round trip; the TTL left, as the server says.
-    async fn renew_once(
+    async fn keep_alive_once(
         &self,
         lease: SessionId,
         channel: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
@@ -489,36 +434,49 @@ impl Lease {
     }
 }
 
-/// When the keep-alive loop wakes next: for the next keep-alive, or when the
-/// lease must have run out on the server (`expiry`), whichever is first.
-/// During a suspension no keep-alive may be sent — its end kicks the loop —
-/// so a keep-alive already due must not wake it: it would wake at once,
-/// again and again, spinning on a core until the suspension ends.
-fn keep_alive_wake(next: Instant, expiry: Instant, suspended: bool) -> Instant {
-    match suspended {
-        true => expiry,
-        false => next.min(expiry),
+/// The keep-alive stream of a lease, opened by its first keep-alive and
+/// dropped (to be opened again) after a failure.
+type Channel = Option<(LeaseKeeper, LeaseKeepAliveStream)>;
+
+#[async_trait::async_trait]
+impl Renewer for Lease {
+    type Slot = LeaseSlot;
+    type Loop = Channel;
+
+    fn machine(&self) -> &StatusMachine<LeaseSlot> {
+        &self.machine
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+    fn kick(&self) -> &Notify {
+        &self.kick
+    }
 
-    #[test]
-    fn a_suspended_loop_sleeps_until_the_expiry_even_with_a_keep_alive_due() {
-        let now = Instant::now();
-        let (due, expiry) = (
-            now - Duration::from_millis(50),
-            now + Duration::from_secs(2),
-        );
-        assert_eq!(keep_alive_wake(due, expiry, true), expiry);
-        assert_eq!(keep_alive_wake(due, expiry, false), due);
-        let later = now + Duration::from_secs(1);
-        assert_eq!(keep_alive_wake(later, expiry, false), later);
-        assert_eq!(
-            keep_alive_wake(expiry + Duration::from_secs(1), expiry, false),
-            expiry
-        );
+    async fn renew_once(
+        &self,
+        lease: SessionId,
+        channel: &mut Channel,
+        timeout: Duration,
+    ) -> Renewed {
+        match tokio::time::timeout(timeout, self.keep_alive_once(lease, channel)).await {
+            Ok(Ok(left)) if left > 0 => Renewed::Alive,
+            Ok(Ok(_)) | Ok(Err(Failure::LeaseGone)) => Renewed::Gone,
+            Ok(Err(e)) => {
+                *channel = None;
+                Renewed::Failed(format!("etcd keep-alive failed: {}", e.into_error("")))
+            }
+            Err(_) => {
+                *channel = None;
+                Renewed::Failed(format!("no keep-alive answer within {timeout:?}"))
+            }
+        }
+    }
+
+    fn expired(self: &Arc<Self>, lease: SessionId, _channel: Channel) {
+        let faulted = self.machine.fault_suspended();
+        if self.lose(lease) && !faulted {
+            // It may still live on the server (answers lost on the way
+            // back): let its keys go now rather than later.
+            self.revoke_in_background(lease);
+        }
     }
 }

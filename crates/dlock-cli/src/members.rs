@@ -1,0 +1,272 @@
+//! `dlock members join|list|watch` (a GroupMember, Curator's layout) and
+//! `dlock observe` (an election's leader, without taking part): printers of
+//! the library's `GroupMember`, children cache and leader observer.
+
+use std::os::unix::process::ExitStatusExt;
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use dlock::recipes::group_member::{member_events, members_of, watch_group};
+use dlock::{GroupMember, LeaderParticipant, MemberEvent, Session};
+use futures::StreamExt;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::exit::Exit;
+use crate::Global;
+
+/// `dlock members ...`: a group's membership (Curator's GroupMember).
+#[derive(Debug, Subcommand)]
+pub enum MembersCommand {
+    /// Join the group at PATH as ID (an ephemeral node PATH/ID holding
+    /// PAYLOAD) until dlock is stopped (SIGINT, SIGTERM: it leaves and
+    /// exits 0) — or, with `-- CMD`, while CMD runs (then dlock exits with
+    /// CMD's code). A node that vanishes is created again.
+    ///
+    /// Example: dlock members join /groups/workers host-a --payload 10.0.0.5:8080 -- ./serve.sh
+    Join(JoinArgs),
+    /// Print the group's members, one `ID PAYLOAD` line each (or one JSON
+    /// object, id → payload).
+    ///
+    /// Example: dlock members list /groups/workers --json
+    List {
+        /// The group's membership path.
+        path: String,
+        /// Print JSON for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the members, then every join, payload update and departure as
+    /// it happens (`joined ID PAYLOAD`, `updated ID PAYLOAD`, `left ID`, or
+    /// one JSON line each), until stopped.
+    ///
+    /// Example: dlock members watch /groups/workers --json
+    Watch {
+        /// The group's membership path.
+        path: String,
+        /// Print one JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Arguments of `members join`.
+#[derive(Debug, Args)]
+pub struct JoinArgs {
+    /// The group's membership path.
+    pub path: String,
+    /// This member's id: one path segment, unique in the group.
+    pub id: String,
+    /// The member's payload (default: this host's address, as Curator).
+    #[arg(long)]
+    pub payload: Option<String>,
+    /// A command to run while a member, after `--`; it gets DLOCK_MEMBER
+    /// (the member's node) and DLOCK_ENDPOINT.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// Arguments of `observe`.
+#[derive(Debug, Args)]
+pub struct ObserveArgs {
+    /// The election's path (a LeaderLatch's or a LeaderSelector's, as
+    /// Curator or dlock writes it).
+    pub path: String,
+    /// Print one JSON object per line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs a `members` command.
+pub async fn members(global: &Global, command: MembersCommand) -> Result<u8> {
+    let session = global.connect_remote().await?;
+    let result = match command {
+        MembersCommand::Join(args) => join(global, &session, args).await,
+        MembersCommand::List { path, json } => list(&session, &path, json).await,
+        MembersCommand::Watch { path, json } => watch(&session, &path, json).await,
+    };
+    session.close().await;
+    result
+}
+
+fn text(payload: &[u8]) -> String {
+    String::from_utf8_lossy(payload).into_owned()
+}
+
+/// SIGINT or SIGTERM, whichever comes first: its number.
+struct Stop {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    fn new() -> Result<Self> {
+        Ok(Stop {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+        })
+    }
+
+    async fn next(&mut self) -> libc::c_int {
+        tokio::select! {
+            _ = self.int.recv() => libc::SIGINT,
+            _ = self.term.recv() => libc::SIGTERM,
+        }
+    }
+}
+
+async fn join(global: &Global, session: &Session, args: JoinArgs) -> Result<u8> {
+    let mut stop = Stop::new()?;
+    let mut member = GroupMember::new(session, &args.path, &args.id)?;
+    if let Some(payload) = args.payload {
+        member = member.with_payload(payload.into_bytes());
+    }
+    member.start().await?;
+    eprintln!("dlock: joined {} as {}", args.path, member.node());
+    let code = match args.command.split_first() {
+        None => {
+            stop.next().await;
+            0
+        }
+        Some((program, rest)) => {
+            let endpoint = global.endpoint()?.without_credentials().to_string();
+            let spawned = tokio::process::Command::new(program)
+                .args(rest)
+                .env("DLOCK_MEMBER", member.node())
+                .env("DLOCK_ENDPOINT", endpoint)
+                .kill_on_drop(true)
+                .spawn();
+            match spawned {
+                Ok(mut child) => {
+                    let status = tokio::select! {
+                        status = child.wait() => status?,
+                        signal = stop.next() => {
+                            // Pass it on, and leave once the command is done.
+                            if let Some(pid) = child.id() {
+                                // SAFETY: signalling our own child by its pid.
+                                unsafe { libc::kill(pid as libc::pid_t, signal) };
+                            }
+                            child.wait().await?
+                        }
+                    };
+                    status
+                        .code()
+                        .map(|c| c as u8)
+                        .or_else(|| status.signal().map(|s| 128u8.saturating_add(s as u8)))
+                        .unwrap_or(Exit::Internal as u8)
+                }
+                Err(e) => {
+                    member.close().await?;
+                    let code = if e.kind() == std::io::ErrorKind::NotFound {
+                        Exit::NotFound
+                    } else {
+                        Exit::CannotRun
+                    };
+                    return Err(code.with(format!("cannot run {program}: {e}")).into());
+                }
+            }
+        }
+    };
+    member.close().await?;
+    Ok(code)
+}
+
+async fn list(session: &Session, path: &str, json: bool) -> Result<u8> {
+    let group = watch_group(session, path).await?;
+    let members = members_of(&group);
+    group.close().await;
+    if json {
+        let object: serde_json::Map<String, serde_json::Value> = members
+            .iter()
+            .map(|(id, payload)| (id.clone(), text(payload).into()))
+            .collect();
+        println!("{}", serde_json::Value::Object(object));
+    } else {
+        for (id, payload) in &members {
+            println!("{id} {}", text(payload));
+        }
+    }
+    Ok(0)
+}
+
+fn print_event(event: &MemberEvent, json: bool) {
+    let (kind, id, payload) = match event {
+        MemberEvent::Joined { id, payload } => ("joined", id, Some(payload)),
+        MemberEvent::Updated { id, payload } => ("updated", id, Some(payload)),
+        MemberEvent::Left { id } => ("left", id, None),
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "event": kind, "id": id, "payload": payload.map(|p| text(p)) })
+        );
+    } else {
+        match payload {
+            Some(p) => println!("{kind} {id} {}", text(p)),
+            None => println!("{kind} {id}"),
+        }
+    }
+}
+
+async fn watch(session: &Session, path: &str, json: bool) -> Result<u8> {
+    let mut stop = Stop::new()?;
+    let group = watch_group(session, path).await?;
+    let (now, events) = group.snapshot_and_events();
+    for (id, child) in now {
+        print_event(
+            &MemberEvent::Joined {
+                id,
+                payload: child.data,
+            },
+            json,
+        );
+    }
+    let mut events = member_events(events);
+    loop {
+        tokio::select! {
+            event = events.next() => match event {
+                Some(event) => print_event(&event, json),
+                None => break,
+            },
+            _ = stop.next() => break,
+        }
+    }
+    group.close().await;
+    Ok(0)
+}
+
+fn print_leader(leader: &Option<LeaderParticipant>, json: bool) {
+    match (leader, json) {
+        (Some(l), true) => println!(
+            "{}",
+            serde_json::json!({ "leader": l.id, "node": l.node, "epoch": l.epoch.0 })
+        ),
+        (None, true) => println!("{}", serde_json::json!({ "leader": null })),
+        (Some(l), false) => println!("leader {} {} {}", l.id, l.node, l.epoch),
+        (None, false) => println!("no leader"),
+    }
+}
+
+/// `dlock observe PATH`: the leader now, then every new leader, until
+/// stopped.
+pub async fn observe(global: &Global, args: ObserveArgs) -> Result<u8> {
+    let session = global.connect_remote().await?;
+    let result = async {
+        let mut stop = Stop::new()?;
+        let observer = dlock::observe(&session, &args.path).await?;
+        let mut leaders = observer.leader_changes();
+        loop {
+            tokio::select! {
+                leader = leaders.next() => match leader {
+                    Some(leader) => print_leader(&leader, args.json),
+                    None => break,
+                },
+                _ = stop.next() => break,
+            }
+        }
+        observer.close().await;
+        anyhow::Ok(0)
+    }
+    .await;
+    session.close().await;
+    result
+}

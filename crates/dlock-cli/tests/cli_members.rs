@@ -1,0 +1,456 @@
+//! `dlock members join|list|watch` and `dlock observe` as real processes:
+//! on ZooKeeper, etcd and Consul (each case once per endpoint), and the
+//! embedded store refused (it lives inside one process, so no other
+//! process could see a member or a leader).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const WITHIN: Duration = Duration::from_secs(30);
+
+fn zk_endpoint() -> String {
+    format!("zk://{}", dlock_testkit::shared_zk().connect_string())
+}
+
+fn dlock(endpoint: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
+    c.env("DLOCK_ENDPOINT", endpoint);
+    c
+}
+
+fn unique(name: &str) -> String {
+    format!("/cli-{}/{name}", uuid::Uuid::new_v4().simple())
+}
+
+fn run(endpoint: &str, args: &[&str]) -> Output {
+    dlock(endpoint).args(args).output().expect("run dlock")
+}
+
+/// A dlock process whose stdout lines arrive on a channel, and whose stdin
+/// is ours (a command it runs reads it; closing it ends that command).
+struct Running {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Running {
+    fn start(endpoint: &str, args: &[&str]) -> Running {
+        let mut child = dlock(endpoint)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start dlock");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Running {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+        }
+    }
+
+    fn line(&self) -> String {
+        self.lines
+            .recv_timeout(WITHIN)
+            .expect("a line from dlock in time")
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let line = self.line();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"))
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        // SAFETY: signalling our own child by its pid.
+        assert_eq!(
+            unsafe { libc::kill(self.child.id() as libc::pid_t, signal) },
+            0
+        );
+    }
+
+    /// Closes its stdin: a command reading it ends.
+    fn close_stdin(&mut self) {
+        self.stdin.take();
+    }
+
+    /// Waits (on a thread, by `wait`) for it to exit; its exit code.
+    fn exit_code(mut self) -> Option<i32> {
+        let mut child = std::mem::replace(
+            &mut self.child,
+            Command::new("true").spawn().expect("a placeholder child"),
+        );
+        let pid = child.id() as libc::pid_t;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait().expect("wait").code());
+        });
+        rx.recv_timeout(WITHIN).unwrap_or_else(|_| {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("dlock (pid {pid}) did not exit within {WITHIN:?}")
+        })
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits (by watch, through the library) until `path` has `n` children:
+/// a second candidate queued.
+fn await_children(endpoint: &str, path: &str, n: usize) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let session = dlock::connect(endpoint).await.expect("connect");
+        let reached = tokio::time::timeout(WITHIN, async {
+            loop {
+                match session.children_watch(path).await {
+                    Ok((children, _)) if children.len() == n => return,
+                    Ok((_, watch)) => {
+                        watch.changed().await;
+                    }
+                    Err(e) => panic!("list {path}: {e}"),
+                }
+            }
+        })
+        .await;
+        session.close().await;
+        reached.unwrap_or_else(|_| panic!("{path} did not reach {n} children"));
+    });
+}
+
+#[test]
+fn help_shows_examples() {
+    for (args, example) in [
+        (
+            &["members", "join", "--help"][..],
+            "Example: dlock members join",
+        ),
+        (
+            &["members", "list", "--help"],
+            "Example: dlock members list",
+        ),
+        (
+            &["members", "watch", "--help"],
+            "Example: dlock members watch",
+        ),
+        (&["observe", "--help"], "Example: dlock observe"),
+    ] {
+        let out = run("embedded", args);
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains(example), "{args:?}: {help}");
+    }
+}
+
+#[test]
+fn the_embedded_store_is_refused() {
+    for args in [
+        &["members", "join", "/g", "a", "--", "true"][..],
+        &["members", "list", "/g"],
+        &["members", "watch", "/g"],
+        &["observe", "/e"],
+    ] {
+        let out = run("embedded", args);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("embedded store"), "{args:?}: {err}");
+    }
+}
+
+/// A watcher sees members join (with a command, and until stopped),
+/// change nothing else, and leave; `list` shows them; `join -- CMD` exits
+/// with CMD's code and hands it the member's node.
+fn members_join_list_watch_on(endpoint: &str) {
+    let path = unique("group");
+    let watcher = Running::start(endpoint, &["members", "watch", &path, "--json"]);
+
+    let mut a = Running::start(
+        endpoint,
+        &[
+            "members",
+            "join",
+            &path,
+            "a",
+            "--payload",
+            "pa",
+            "--",
+            "sh",
+            "-c",
+            "cat >/dev/null",
+        ],
+    );
+    let seen = watcher.json();
+    assert_eq!(
+        seen,
+        serde_json::json!({"event": "joined", "id": "a", "payload": "pa"})
+    );
+    let b = Running::start(
+        endpoint,
+        &["members", "join", &path, "b", "--payload", "pb"],
+    );
+    let seen = watcher.json();
+    assert_eq!(
+        seen,
+        serde_json::json!({"event": "joined", "id": "b", "payload": "pb"})
+    );
+
+    let listed = run(endpoint, &["members", "list", &path, "--json"]);
+    assert_eq!(listed.status.code(), Some(0), "{listed:?}");
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed, serde_json::json!({"a": "pa", "b": "pb"}));
+    let plain = run(endpoint, &["members", "list", &path]);
+    assert_eq!(String::from_utf8_lossy(&plain.stdout), "a pa\nb pb\n");
+
+    // A second watcher starts with the members there are.
+    let late = Running::start(endpoint, &["members", "watch", &path]);
+    let mut first = [late.line(), late.line()];
+    first.sort();
+    assert_eq!(first, ["joined a pa", "joined b pb"]);
+
+    b.signal(libc::SIGTERM);
+    assert_eq!(b.exit_code(), Some(0), "stopped: it leaves and exits 0");
+    assert_eq!(
+        watcher.json(),
+        serde_json::json!({"event": "left", "id": "b", "payload": null})
+    );
+    assert_eq!(late.line(), "left b");
+    a.close_stdin();
+    assert_eq!(a.exit_code(), Some(0), "CMD's code");
+    assert_eq!(watcher.json()["event"], "left");
+
+    let node = format!("{path}/c");
+    let coded = run(
+        endpoint,
+        &[
+            "members",
+            "join",
+            &path,
+            "c",
+            "--",
+            "sh",
+            "-c",
+            &format!("test \"$DLOCK_MEMBER\" = {node} && exit 3"),
+        ],
+    );
+    assert_eq!(coded.status.code(), Some(3), "{coded:?}");
+    assert_eq!(watcher.json()["id"], "c");
+    assert_eq!(
+        watcher.json(),
+        serde_json::json!({"event": "left", "id": "c", "payload": null})
+    );
+
+    let empty = run(endpoint, &["members", "list", &path, "--json"]);
+    assert_eq!(String::from_utf8_lossy(&empty.stdout).trim(), "{}");
+    for w in [watcher, late] {
+        w.signal(libc::SIGINT);
+        assert_eq!(w.exit_code(), Some(0));
+    }
+}
+
+/// `observe` prints nobody, then each leader of an election run by
+/// `dlock elect` as it takes over, then nobody again — one JSON line each.
+fn observe_prints_leader_changes_on(endpoint: &str) {
+    let path = unique("election");
+    let observer = Running::start(endpoint, &["observe", &path, "--json"]);
+    assert_eq!(observer.json(), serde_json::json!({"leader": null}));
+    let mut first = Running::start(
+        endpoint,
+        &[
+            "elect",
+            &path,
+            "--id",
+            "e1",
+            "--",
+            "sh",
+            "-c",
+            "cat >/dev/null",
+        ],
+    );
+    let led = observer.json();
+    assert_eq!(led["leader"], "e1", "{led}");
+    assert!(led["node"].as_str().unwrap().starts_with(&path), "{led}");
+    assert!(led["epoch"].as_i64().unwrap() > 0, "{led}");
+    let mut second = Running::start(
+        endpoint,
+        &[
+            "elect",
+            &path,
+            "--id",
+            "e2",
+            "--",
+            "sh",
+            "-c",
+            "cat >/dev/null",
+        ],
+    );
+    await_children(endpoint, &path, 2);
+    first.close_stdin();
+    assert_eq!(first.exit_code(), Some(0));
+    let next = observer.json();
+    assert_eq!(next["leader"], "e2", "{next}");
+    assert!(
+        next["epoch"].as_i64() > led["epoch"].as_i64(),
+        "{next} after {led}"
+    );
+    second.close_stdin();
+    assert_eq!(second.exit_code(), Some(0));
+    assert_eq!(observer.json(), serde_json::json!({"leader": null}));
+    let plain = Running::start(endpoint, &["observe", &path]);
+    assert_eq!(plain.line(), "no leader");
+    for o in [observer, plain] {
+        o.signal(libc::SIGTERM);
+        assert_eq!(o.exit_code(), Some(0));
+    }
+}
+
+/// `dlock inspect` tells a KV semaphore's limit and free slots (its
+/// holders' record), without taking one.
+#[test]
+fn inspect_tells_a_kv_semaphores_free_slots() {
+    let endpoint = zk_endpoint();
+    let path = unique("kv");
+    let mut holder = Running::start(
+        &endpoint,
+        &[
+            "semaphore",
+            &path,
+            "--kv",
+            "--leases",
+            "3",
+            "--",
+            "sh",
+            "-c",
+            "echo held; cat >/dev/null",
+        ],
+    );
+    assert_eq!(holder.line(), "held");
+    let out = run(&endpoint, &["inspect", &path, "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (
+            json["recipe"].as_str(),
+            json["limit"].as_u64(),
+            json["free"].as_u64()
+        ),
+        (Some("kv-semaphore"), Some(3), Some(2)),
+        "{json}"
+    );
+    let text = run(&endpoint, &["inspect", &path]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.lines()
+            .next()
+            .unwrap()
+            .ends_with("1 participant(s), limit 3, 2 free"),
+        "{text}"
+    );
+    holder.close_stdin();
+    assert_eq!(holder.exit_code(), Some(0));
+    let out = run(&endpoint, &["inspect", &path, "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        json["free"],
+        serde_json::Value::Null,
+        "no record, no limit: {json}"
+    );
+}
+
+mod zookeeper {
+    #[test]
+    fn members_join_list_watch() {
+        super::members_join_list_watch_on(&super::zk_endpoint());
+    }
+
+    #[test]
+    fn observe_prints_leader_changes() {
+        super::observe_prints_leader_changes_on(&super::zk_endpoint());
+    }
+}
+
+#[cfg(feature = "etcd")]
+mod etcd {
+    fn endpoint() -> String {
+        format!("etcd://{}", dlock_testkit::shared_etcd().endpoint())
+    }
+
+    #[test]
+    fn members_join_list_watch() {
+        super::members_join_list_watch_on(&endpoint());
+    }
+
+    #[test]
+    fn observe_prints_leader_changes() {
+        super::observe_prints_leader_changes_on(&endpoint());
+    }
+
+    /// `dlock observe` follows an election of etcd's own `etcdctl elect`
+    /// as etcd's Observe does: the leader's proposal, then nobody once it
+    /// resigned.
+    #[test]
+    fn observe_follows_an_etcdctl_election() {
+        let path = super::unique("goelect");
+        let observer = super::Running::start(&endpoint(), &["observe", &path, "--json"]);
+        assert_eq!(observer.json(), serde_json::json!({"leader": null}));
+        let etcdctl = std::process::Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!(
+                "--endpoints={}",
+                dlock_testkit::shared_etcd().url()
+            ))
+            .args(["elect", &path, "proposal-1"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("run etcdctl");
+        let led = observer.json();
+        assert_eq!(led["leader"], "proposal-1", "{led}");
+        assert!(
+            led["node"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{path}/")),
+            "{led}"
+        );
+        // Campaigning set up its signal handling: SIGINT makes it resign.
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(etcdctl.id() as libc::pid_t, libc::SIGINT) };
+        assert_eq!(observer.json(), serde_json::json!({"leader": null}));
+        let mut etcdctl = etcdctl;
+        let _ = etcdctl.wait();
+        observer.signal(libc::SIGTERM);
+        assert_eq!(observer.exit_code(), Some(0));
+    }
+}
+
+#[cfg(feature = "consul")]
+mod consul {
+    fn endpoint() -> String {
+        format!("consul://{}", dlock_testkit::shared_consul().endpoint())
+    }
+
+    #[test]
+    fn members_join_list_watch() {
+        super::members_join_list_watch_on(&endpoint());
+    }
+
+    #[test]
+    fn observe_prints_leader_changes() {
+        super::observe_prints_leader_changes_on(&endpoint());
+    }
+}

@@ -1,0 +1,557 @@
+//! [`GroupMember`]: group membership with a payload per member — Curator's
+//! `GroupMember`, node for node.
+//!
+//! Layout (a compatibility contract with Curator 5.4, whose `GroupMember`
+//! is a `PersistentNode` plus a `CuratorCache`): each member is one
+//! **ephemeral** node `<membershipPath>/<memberId>` whose data is the
+//! member's payload (default: the session's default data, Curator's local
+//! address); missing ancestors are created as containers. Every child of
+//! the membership path is a member: its name is the id, its data the
+//! payload. A Java `GroupMember` and a dlock `GroupMember` on one path see
+//! each other with their payloads.
+//!
+//! As Curator's `PersistentNode` does, a member keeps its node: it watches
+//! it, and creates it again (with the latest payload) when it vanishes — a
+//! deletion by someone else, or its session's loss. Member ids must be
+//! unique in a group (as in Curator): a second member with the same id
+//! waits until the first one's node is gone, then takes the name.
+//!
+//! Everyone's view of the group is a [`ChildrenCache`] of the membership
+//! path: [`current_members`](GroupMember::current_members) reads it without
+//! a round trip (and, as Curator's `getCurrentMembers`, always includes the
+//! member itself), and [`events`](GroupMember::events) tells joins, payload
+//! updates and departures as they happen. [`watch_group`] gives the same
+//! view without joining.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex as StdMutex};
+
+use futures::stream::{BoxStream, StreamExt};
+
+use super::children_cache::{CacheEvent, ChildrenCache};
+use super::lifecycle::{lock, Backoff, Lifecycle, State};
+use crate::error::{Error, Result};
+use crate::path;
+use crate::session::Session;
+use crate::store::{CreateMode, CreateOptions, SessionState, Watch, WatchEvent};
+
+/// A change of a group's membership.
+///
+/// ```
+/// use dlock::recipes::group_member::MemberEvent;
+/// let joined = MemberEvent::Joined { id: "a".into(), payload: b"10.0.0.1".to_vec() };
+/// assert_eq!(joined.id(), "a");
+/// assert_eq!(MemberEvent::Left { id: "a".into() }.id(), "a");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemberEvent {
+    /// A member joined, with its payload.
+    Joined {
+        /// The member's id.
+        id: String,
+        /// Its payload.
+        payload: Vec<u8>,
+    },
+    /// A member changed its payload.
+    Updated {
+        /// The member's id.
+        id: String,
+        /// Its new payload.
+        payload: Vec<u8>,
+    },
+    /// A member left (or its session ended).
+    Left {
+        /// The member's id.
+        id: String,
+    },
+}
+
+impl MemberEvent {
+    /// The member the event is about.
+    ///
+    /// ```
+    /// use dlock::recipes::group_member::MemberEvent;
+    /// assert_eq!(MemberEvent::Updated { id: "m".into(), payload: vec![] }.id(), "m");
+    /// ```
+    pub fn id(&self) -> &str {
+        match self {
+            MemberEvent::Joined { id, .. }
+            | MemberEvent::Updated { id, .. }
+            | MemberEvent::Left { id } => id,
+        }
+    }
+
+    fn from_cache(event: CacheEvent) -> Self {
+        match event {
+            CacheEvent::Added(c) => MemberEvent::Joined {
+                id: c.name,
+                payload: c.data,
+            },
+            CacheEvent::Updated { new, .. } => MemberEvent::Updated {
+                id: new.name,
+                payload: new.data,
+            },
+            CacheEvent::Removed(c) => MemberEvent::Left { id: c.name },
+        }
+    }
+}
+
+/// A group's members without joining it: the cache of its membership path,
+/// started. Close it with [`ChildrenCache::close`] (or drop it).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// use dlock::recipes::group_member::{members_of, watch_group, GroupMember};
+/// let (a, b) = (dlock::connect("embedded").await?, dlock::connect("embedded").await?);
+/// let member = GroupMember::new(&a, "/doc/watch-group", "a")?.with_payload(b"x".to_vec());
+/// member.start().await?;
+/// let group = watch_group(&b, "/doc/watch-group").await?; // a complete copy once started
+/// assert_eq!(members_of(&group)["a"], b"x");
+/// member.close().await?;
+/// # group.close().await; Ok(()) }
+/// ```
+pub async fn watch_group(session: &Session, membership_path: &str) -> Result<ChildrenCache> {
+    let cache = ChildrenCache::new(session, membership_path)?;
+    cache.start().await?;
+    Ok(cache)
+}
+
+/// The members a group's cache (from [`watch_group`]) has seen: id →
+/// payload.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// # use dlock::recipes::group_member::{members_of, watch_group};
+/// # let session = dlock::connect("embedded").await?;
+/// let group = watch_group(&session, "/doc/members-of").await?;
+/// assert!(members_of(&group).is_empty());
+/// # group.close().await; Ok(()) }
+/// ```
+pub fn members_of(cache: &ChildrenCache) -> BTreeMap<String, Vec<u8>> {
+    cache
+        .snapshot()
+        .into_iter()
+        .map(|(id, child)| (id, child.data))
+        .collect()
+}
+
+/// A group's membership changes as [`MemberEvent`]s, from a cache's events.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// # use dlock::recipes::group_member::{member_events, watch_group, GroupMember, MemberEvent};
+/// # use futures::StreamExt;
+/// # let (a, b) = (dlock::connect("embedded").await?, dlock::connect("embedded").await?);
+/// let group = watch_group(&b, "/doc/member-events").await?;
+/// let mut events = member_events(group.events());
+/// let member = GroupMember::new(&a, "/doc/member-events", "a")?;
+/// member.start().await?;
+/// assert_eq!(events.next().await.unwrap().id(), "a");
+/// # member.close().await?; group.close().await; Ok(()) }
+/// ```
+pub fn member_events(events: BoxStream<'static, CacheEvent>) -> BoxStream<'static, MemberEvent> {
+    events.map(MemberEvent::from_cache).boxed()
+}
+
+/// One member of a group (Curator's `GroupMember`): see the [module
+/// docs](self) for the layout.
+///
+/// [`start`](Self::start) joins (creates the member's node, then follows
+/// the group), [`set_payload`](Self::set_payload) changes what the others
+/// see, [`close`](Self::close) leaves. Dropping the last clone leaves too,
+/// in the background.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// use dlock::recipes::group_member::{GroupMember, MemberEvent};
+/// use futures::StreamExt;
+/// let (a, b) = (dlock::connect("embedded").await?, dlock::connect("embedded").await?);
+/// let alice = GroupMember::new(&a, "/doc/group", "alice")?.with_payload(b"10.0.0.1:80".to_vec());
+/// alice.start().await?;
+/// let bob = GroupMember::new(&b, "/doc/group", "bob")?;
+/// bob.start().await?;
+/// assert_eq!(bob.current_members()["alice"], b"10.0.0.1:80");
+///
+/// let mut seen_by_bob = bob.events();
+/// alice.set_payload(b"10.0.0.1:81".to_vec()).await?;
+/// assert_eq!(
+///     seen_by_bob.next().await,
+///     Some(MemberEvent::Updated { id: "alice".into(), payload: b"10.0.0.1:81".to_vec() })
+/// );
+/// alice.close().await?;
+/// assert_eq!(seen_by_bob.next().await, Some(MemberEvent::Left { id: "alice".into() }));
+/// bob.close().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct GroupMember {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    session: Session,
+    dir: String,
+    id: String,
+    node: String,
+    /// The payload the node is (re)created with.
+    payload: Arc<StdMutex<Vec<u8>>>,
+    cache: ChildrenCache,
+    /// Runs the keeper of the member's node.
+    lifecycle: Lifecycle,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let started = self.lifecycle.state() == State::Started;
+        if let Some(task) = self.lifecycle.force_close() {
+            task.abort();
+        }
+        if started {
+            // Leave in the background, deleting the node only if it is ours.
+            let (session, node) = (self.session.clone(), self.node.clone());
+            self.session.spawn_background(async move {
+                if let Ok(Some(stat)) = session.retrying(|| session.exists(&node)).await {
+                    if stat.ephemeral_owner == session.session_id() {
+                        let _ = session.delete_guaranteed(&node).await;
+                    }
+                }
+            });
+        }
+    }
+}
+
+impl fmt::Debug for GroupMember {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GroupMember")
+            .field("node", &self.inner.node)
+            .field("state", &self.inner.lifecycle.state())
+            .finish_non_exhaustive()
+    }
+}
+
+impl GroupMember {
+    /// A member `id` of the group at `membership_path` (not the root),
+    /// through `session`, with the session's default data as payload.
+    /// Fails with [`Error::InvalidArgument`] for an id that is empty or not
+    /// one path segment. Nothing happens in the store until
+    /// [`start`](Self::start).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// # use dlock::recipes::group_member::GroupMember;
+    /// let session = dlock::connect("embedded").await?;
+    /// assert!(GroupMember::new(&session, "/g", "a/b").is_err());
+    /// assert!(GroupMember::new(&session, "/g", "").is_err());
+    /// assert_eq!(GroupMember::new(&session, "/g", "a")?.node(), "/g/a");
+    /// # Ok(()) }
+    /// ```
+    pub fn new(session: &Session, membership_path: &str, id: &str) -> Result<Self> {
+        path::validate_recipe(membership_path, "a group")?;
+        let node = path::join(membership_path, id);
+        if id.is_empty() || id.contains('/') || path::validate(&node).is_err() {
+            return Err(Error::InvalidArgument(format!(
+                "member id {id:?} of the group at {membership_path} must be one non-empty path segment"
+            )));
+        }
+        Ok(GroupMember {
+            inner: Arc::new(Inner {
+                session: session.clone(),
+                dir: membership_path.to_string(),
+                id: id.to_string(),
+                node,
+                payload: Arc::new(StdMutex::new(session.options().default_data.clone())),
+                cache: ChildrenCache::new(session, membership_path)?,
+                lifecycle: Lifecycle::new("group member"),
+            }),
+        })
+    }
+
+    /// Uses `payload` as the member's data (Curator's `payload` argument).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// # use dlock::recipes::group_member::GroupMember;
+    /// # let session = dlock::connect("embedded").await?;
+    /// let m = GroupMember::new(&session, "/g", "a")?.with_payload(b"p".to_vec());
+    /// assert_eq!(m.payload(), b"p");
+    /// # Ok(()) }
+    /// ```
+    pub fn with_payload(self, payload: impl Into<Vec<u8>>) -> Self {
+        *lock(&self.inner.payload) = payload.into();
+        self
+    }
+
+    /// The member's id.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// # let session = dlock::connect("embedded").await?;
+    /// assert_eq!(dlock::GroupMember::new(&session, "/g", "a")?.id(), "a");
+    /// # Ok(()) }
+    /// ```
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// The membership path.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// # let session = dlock::connect("embedded").await?;
+    /// assert_eq!(dlock::GroupMember::new(&session, "/g", "a")?.path(), "/g");
+    /// # Ok(()) }
+    /// ```
+    pub fn path(&self) -> &str {
+        &self.inner.dir
+    }
+
+    /// The member's node, `<membershipPath>/<id>`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// # let session = dlock::connect("embedded").await?;
+    /// assert_eq!(dlock::GroupMember::new(&session, "/g", "a")?.node(), "/g/a");
+    /// # Ok(()) }
+    /// ```
+    pub fn node(&self) -> &str {
+        &self.inner.node
+    }
+
+    /// The member's payload, as it will be (re)written.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// # let session = dlock::connect("embedded").await?;
+    /// let m = dlock::GroupMember::new(&session, "/g", "a")?;
+    /// assert_eq!(m.payload(), session.options().default_data);
+    /// # Ok(()) }
+    /// ```
+    pub fn payload(&self) -> Vec<u8> {
+        lock(&self.inner.payload).clone()
+    }
+
+    /// Joins: creates the member's node (waiting until it exists — Curator
+    /// waits with `waitForInitialCreate`), reads the group, and from then
+    /// on keeps the node and follows the group in the background.
+    ///
+    /// Fails with [`Error::InvalidArgument`] if started twice or after
+    /// [`close`](Self::close).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// # let session = dlock::connect("embedded").await?;
+    /// let m = dlock::GroupMember::new(&session, "/doc/group-start", "a")?;
+    /// m.start().await?;
+    /// assert!(session.exists("/doc/group-start/a").await?.is_some());
+    /// assert!(m.start().await.is_err());
+    /// # m.close().await?; Ok(()) }
+    /// ```
+    pub async fn start(&self) -> Result<()> {
+        let inner = &self.inner;
+        inner.lifecycle.begin(&inner.node)?;
+        let joined = async {
+            let watch = ensure_node(&inner.session, &inner.node, &inner.payload).await?;
+            inner.cache.start().await?;
+            Ok::<_, Error>(watch)
+        }
+        .await;
+        match joined {
+            Ok(watch) => {
+                let task = tokio::spawn(keep_node(
+                    inner.session.clone(),
+                    inner.node.clone(),
+                    inner.payload.clone(),
+                    watch,
+                ));
+                inner.lifecycle.attach(task).map_err(|task| {
+                    task.abort();
+                    Error::Closed
+                })
+            }
+            Err(e) => {
+                inner.lifecycle.unbegin();
+                if inner.session.state() != SessionState::Closed {
+                    let _ = self.delete_our_node().await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Changes the member's payload (Curator's `setThisData`): written to
+    /// its node now if it is a member, and used whenever the node is created
+    /// again.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// # let session = dlock::connect("embedded").await?;
+    /// let m = dlock::GroupMember::new(&session, "/doc/group-payload", "a")?;
+    /// m.start().await?;
+    /// m.set_payload(b"busy".to_vec()).await?;
+    /// assert_eq!(session.get_data("/doc/group-payload/a").await?.0, b"busy");
+    /// # m.close().await?; Ok(()) }
+    /// ```
+    pub async fn set_payload(&self, payload: impl Into<Vec<u8>>) -> Result<()> {
+        let payload = payload.into();
+        *lock(&self.inner.payload) = payload.clone();
+        if self.inner.lifecycle.state() != State::Started {
+            return Ok(());
+        }
+        let session = &self.inner.session;
+        let node = &self.inner.node;
+        match session
+            .retrying(|| session.set_data(node, &payload, None))
+            .await
+        {
+            // Gone: the keeper creates it again with this payload.
+            Ok(_) | Err(Error::NoNode { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The group as this member last saw it: id → payload, this member
+    /// always included (Curator's `getCurrentMembers`). No round trip.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// # let session = dlock::connect("embedded").await?;
+    /// let m = dlock::GroupMember::new(&session, "/doc/group-members", "a")?.with_payload(b"1".to_vec());
+    /// m.start().await?;
+    /// assert_eq!(m.current_members().into_iter().collect::<Vec<_>>(), [("a".to_string(), b"1".to_vec())]);
+    /// # m.close().await?; Ok(()) }
+    /// ```
+    pub fn current_members(&self) -> BTreeMap<String, Vec<u8>> {
+        let mut members = members_of(&self.inner.cache);
+        members
+            .entry(self.inner.id.clone())
+            .or_insert_with(|| self.payload());
+        members
+    }
+
+    /// Every membership change from now on, as seen by this member. Ends
+    /// when the member is closed or dropped.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// # use futures::StreamExt;
+    /// # let session = dlock::connect("embedded").await?;
+    /// let m = dlock::GroupMember::new(&session, "/doc/group-events", "a")?;
+    /// let mut events = m.events();
+    /// m.start().await?;
+    /// assert_eq!(events.next().await.unwrap().id(), "a"); // itself, joining
+    /// # m.close().await?; Ok(()) }
+    /// ```
+    pub fn events(&self) -> BoxStream<'static, MemberEvent> {
+        member_events(self.inner.cache.events())
+    }
+
+    /// Leaves: stops keeping the node, deletes it (if this session owns it)
+    /// and stops following the group; [`events`](Self::events) streams end.
+    /// Idempotent.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// # let session = dlock::connect("embedded").await?;
+    /// let m = dlock::GroupMember::new(&session, "/doc/group-close", "a")?;
+    /// m.start().await?;
+    /// m.close().await?;
+    /// m.close().await?; // twice is fine
+    /// assert!(session.exists("/doc/group-close/a").await?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub async fn close(&self) -> Result<()> {
+        let was = self.inner.lifecycle.state();
+        if let Some(task) = self.inner.lifecycle.force_close() {
+            task.abort();
+            let _ = task.await;
+        }
+        self.inner.cache.close().await;
+        match was {
+            State::Started => self.delete_our_node().await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Deletes the member's node if this session owns it: a node of the
+    /// same id owned by someone else is theirs.
+    async fn delete_our_node(&self) -> Result<()> {
+        let session = &self.inner.session;
+        let node = &self.inner.node;
+        match session.retrying(|| session.exists(node)).await {
+            Ok(Some(stat)) if stat.ephemeral_owner == session.session_id() => {
+                session.delete_guaranteed(node).await
+            }
+            Ok(_) | Err(Error::Closed) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Makes sure the member's node exists, creating it with the payload if it
+/// does not, and returns a watch on it.
+async fn ensure_node(session: &Session, node: &str, payload: &StdMutex<Vec<u8>>) -> Result<Watch> {
+    let opts = CreateOptions::new(CreateMode::Ephemeral).with_parents();
+    loop {
+        let (stat, watch) = session.retrying(|| session.exists_watch(node)).await?;
+        if stat.is_some() {
+            return Ok(watch);
+        }
+        let data = lock(payload).clone();
+        // A NoNode is the container reaper removing an empty parent between
+        // its creation and ours.
+        let created = session
+            .retrying_reaped(|| session.retrying(|| session.create(node, &data, opts)))
+            .await;
+        match created {
+            Ok(_) => {
+                // The payload changed while we created: write the latest.
+                let latest = lock(payload).clone();
+                if latest != data {
+                    match session
+                        .retrying(|| session.set_data(node, &latest, None))
+                        .await
+                    {
+                        Ok(_) | Err(Error::NoNode { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            // Ours after a lost reply, or another member's of the same id:
+            // either way, watch it.
+            Err(Error::NodeExists { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Keeps the member's node (Curator's `PersistentNode`): after any event on
+/// it — its deletion, the session's loss or reconnection — makes sure it
+/// exists again. Ends when the session is closed (or the task is aborted).
+async fn keep_node(
+    session: Session,
+    node: String,
+    payload: Arc<StdMutex<Vec<u8>>>,
+    mut watch: Watch,
+) {
+    let mut backoff = Backoff::default();
+    loop {
+        if watch.changed().await == WatchEvent::Session(SessionState::Closed) {
+            return;
+        }
+        loop {
+            match ensure_node(&session, &node, &payload).await {
+                Ok(w) => {
+                    backoff.reset();
+                    watch = w;
+                    break;
+                }
+                Err(Error::Closed) => return,
+                Err(e) => {
+                    tracing::warn!(%node, error = %e, "group member: keeping the node failed");
+                    backoff.pause(&session, std::future::pending::<()>()).await;
+                }
+            }
+        }
+    }
+}
