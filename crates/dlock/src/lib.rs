@@ -1,8 +1,9 @@
 //! # dlock — distributed locks, semaphores and leader election
 //!
-//! What Apache Curator's recipes are to Java, for Rust, on ZooKeeper, etcd
-//! and an embedded in-process store — wire-compatible with Curator 5.4 on
-//! ZooKeeper, with a fencing token and a lost signal on every acquisition.
+//! What Apache Curator's recipes are to Java, for Rust, on ZooKeeper, etcd,
+//! Consul and an embedded in-process store — wire-compatible with Curator 5.4
+//! on ZooKeeper (and with etcd's Go recipes, kazoo and `consul lock` where
+//! asked), with a fencing token and a lost signal on every acquisition.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
@@ -33,8 +34,7 @@
 //! | hold everyone until a flag is lowered | [`Barrier`] | `DistributedBarrier` | persistent node; waiters watch it |
 //! | start together, finish together | [`DoubleBarrier`] | `DistributedDoubleBarrier` | ephemeral members + `ready` |
 //! | share a lock with `consul lock` | [`ConsulLock`] | (Consul `api.Lock`) | one `.lock` key held by a session |
-//! | see who holds and waits | [`inspect`] | (Curator's `getParticipantNodes`) | reads each recipe's layout |
-//! | see who holds and waits, any recipe | [`inspect`] | `getParticipantNodes` | also etcd Go holders |
+//! | see who holds and waits, any recipe | [`inspect`] | `getParticipantNodes` | reads each recipe's layout; names Curator, etcd Go and kazoo holders |
 //! | group membership with a payload each | [`GroupMember`] | `GroupMember` | ephemeral `<path>/<id>`; re-created if it vanishes |
 //! | a directory's children and data, as events | [`ChildrenCache`] | `CuratorCache` (children) | watches, re-sync after a blip; no polling |
 //! | follow an election without joining | [`observe`] | (etcd `Election.Observe`) | leader changes in order |
@@ -47,8 +47,9 @@
 //! Every recipe runs on every backend: [`store::embedded`] (in-process, with
 //! fault injection — the default for demos and tests), ZooKeeper 3.5+
 //! (`zk://`, the same nodes as Curator: a dlock lock and a Java Curator lock
-//! on one path exclude each other), and etcd v3 (`etcd://`, with the `etcd`
-//! feature). Code without an async runtime uses [`blocking`].
+//! on one path exclude each other), etcd v3 (`etcd://`) and Consul 1.8+
+//! (`consul://`, speaking `consul lock`'s formats where asked). Code without
+//! an async runtime uses [`blocking`].
 //!
 //! ## Safety, in one paragraph
 //!
