@@ -65,7 +65,7 @@ impl Exit {
             Exit::Lost => "what dlock held was lost while CMD ran; CMD was stopped",
             Exit::Unreachable => "no server of the endpoint could be reached",
             Exit::Revoked => {
-                "a revocation was requested while CMD ran (--revocable); CMD was stopped and the hold released"
+                "a revocation was requested (--revocable); CMD was stopped, the hold released"
             }
             Exit::Internal => "any other error",
             Exit::CannotRun => "CMD exists but cannot be run",
@@ -110,7 +110,7 @@ pub const OWN_CODES: [(&str, &str); 3] = [
     ),
     (
         "1",
-        "`count cas`: the counter did not hold EXPECTED; nothing changed",
+        "`count cas`, `counter add`, `set`, `cas`: the update did not take effect",
     ),
 ];
 
