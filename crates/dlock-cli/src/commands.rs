@@ -21,7 +21,7 @@ pub struct LockArgs {
     /// Whose node layout to use: `curator` (Curator's InterProcessMutex)
     /// or `consul` (Consul's `api.Lock`, as `consul lock` writes it: the
     /// key PATH/.lock); `lock` only. Or `kazoo`: kazoo's (Python) `Lock`
-    /// nodes, PATH/<uuid hex>__lock__<seq>, which kazoo sees without
+    /// nodes, PATH/UUID__lock__SEQ, which kazoo sees without
     /// extra_lock_patterns (kazoo holders keep `dlock lock` out in every
     /// layout).
     #[arg(long, default_value_t = Layout::Curator)]
@@ -292,7 +292,7 @@ pub struct SemaphoreArgs {
     /// Whose node layout the KvSemaphore uses: `curator` (dlock's own
     /// record) or `consul` (Consul's `api.Semaphore`, as `consul lock -n N`
     /// writes it; implies --kv). Or `kazoo`: kazoo's (Python) `Semaphore`
-    /// (leases PATH/<uuid hex>, the limit stored in PATH, turns under
+    /// (leases PATH/UUID, the limit stored in PATH, turns under
     /// PATH-__lock__; not with --kv).
     #[arg(long, default_value_t = Layout::Curator)]
     pub layout: Layout,
