@@ -247,6 +247,10 @@ impl AtomicCounter {
     /// The optimistic tries' default policy: ten retries, backing off from
     /// 1 ms to at most 100 ms with jitter, so that writers who collided
     /// spread out.
+    ///
+    /// ```
+    /// assert_eq!(dlock::AtomicCounter::DEFAULT_RETRY.max_retries, 10);
+    /// ```
     pub const DEFAULT_RETRY: RetryPolicy = RetryPolicy {
         base_sleep: Duration::from_millis(1),
         max_sleep: Duration::from_millis(100),

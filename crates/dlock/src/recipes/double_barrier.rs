@@ -37,6 +37,10 @@ use crate::session::Session;
 use crate::store::{CreateMode, CreateOptions, Created};
 
 /// Curator's name of the node that opens the barrier.
+///
+/// ```
+/// assert_eq!(dlock::recipes::double_barrier::READY_NODE, "ready");
+/// ```
 pub const READY_NODE: &str = "ready";
 
 /// A double barrier for `count` members at one path. Each

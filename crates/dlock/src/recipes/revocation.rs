@@ -29,6 +29,10 @@ use crate::session::Session;
 use crate::store::WatchEvent;
 
 /// The bytes a revocation request writes (Curator's `REVOKE_MESSAGE`).
+///
+/// ```
+/// assert_eq!(dlock::recipes::revocation::REVOKE_MESSAGE, b"__REVOKE__");
+/// ```
 pub const REVOKE_MESSAGE: &[u8] = b"__REVOKE__";
 
 /// Told the node path when its revocation is requested.
@@ -50,6 +54,16 @@ impl std::fmt::Debug for Listener {
 /// Asks the owner of lock node `node` to release it (Curator's
 /// `Revoker.attemptRevoke`). Cooperative: nothing is deleted; a node that is
 /// already gone is fine.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// let session = dlock::connect("embedded").await?;
+/// let mutex = dlock::Mutex::new(&session, "/locks/revoke-doc")?;
+/// let guard = mutex.acquire().await?;
+/// dlock::revoke(&session, guard.node()).await?; // the holder's listener decides
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
 pub async fn revoke(session: &Session, node: &str) -> Result<()> {
     match session
         .retrying(|| session.set_data(node, REVOKE_MESSAGE, None))

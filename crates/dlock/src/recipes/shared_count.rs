@@ -33,6 +33,12 @@ pub fn encode(value: i32) -> [u8; 4] {
 
 /// Decodes a count stored at `path`; anything but exactly 4 bytes is
 /// [`Error::MalformedData`].
+///
+/// ```
+/// use dlock::recipes::shared_count::{decode, encode};
+/// assert_eq!(decode("/c", &encode(-7)).unwrap(), -7);
+/// assert!(decode("/c", b"12345").is_err());
+/// ```
 pub fn decode(path: &str, data: &[u8]) -> Result<i32> {
     let bytes: [u8; 4] = data.try_into().map_err(|_| Error::MalformedData {
         path: path.to_string(),
