@@ -2,13 +2,14 @@
 //! side of the interoperability tests (see `java/CuratorProbe.java` for the
 //! commands). Uses Debian's Curator jars.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{mpsc, OnceLock};
+use std::process::Command;
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
+
+use crate::line_probe::LineProbe;
 
 const JARS: &[&str] = &[
     "curator-recipes",
@@ -83,84 +84,39 @@ fn compile() -> Result<PathBuf> {
     }
 }
 
-/// A Java process running Curator, answering one line per command.
-pub struct CuratorProbe {
-    child: Child,
-    stdin: ChildStdin,
-    lines: mpsc::Receiver<String>,
-}
+/// A Java process running Curator, answering one line per command
+/// ([`LineProbe`]'s `next_line`, `send`, `ask`).
+pub struct CuratorProbe(LineProbe);
 
 impl CuratorProbe {
     /// Starts the probe against `connect` (`host:port[,...]`) and waits until
     /// Curator is connected.
     pub fn start(connect: &str) -> Result<CuratorProbe> {
         let cp = format!("{}:{}", classes()?.display(), classpath());
-        let mut child = Command::new("java")
-            .args([
-                "-Xss512k",
-                "-XX:TieredStopAtLevel=1",
-                "-cp",
-                &cp,
-                "CuratorProbe",
-                connect,
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("start java")?;
-        let stdin = child.stdin.take().expect("piped");
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let mut probe = CuratorProbe {
-            child,
-            stdin,
-            lines,
-        };
-        let ready = probe.next_line(Duration::from_secs(60))?;
-        if ready != "ready" {
-            bail!("the Curator probe said {ready:?}");
-        }
-        Ok(probe)
-    }
-
-    /// The next line Curator prints, waiting at most `within`.
-    pub fn next_line(&mut self, within: Duration) -> Result<String> {
-        self.lines
-            .recv_timeout(within)
-            .with_context(|| format!("no answer from Curator within {within:?}"))
-    }
-
-    /// Sends a command without waiting for its answer.
-    pub fn send(&mut self, command: &str) -> Result<()> {
-        writeln!(self.stdin, "{command}")?;
-        Ok(self.stdin.flush()?)
-    }
-
-    /// Sends a command and returns its answer (an `error ...` answer is an
-    /// error).
-    pub fn ask(&mut self, command: &str) -> Result<String> {
-        self.send(command)?;
-        let answer = self.next_line(Duration::from_secs(30))?;
-        ensure!(
-            !answer.starts_with("error"),
-            "Curator: {command} -> {answer}"
-        );
-        Ok(answer)
+        let mut command = Command::new("java");
+        command.args([
+            "-Xss512k",
+            "-XX:TieredStopAtLevel=1",
+            "-cp",
+            &cp,
+            "CuratorProbe",
+            connect,
+        ]);
+        // Killed right after its quit, as before: tests that need its
+        // session gone close it themselves.
+        LineProbe::start("Curator", Duration::ZERO, command).map(CuratorProbe)
     }
 }
 
-impl Drop for CuratorProbe {
-    fn drop(&mut self) {
-        let _ = self.send("quit");
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl std::ops::Deref for CuratorProbe {
+    type Target = LineProbe;
+    fn deref(&self) -> &LineProbe {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for CuratorProbe {
+    fn deref_mut(&mut self) -> &mut LineProbe {
+        &mut self.0
     }
 }
