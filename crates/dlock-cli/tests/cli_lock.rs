@@ -2,12 +2,15 @@
 //! cases that concern every backend run against a real etcd and a real
 //! Consul too (`etcd::*`, `consul::*`).
 
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use dlock_testkit::{shared_zk, CuratorProbe};
+
+mod common;
+use common::{dlock_on, logged, Holder};
 
 fn endpoint() -> String {
     format!("zk://{}", shared_zk().connect_string())
@@ -46,12 +49,6 @@ fn silent_holder_hands_over_within(endpoint: &str, timeout: Duration) -> Duratio
 
 fn dlock() -> Command {
     dlock_on(&endpoint())
-}
-
-fn dlock_on(endpoint: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env("DLOCK_ENDPOINT", endpoint);
-    c
 }
 
 fn unique(name: &str) -> String {
@@ -591,46 +588,6 @@ fn column(json: &serde_json::Value, field: &str) -> Vec<String> {
         .iter()
         .map(|p| p[field].as_str().unwrap_or("").to_string())
         .collect()
-}
-
-/// A running `dlock ... -- sh -c CMD` whose command logs `TAG FENCE NODE`
-/// once inside and then holds until [`finish`](Self::finish)ed (a line on
-/// its standard input, which the command inherits from dlock).
-struct Holder(Child);
-
-impl Holder {
-    fn start(endpoint: &str, args: &[&str], log: &std::path::Path, tag: &str) -> Holder {
-        Holder(
-            dlock_on(endpoint)
-                .args(args)
-                .args(["--", "sh", "-c"])
-                .arg(format!(
-                    "echo {tag} $DLOCK_FENCE $DLOCK_NODE >> {}; read line",
-                    log.display()
-                ))
-                .stdin(Stdio::piped())
-                .spawn()
-                .unwrap(),
-        )
-    }
-
-    /// Lets the command end; dlock's exit code.
-    fn finish(mut self) -> Option<i32> {
-        let mut stdin = self.0.stdin.take().unwrap();
-        writeln!(stdin, "done").unwrap();
-        drop(stdin);
-        self.0.wait().unwrap().code()
-    }
-}
-
-/// The log line of `tag`'s command: `[tag, fence, node]`.
-fn logged(log: &std::path::Path, tag: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let line = text
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(tag))
-        .unwrap_or_else(|| panic!("{tag} never ran: {text}"));
-    line.split_whitespace().map(String::from).collect()
 }
 
 fn has_run(log: &std::path::Path, tag: &str) -> bool {

@@ -2,11 +2,13 @@
 //! snapshots of a holder and a waiter (ZooKeeper, etcd, Consul), and the
 //! live view in a real terminal (tmux), quit with `q`.
 
-use std::io::Write;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dlock_testkit::shared_zk;
+
+mod common;
+use common::{dlock_on, logged, Holder};
 
 /// How long a process of the test gets to show what it must: a few
 /// session timeouts (the CLI's default is 10 s).
@@ -14,12 +16,6 @@ const WITHIN: Duration = Duration::from_secs(30);
 
 fn zk_endpoint() -> String {
     format!("zk://{}", shared_zk().connect_string())
-}
-
-fn dlock_on(endpoint: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env("DLOCK_ENDPOINT", endpoint);
-    c
 }
 
 fn unique_root() -> String {
@@ -37,45 +33,6 @@ fn await_line(path: &std::path::Path, needle: &str) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     false
-}
-
-/// A running `dlock lock PATH -- sh -c CMD` whose command logs `TAG FENCE
-/// NODE` once it holds, then holds until [`finish`](Self::finish)ed (a
-/// line on its standard input).
-struct Holder(Child);
-
-impl Holder {
-    fn start(endpoint: &str, path: &str, log: &std::path::Path, tag: &str) -> Holder {
-        Holder(
-            dlock_on(endpoint)
-                .args(["lock", path, "--", "sh", "-c"])
-                .arg(format!(
-                    "echo {tag} $DLOCK_FENCE $DLOCK_NODE >> {}; read line",
-                    log.display()
-                ))
-                .stdin(Stdio::piped())
-                .spawn()
-                .unwrap(),
-        )
-    }
-
-    /// Lets the command end; dlock's exit code.
-    fn finish(mut self) -> Option<i32> {
-        let mut stdin = self.0.stdin.take().unwrap();
-        writeln!(stdin, "done").unwrap();
-        drop(stdin);
-        self.0.wait().unwrap().code()
-    }
-}
-
-/// The log line of `tag`'s command: `[tag, fence, node]`.
-fn logged(log: &std::path::Path, tag: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let line = text
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(tag))
-        .unwrap_or_else(|| panic!("{tag} never ran: {text}"));
-    line.split_whitespace().map(String::from).collect()
 }
 
 /// `dlock top --once --json PREFIX`, which must succeed.
@@ -172,9 +129,9 @@ fn once_json_shows_holder_then_waiter_on(endpoint: &str) {
     let log = dir.path().join("log");
     let root = unique_root();
     let path = format!("{root}/jobs/nightly");
-    let first = Holder::start(endpoint, &path, &log, "first");
+    let first = Holder::start(endpoint, &["lock", &path], &log, "first");
     assert!(await_line(&log, "first "), "the first holder never ran");
-    let second = Holder::start(endpoint, &path, &log, "second");
+    let second = Holder::start(endpoint, &["lock", &path], &log, "second");
     let json = await_snapshot(endpoint, &root, |j| participants(j).len() == 2);
     let [_, fence, node] = <[String; 3]>::try_from(logged(&log, "first")).unwrap();
     assert_eq!(json["prefix"], root.as_str());
@@ -302,7 +259,7 @@ fn live_view_in_tmux_shows_a_new_holder_and_quits_on_q(endpoint: &str) {
         s.contains(&format!("dlock top {root}"))
     });
 
-    let holder = Holder::start(&endpoint, &path, &log, "held");
+    let holder = Holder::start(&endpoint, &["lock", &path], &log, "held");
     assert!(await_line(&log, "held "), "the holder never ran");
     let [_, fence, _] = <[String; 3]>::try_from(logged(&log, "held")).unwrap();
     let screen = await_pane(&socket, "the holder", |s| {
@@ -314,7 +271,7 @@ fn live_view_in_tmux_shows_a_new_holder_and_quits_on_q(endpoint: &str) {
 
     // A second process queues: it shows as waiter 1; when the first ends,
     // the screen shows the second holding with its own token.
-    let next = Holder::start(&endpoint, &path, &log, "next");
+    let next = Holder::start(&endpoint, &["lock", &path], &log, "next");
     await_pane(&socket, "the waiter", |s| {
         s.lines().any(|l| l.contains("waiter 1"))
     });
@@ -371,7 +328,7 @@ fn a_foreign_etcd_go_holder_is_named_on_etcd() {
     let mut go_key = String::new();
     go_out.read_line(&mut go_key).unwrap();
     let go_key = go_key.trim().to_string();
-    let waiter = Holder::start(&endpoint, &path, &log, "dlock");
+    let waiter = Holder::start(&endpoint, &["lock", &path], &log, "dlock");
     let json = await_snapshot(&endpoint, &root, |j| participants(j).len() == 2);
     let seen = participants(&json);
     assert_eq!(json["recipes"][0]["recipe"], "mutex", "{json}");
