@@ -250,3 +250,69 @@ fn dlock_lock_waits_out_a_killed_consul_locks_lock_delay() {
     );
     assert_eq!(leftovers(&prefix), "", "keys left behind");
 }
+
+/// `dlock inspect` and `dlock top` name a `consul lock` holder as Consul's
+/// own client: its key is the same as `dlock lock --layout consul` would
+/// write, but its session is not named like dlock's.
+#[test]
+fn inspect_and_top_name_a_consul_lock_holder_as_consul() {
+    use std::io::{BufRead, BufReader, Write};
+    let prefix = unique("foreign");
+    let path = format!("/{prefix}");
+    let root = format!("/{}", prefix.split('/').next().expect("a root"));
+    let mut holder = Command::new(consul_binary().expect("the consul binary"))
+        .arg("lock")
+        .arg(format!("-http-addr={}", shared_consul().endpoint()))
+        .arg("-pass-stdin")
+        .arg(&prefix)
+        .arg("echo held; read line")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run consul lock");
+    let mut said = String::new();
+    BufReader::new(holder.stdout.take().expect("its stdout"))
+        .read_line(&mut said)
+        .expect("read consul lock's child");
+    assert_eq!(said.trim(), "held", "consul lock never ran its child");
+    let dlock_json = |args: &[&str]| -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+            .env(
+                "DLOCK_ENDPOINT",
+                format!("consul://{}", shared_consul().endpoint()),
+            )
+            .args(args)
+            .output()
+            .expect("run dlock");
+        assert!(
+            out.status.success(),
+            "dlock {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    };
+    let inspected = dlock_json(&["inspect", &path, "--json"]);
+    assert_eq!(inspected["recipe"], "mutex", "{inspected}");
+    let holders = inspected["participants"].as_array().expect("participants");
+    assert_eq!(holders.len(), 1, "{inspected}");
+    assert_eq!(holders[0]["role"], "holder", "{inspected}");
+    assert_eq!(holders[0]["foreign"], "consul", "{inspected}");
+    let top = dlock_json(&["top", "--once", "--json", &root]);
+    let seen: Vec<_> = top["recipes"]
+        .as_array()
+        .expect("recipes")
+        .iter()
+        .flat_map(|r| r["participants"].as_array().expect("participants").clone())
+        .collect();
+    assert_eq!(seen.len(), 1, "{top}");
+    assert_eq!(seen[0]["foreign"], "consul", "{top}");
+    holder
+        .stdin
+        .take()
+        .expect("its stdin")
+        .write_all(b"done\n")
+        .expect("release consul lock's child");
+    assert!(holder.wait().expect("wait for consul lock").success());
+    assert_eq!(leftovers(&prefix), "", "keys left behind");
+}

@@ -176,6 +176,23 @@ async fn native_session_ids_name_the_owner(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// dlock's own nodes, owned or not, have no foreign owner — seen from
+/// another session too; a missing node has none either. (A foreign owner
+/// exists on Consul, for keys of `consul lock`: `consul_interop` in the
+/// CLI's tests.)
+async fn dlocks_own_nodes_have_no_foreign_owner(h: &Harness) -> Result<()> {
+    let (a, b) = (h.session().await, h.session().await);
+    let owned = a.create(&h.path("/owned"), b"", ephemeral()).await?;
+    let plain = a.create(&h.path("/plain"), b"", persistent()).await?;
+    for p in [&owned.path, &plain.path] {
+        ensure!(a.foreign_owner(p).await?.is_none(), "{p}");
+        ensure!(b.foreign_owner(p).await?.is_none(), "{p}");
+        a.delete(p, None).await?;
+    }
+    ensure!(b.foreign_owner(&owned.path).await?.is_none());
+    Ok(())
+}
+
 async fn errors_name_the_node(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let p = h.path("/err");
@@ -664,6 +681,7 @@ per_backend!(every_backend {
     a_node_named_after_a_siblings_sequence_takes_its_place,
     tagged_nodes_keep_versions_for_compare_and_set,
     native_session_ids_name_the_owner,
+    dlocks_own_nodes_have_no_foreign_owner,
     an_ended_sessions_node_name_is_free_at_once,
 });
 

@@ -111,6 +111,8 @@ async fn inspect_reads_consuls_layouts(h: &Harness) -> Result<()> {
     let seen = dlock::inspect(&s, &h.path("/il")).await?;
     ensure!(seen.recipe == dlock::RecipeKind::Mutex, "{:?}", seen.recipe);
     ensure!(seen.participants.len() == 1 && seen.participants[0].node == lock.node());
+    // dlock's own holders of Consul's layouts are not Consul's clients.
+    ensure!(seen.participants[0].foreign.is_none(), "{seen:?}");
     lock.release().await?;
     let sem = KvSemaphore::new(&s, &h.path("/is"), 2)?.with_layout(Layout::Consul);
     let lease = sem.acquire().await?;
@@ -122,6 +124,7 @@ async fn inspect_reads_consuls_layouts(h: &Harness) -> Result<()> {
     );
     ensure!(seen.participants.len() == 1, "{:?}", seen.participants);
     ensure!(seen.participants[0].role == dlock::Role::Holder);
+    ensure!(seen.participants[0].foreign.is_none(), "{seen:?}");
     lease.release().await?;
     Ok(())
 }

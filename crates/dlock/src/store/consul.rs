@@ -888,6 +888,38 @@ impl Store for ConsulStore {
         Ok((children, w))
     }
 
+    async fn foreign_owner(&self, path: &str) -> Result<Option<String>> {
+        self.keeper.current().await?;
+        let Some(uuid) = self.entry(path).await?.and_then(|e| e.session) else {
+            return Ok(None);
+        };
+        let resp = self
+            .http
+            .send(
+                Method::GET,
+                &format!("/v1/session/info/{}", encode_key(&uuid)),
+                None,
+                self.op_timeout(),
+            )
+            .await?;
+        if resp.status != 200 {
+            return Err(self.refused(&resp, path));
+        }
+        #[derive(Deserialize)]
+        struct Info {
+            #[serde(rename = "Name", default)]
+            name: String,
+        }
+        // An empty list: the session ended since the read, and its key
+        // with it (`Behavior=delete`).
+        let name = resp
+            .json::<Vec<Info>>("a session read")?
+            .into_iter()
+            .next()
+            .map(|info| info.name);
+        Ok(name.filter(|name| name != keeper::SESSION_NAME))
+    }
+
     async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
         if ops.is_empty() {
             return Ok(Vec::new());

@@ -32,6 +32,13 @@
 //! shows as a [`RecipeKind::Semaphore`]: those leases hold, and the
 //! acquirers queued at `<path>-__lock__` wait.
 //!
+//! On Consul, the keys of Consul's own lock and semaphore layouts
+//! (`<prefix>/.lock` held by a session; `<prefix>/<session>` contenders)
+//! are the same whether dlock ([`Layout::Consul`](crate::Layout::Consul))
+//! or `consul lock` wrote them; the owning session's name tells them apart
+//! (dlock's are named "dlock"), and holders of Consul's own clients are
+//! marked [`Foreign::Consul`] — one read of the session per such key.
+//!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
 //! use dlock::{inspect, RecipeKind, Role};
@@ -319,15 +326,26 @@ async fn dot_lock_at(
             role: Role::Holder,
             token: stat.token(),
             session: stat.ephemeral_owner,
+            foreign: consul_client(session, &node).await?,
             node,
             data,
             access: None,
-            foreign: None,
         })),
         Ok((data, _)) if kv_semaphore::Record::parse_consul(&node, &data).is_ok() => {
             Ok(Ok(crate::Layout::Consul))
         }
         Ok(_) | Err(Error::NoNode { .. }) => Ok(Ok(crate::Layout::Curator)),
+        Err(e) => Err(e),
+    }
+}
+
+/// [`Foreign::Consul`] if a key of Consul's layouts at `node` is held by
+/// one of Consul's own clients rather than by dlock.
+async fn consul_client(session: &Session, node: &str) -> Result<Option<Foreign>> {
+    match session.foreign_owner(node).await {
+        Ok(owner) => Ok(owner.map(|_| Foreign::Consul)),
+        // Released since it was read.
+        Err(Error::NoNode { .. }) => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -369,6 +387,10 @@ async fn kv_semaphore_at(
             Err(e) => return Err(e),
         };
         let admitted = holders.iter().position(|h| *h == child.name);
+        let foreign = match layout {
+            crate::Layout::Consul => consul_client(session, &node).await?,
+            _ => None,
+        };
         all.push((
             admitted,
             Contender {
@@ -382,7 +404,7 @@ async fn kv_semaphore_at(
                 node,
                 data,
                 access: None,
-                foreign: None,
+                foreign,
             },
         ));
     }
