@@ -10,21 +10,10 @@ use std::time::{Duration, Instant};
 use dlock_testkit::{shared_zk, CuratorProbe};
 
 mod common;
-use common::{dlock_on, logged, Holder};
-
-fn endpoint() -> String {
-    format!("zk://{}", shared_zk().connect_string())
-}
-
-#[cfg(feature = "etcd")]
-fn etcd_endpoint() -> String {
-    format!("etcd://{}", dlock_testkit::shared_etcd().endpoint())
-}
-
-#[cfg(feature = "consul")]
-fn consul_endpoint() -> String {
-    format!("consul://{}", dlock_testkit::shared_consul().endpoint())
-}
+use common::{
+    await_line, dlock_on, exit_within, logged, look_until, unique, zk_endpoint as endpoint,
+    Holder,
+};
 
 /// How long the server of `endpoint` may keep the session of a holder that
 /// went silent (killed, frozen) when the session timeout asked for is
@@ -51,50 +40,23 @@ fn dlock() -> Command {
     dlock_on(&endpoint())
 }
 
-fn unique(name: &str) -> String {
-    format!("/cli-{}/{name}", uuid::Uuid::new_v4().simple())
-}
-
-/// Waits for a line in a file that a command appends to (the file is the
-/// event; a short poll of a local file stands in for a watch).
-fn await_line(path: &std::path::Path, needle: &str, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if std::fs::read_to_string(path).is_ok_and(|s| s.lines().any(|l| l.contains(needle))) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
-}
-
 /// Waits until the lock at `path` has `n` participants, via `inspect`.
 fn await_participants(path: &str, n: usize, within: Duration) {
     await_participants_on(&endpoint(), path, n, within)
 }
 
 fn await_participants_on(endpoint: &str, path: &str, n: usize, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let out = dlock_on(endpoint)
-            .args(["inspect", path, "--json"])
-            .output()
-            .unwrap();
-        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        if json["participants"].as_array().map_or(0, Vec::len) == n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{path} never reached {n} participants: {json}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    look_until(
+        within,
+        &format!("{n} participants at {path}"),
+        || inspect_on(endpoint, path),
+        |json| json["participants"].as_array().map_or(0, Vec::len) == n,
+    );
 }
 
 /// Several `dlock lock` processes on one path never run their commands at
 /// the same time: each command's start and end lines come in pairs.
-fn lock_processes_never_overlap_on(endpoint: &str) {
+fn lock_processes_never_overlap(endpoint: &str) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let path = unique("lock");
@@ -130,7 +92,7 @@ fn lock_processes_never_overlap_on(endpoint: &str) {
 
 /// The command sees the fencing token and its node, and dlock exits with
 /// the command's own code.
-fn the_command_gets_the_token_and_its_exit_code_is_kept_on(endpoint: &str) {
+fn the_command_gets_the_token_and_its_exit_code_is_kept(endpoint: &str) {
     let path = unique("env");
     let out = dlock_on(endpoint)
         .args([
@@ -157,7 +119,7 @@ fn the_command_gets_the_token_and_its_exit_code_is_kept_on(endpoint: &str) {
 /// A `dlock lock` frozen (SIGSTOP) past its session timeout loses the lock
 /// to another process; resumed, it stops its command and exits with the
 /// lock-lost code.
-fn a_frozen_holder_loses_the_lock_on(endpoint: &str) {
+fn a_frozen_holder_loses_the_lock_and_stops_its_command(endpoint: &str) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let path = unique("frozen");
@@ -271,7 +233,7 @@ fn revoke_reaches_a_curator_holder() {
 }
 
 /// A timed-out acquire exits with its own code and runs nothing.
-fn an_acquire_timeout_has_its_exit_code_on(endpoint: &str) {
+fn an_acquire_timeout_has_its_exit_code(endpoint: &str) {
     let path = unique("busy");
     let mut holder = dlock_on(endpoint)
         .args(["lock", &path, "--", "sleep", "3"])
@@ -375,7 +337,7 @@ fn bad_usage_is_named_with_its_exit_code() {
 /// lock once the server expires the dead session — within the time the
 /// server may keep a silent session (the session timeout; 2 × TTL on
 /// Consul) plus a tenth of it, at least a second.
-fn a_killed_holder_hands_over_within_the_session_timeout_on(endpoint: &str) {
+fn a_killed_holder_hands_over_within_the_session_timeout(endpoint: &str) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let path = unique("killed");
@@ -462,7 +424,9 @@ fn a_running_lock_serves_its_metrics() {
 
 /// Ten `dlock semaphore --leases 3` processes: never more than three
 /// commands inside at once, and the semaphore really admits three.
-fn a_semaphore_admits_at_most_its_leases_on(endpoint: &str, must_fill: bool) {
+fn a_semaphore_admits_at_most_its_leases(endpoint: &str) {
+    // On etcd the lot need not fill within the run; it must never overfill.
+    let must_fill = !endpoint.starts_with("etcd");
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let path = unique("sem");
@@ -496,7 +460,7 @@ fn a_semaphore_admits_at_most_its_leases_on(endpoint: &str, must_fill: bool) {
 
 /// Two `dlock elect` candidates: the first leader's command runs, exits,
 /// and leadership passes to the other, whose command runs after it.
-fn elect_hands_over_when_the_leaders_command_exits_on(endpoint: &str) {
+fn elect_hands_over_when_the_leaders_command_exits(endpoint: &str) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let path = unique("elect");
@@ -592,20 +556,6 @@ fn column(json: &serde_json::Value, field: &str) -> Vec<String> {
 
 fn has_run(log: &std::path::Path, tag: &str) -> bool {
     std::fs::read_to_string(log).is_ok_and(|t| t.lines().any(|l| l.starts_with(&format!("{tag} "))))
-}
-
-/// Waits for `child` to exit, at most `within`; its exit code.
-fn exit_within(mut child: Child, within: Duration) -> Option<i32> {
-    let (tx, rx) = mpsc::channel();
-    let pid = child.id() as i32;
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait().unwrap().code());
-    });
-    rx.recv_timeout(within).unwrap_or_else(|_| {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        panic!("pid {pid} still running after {within:?}")
-    })
 }
 
 /// read-lock and write-lock: readers share, a writer waits for them, a
@@ -832,7 +782,7 @@ fn the_command_gets_the_endpoint_without_credentials() {
 
 /// `elect --timeout` that is not elected in time exits 65 having closed its
 /// candidacy: `inspect` right after lists the leader alone.
-fn an_elect_timeout_closes_its_candidacy_on(endpoint: &str) {
+fn an_elect_timeout_closes_its_candidacy(endpoint: &str) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let path = unique("elect-timeout");
@@ -867,191 +817,69 @@ fn an_elect_timeout_closes_its_candidacy_on(endpoint: &str) {
     assert_eq!(leader.finish(), Some(0));
 }
 
-#[test]
-fn an_elect_timeout_closes_its_candidacy() {
-    an_elect_timeout_closes_its_candidacy_on(&endpoint());
-}
+on_every_server!(
+    lock_processes_never_overlap,
+    the_command_gets_the_token_and_its_exit_code_is_kept,
+    a_frozen_holder_loses_the_lock_and_stops_its_command,
+    an_acquire_timeout_has_its_exit_code,
+    a_killed_holder_hands_over_within_the_session_timeout,
+    a_semaphore_admits_at_most_its_leases,
+    elect_hands_over_when_the_leaders_command_exits,
+    an_elect_timeout_closes_its_candidacy,
+);
 
-#[test]
-fn lock_processes_never_overlap() {
-    lock_processes_never_overlap_on(&endpoint());
-}
-
-#[test]
-fn a_frozen_holder_loses_the_lock_and_stops_its_command() {
-    a_frozen_holder_loses_the_lock_on(&endpoint());
-}
-
-#[test]
-fn a_semaphore_admits_at_most_its_leases() {
-    a_semaphore_admits_at_most_its_leases_on(&endpoint(), true);
-}
-
-#[test]
-fn the_command_gets_the_token_and_its_exit_code_is_kept() {
-    the_command_gets_the_token_and_its_exit_code_is_kept_on(&endpoint());
-}
-
-#[test]
-fn an_acquire_timeout_has_its_exit_code() {
-    an_acquire_timeout_has_its_exit_code_on(&endpoint());
-}
-
-#[test]
-fn a_killed_holder_hands_over_within_the_session_timeout() {
-    a_killed_holder_hands_over_within_the_session_timeout_on(&endpoint());
-}
-
-#[test]
-fn elect_hands_over_when_the_leaders_command_exits() {
-    elect_hands_over_when_the_leaders_command_exits_on(&endpoint());
-}
-
-/// The cases above that concern every backend, on etcd.
+/// A holder by etcd's Go client (`etcdctl lock`) shows in `inspect` as a
+/// foreign mutex holder, not as nothing.
 #[cfg(feature = "etcd")]
-mod etcd {
-    use super::*;
-
-    #[test]
-    fn lock_processes_never_overlap() {
-        lock_processes_never_overlap_on(&etcd_endpoint());
-    }
-
-    #[test]
-    fn a_frozen_holder_loses_the_lock_and_stops_its_command() {
-        a_frozen_holder_loses_the_lock_on(&etcd_endpoint());
-    }
-
-    #[test]
-    fn an_elect_timeout_closes_its_candidacy() {
-        an_elect_timeout_closes_its_candidacy_on(&etcd_endpoint());
-    }
-
-    /// A holder by etcd's Go client (`etcdctl lock`) shows in `inspect` as a
-    /// foreign mutex holder, not as nothing.
-    #[test]
-    fn inspect_shows_an_etcdctl_lock_holder() {
-        let path = unique("golock");
-        // etcdctl holds the lock while its command runs: the command prints
-        // the key (etcdctl hands it over as ETCD_LOCK_KEY) and waits for a
-        // line on a FIFO the test writes to. (Signalling a bare `etcdctl
-        // lock` races its signal set-up, which comes after it prints the
-        // key: under load SIGINT killed it before it could unlock.)
-        let dir = tempfile::tempdir().unwrap();
-        let fifo = dir.path().join("release");
-        let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
-        assert!(made.success());
-        let script = dir.path().join("hold.sh");
-        std::fs::write(
-            &script,
-            format!(
-                "#!/bin/sh\necho \"$ETCD_LOCK_KEY\"\nread _ < '{}'\n",
-                fifo.display()
-            ),
-        )
+#[test]
+fn inspect_shows_an_etcdctl_lock_holder_on_etcd() {
+    let path = unique("golock");
+    // etcdctl holds the lock while its command runs: the command prints
+    // the key (etcdctl hands it over as ETCD_LOCK_KEY) and waits for a
+    // line on a FIFO the test writes to. (Signalling a bare `etcdctl
+    // lock` races its signal set-up, which comes after it prints the
+    // key: under load SIGINT killed it before it could unlock.)
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("release");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let script = dir.path().join("hold.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"$ETCD_LOCK_KEY\"\nread _ < '{}'\n",
+            fifo.display()
+        ),
+    )
+    .unwrap();
+    let made = Command::new("chmod")
+        .arg("+x")
+        .arg(&script)
+        .status()
         .unwrap();
-        let made = Command::new("chmod")
-            .arg("+x")
-            .arg(&script)
-            .status()
-            .unwrap();
-        assert!(made.success());
-        let mut etcdctl = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .arg(format!(
-                "--endpoints={}",
-                dlock_testkit::shared_etcd().url()
-            ))
-            .args(["lock", &path])
-            .arg(&script)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut key = String::new();
-        std::io::BufReader::new(etcdctl.stdout.take().unwrap())
-            .read_line(&mut key)
-            .unwrap();
-        let json = inspect_on(&etcd_endpoint(), &path);
-        assert_eq!(json["recipe"], "mutex", "{json}");
-        assert_eq!(column(&json, "role"), ["holder"], "{json}");
-        assert_eq!(column(&json, "foreign"), ["etcd-go"], "{json}");
-        assert_eq!(column(&json, "node"), [key.trim()], "{json}");
-        // The command ends; etcdctl unlocks and exits.
-        std::fs::write(&fifo, "go\n").unwrap();
-        assert_eq!(exit_within(etcdctl, Duration::from_secs(10)), Some(0));
-        assert_eq!(inspect_on(&etcd_endpoint(), &path)["recipe"], "none");
-    }
-
-    #[test]
-    fn the_command_gets_the_token_and_its_exit_code_is_kept() {
-        the_command_gets_the_token_and_its_exit_code_is_kept_on(&etcd_endpoint());
-    }
-
-    #[test]
-    fn an_acquire_timeout_has_its_exit_code() {
-        an_acquire_timeout_has_its_exit_code_on(&etcd_endpoint());
-    }
-
-    #[test]
-    fn a_killed_holder_hands_over_within_the_session_timeout() {
-        a_killed_holder_hands_over_within_the_session_timeout_on(&etcd_endpoint());
-    }
-
-    #[test]
-    fn elect_hands_over_when_the_leaders_command_exits() {
-        elect_hands_over_when_the_leaders_command_exits_on(&etcd_endpoint());
-    }
-
-    /// On etcd the lot need not fill within the run; it must never overfill.
-    #[test]
-    fn a_semaphore_admits_at_most_its_leases() {
-        a_semaphore_admits_at_most_its_leases_on(&etcd_endpoint(), false);
-    }
-}
-
-/// The cases above that concern every backend, on Consul (its session TTL
-/// is at least 10 s: the expiry cases take about 20 s).
-#[cfg(feature = "consul")]
-mod consul {
-    use super::*;
-
-    #[test]
-    fn lock_processes_never_overlap() {
-        lock_processes_never_overlap_on(&consul_endpoint());
-    }
-
-    #[test]
-    fn the_command_gets_the_token_and_its_exit_code_is_kept() {
-        the_command_gets_the_token_and_its_exit_code_is_kept_on(&consul_endpoint());
-    }
-
-    #[test]
-    fn a_frozen_holder_loses_the_lock_and_stops_its_command() {
-        a_frozen_holder_loses_the_lock_on(&consul_endpoint());
-    }
-
-    #[test]
-    fn an_acquire_timeout_has_its_exit_code() {
-        an_acquire_timeout_has_its_exit_code_on(&consul_endpoint());
-    }
-
-    #[test]
-    fn a_killed_holder_hands_over_within_the_session_timeout() {
-        a_killed_holder_hands_over_within_the_session_timeout_on(&consul_endpoint());
-    }
-
-    #[test]
-    fn a_semaphore_admits_at_most_its_leases() {
-        a_semaphore_admits_at_most_its_leases_on(&consul_endpoint(), true);
-    }
-
-    #[test]
-    fn elect_hands_over_when_the_leaders_command_exits() {
-        elect_hands_over_when_the_leaders_command_exits_on(&consul_endpoint());
-    }
-
-    #[test]
-    fn an_elect_timeout_closes_its_candidacy() {
-        an_elect_timeout_closes_its_candidacy_on(&consul_endpoint());
-    }
+    assert!(made.success());
+    let mut etcdctl = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!(
+            "--endpoints={}",
+            dlock_testkit::shared_etcd().url()
+        ))
+        .args(["lock", &path])
+        .arg(&script)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut key = String::new();
+    std::io::BufReader::new(etcdctl.stdout.take().unwrap())
+        .read_line(&mut key)
+        .unwrap();
+    let json = inspect_on(&common::etcd_endpoint(), &path);
+    assert_eq!(json["recipe"], "mutex", "{json}");
+    assert_eq!(column(&json, "role"), ["holder"], "{json}");
+    assert_eq!(column(&json, "foreign"), ["etcd-go"], "{json}");
+    assert_eq!(column(&json, "node"), [key.trim()], "{json}");
+    // The command ends; etcdctl unlocks and exits.
+    std::fs::write(&fifo, "go\n").unwrap();
+    assert_eq!(exit_within(etcdctl, Duration::from_secs(10)), Some(0));
+    assert_eq!(inspect_on(&common::etcd_endpoint(), &path)["recipe"], "none");
 }
