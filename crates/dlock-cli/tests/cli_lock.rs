@@ -11,8 +11,7 @@ use dlock_testkit::{shared_zk, CuratorProbe};
 
 mod common;
 use common::{
-    await_line, dlock_on, exit_within, logged, look_until, unique, zk_endpoint as endpoint,
-    Holder,
+    await_line, dlock_on, exit_within, logged, look_until, unique, zk_endpoint as endpoint, Holder,
 };
 
 /// How long the server of `endpoint` may keep the session of a holder that
@@ -881,5 +880,8 @@ fn inspect_shows_an_etcdctl_lock_holder_on_etcd() {
     // The command ends; etcdctl unlocks and exits.
     std::fs::write(&fifo, "go\n").unwrap();
     assert_eq!(exit_within(etcdctl, Duration::from_secs(10)), Some(0));
-    assert_eq!(inspect_on(&common::etcd_endpoint(), &path)["recipe"], "none");
+    assert_eq!(
+        inspect_on(&common::etcd_endpoint(), &path)["recipe"],
+        "none"
+    );
 }

@@ -163,7 +163,12 @@ fn pane(socket: &str) -> String {
 
 /// Captures the pane until `done` holds; the screen it last showed.
 fn await_pane(socket: &str, what: &str, done: impl Fn(&str) -> bool) -> String {
-    look_until(WITHIN, &format!("{what} in the pane"), || pane(socket), |s| done(s))
+    look_until(
+        WITHIN,
+        &format!("{what} in the pane"),
+        || pane(socket),
+        |s| done(s),
+    )
 }
 
 /// The live view in a real terminal (a detached tmux session, 120×30):

@@ -1,58 +1,26 @@
 //! The demos as several processes on one real ZooKeeper, next to Apache
 //! Curator 5.4's peer harness (shared/peers/curator).
 
-use std::collections::HashMap;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use dlock::store::{CreateMode, CreateOptions};
 use dlock_testkit::shared_zk;
 
+mod common;
+use common::{dlock_on, fields_of as fields, join_sale, set_stock, unique, zk_endpoint};
+
+/// `dlock` on the shared ZooKeeper, its stdout piped.
 fn dlock() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env(
-        "DLOCK_ENDPOINT",
-        format!("zk://{}", shared_zk().connect_string()),
-    );
+    let mut c = dlock_on(&zk_endpoint());
     c.stdout(Stdio::piped());
     c
 }
 
+/// Curator's peer harness on the shared ZooKeeper.
 fn curator(args: &[&str]) -> Child {
-    let run =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/peers/curator/run.sh");
-    assert!(
-        run.exists(),
-        "the Curator peer harness is missing at {}",
-        run.display()
-    );
-    Command::new("bash")
-        .arg(run)
-        .args(args)
+    common::curator_peer(args)
         .args(["--connect", &shared_zk().connect_string()])
-        .env(
-            "PEER_BUILD_DIR",
-            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("peerbench-curator"),
-        )
-        .stdout(Stdio::piped())
         .spawn()
         .expect("run the Curator harness")
-}
-
-/// `key=value` pairs of the last line a process printed.
-fn fields(child: Child) -> HashMap<String, String> {
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "failed: {text}");
-    let line = text.lines().last().unwrap_or_else(|| panic!("no output"));
-    line.split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-fn unique(name: &str) -> String {
-    format!("/demo-{}/{name}", uuid::Uuid::new_v4().simple())
 }
 
 /// Three dlock processes and Curator buyers share one sale: together they
@@ -61,35 +29,11 @@ fn unique(name: &str) -> String {
 fn processes_and_curator_share_one_flash_sale() {
     let (lock, stock) = (unique("lock"), unique("stock"));
     let total = 600u64;
-    let admin =
-        dlock::blocking::connect(&format!("zk://{}", shared_zk().connect_string())).unwrap();
-    let options = CreateOptions::new(CreateMode::Persistent).with_parents();
-    admin
-        .block_on(
-            admin
-                .session()
-                .create(&stock, total.to_string().as_bytes(), options),
-        )
-        .unwrap();
+    let admin = dlock::blocking::connect(&zk_endpoint()).unwrap();
+    set_stock(&admin, &stock, total);
     let java = curator(&["buy", "--path", &lock, "--stock", &stock, "--clients", "2"]);
     let processes: Vec<Child> = (0..3)
-        .map(|_| {
-            dlock()
-                .args([
-                    "demo",
-                    "flash-sale",
-                    "--buyers",
-                    "4",
-                    "--hold-ms",
-                    "2",
-                    "--lock-path",
-                    &lock,
-                    "--stock-path",
-                    &stock,
-                ])
-                .spawn()
-                .unwrap()
-        })
+        .map(|_| join_sale(&zk_endpoint(), &lock, &stock))
         .collect();
     let dlock_sold: Vec<u64> = processes
         .into_iter()
@@ -194,11 +138,7 @@ fn the_parking_lot_fills_and_never_overfills_on_zookeeper() {
 #[test]
 fn the_demos_run_safely_on_etcd() {
     let etcd = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_dlock"))
-            .env(
-                "DLOCK_ENDPOINT",
-                format!("etcd://{}", dlock_testkit::shared_etcd().endpoint()),
-            )
+        dlock_on(&common::etcd_endpoint())
             .args(args)
             .stdout(Stdio::piped())
             .spawn()

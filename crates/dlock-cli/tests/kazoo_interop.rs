@@ -3,20 +3,17 @@
 //! shared/peers/kazoo, and plain kazoo `Lock`s), `dlock lock` against a
 //! kazoo holder, and `dlock inspect` naming kazoo's holder.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use dlock::store::{CreateMode, CreateOptions};
 use dlock_testkit::{kazoo_python, shared_zk, KazooProbe};
 
+mod common;
+use common::{dlock_on, fields_of as fields, peer_harness, set_stock, zk_endpoint};
+
+/// `dlock` on the shared ZooKeeper, its stdout piped.
 fn dlock() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env(
-        "DLOCK_ENDPOINT",
-        format!("zk://{}", shared_zk().connect_string()),
-    );
+    let mut c = dlock_on(&zk_endpoint());
     c.stdout(Stdio::piped());
     c
 }
@@ -24,15 +21,8 @@ fn dlock() -> Command {
 /// kazoo's peer harness (`peerbench.py buy`: buyers whose `Lock` also
 /// counts Curator's `-lock-` nodes as contenders).
 fn peerbench(args: &[&str]) -> Child {
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/peers/kazoo/peerbench.py");
-    assert!(
-        script.exists(),
-        "the kazoo peer harness is missing at {}",
-        script.display()
-    );
     Command::new(kazoo_python())
-        .arg(script)
+        .arg(peer_harness("kazoo/peerbench.py"))
         .args(args)
         .args(["--connect", &shared_zk().connect_string()])
         .stdout(Stdio::piped())
@@ -40,16 +30,28 @@ fn peerbench(args: &[&str]) -> Child {
         .expect("run the kazoo harness")
 }
 
-/// `key=value` pairs of the last line a process printed.
-fn fields(child: Child) -> HashMap<String, String> {
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "failed: {text}");
-    let line = text.lines().last().unwrap_or_else(|| panic!("no output"));
-    line.split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+/// `dlock ARGS --timeout TIMEOUT PATH -- true`, run to its end.
+fn run_with_timeout(args: &[&str], timeout: &str, path: &str) -> Output {
+    dlock()
+        .args(args)
+        .args(["--timeout", timeout, path, "--", "true"])
+        .output()
+        .unwrap()
+}
+
+/// `dlock ARGS` at `path` times out (65) while kazoo holds it, and runs
+/// its command once kazoo lets go (`let_go PATH`, answered `answer`).
+fn waits_for_kazoo(kazoo: &mut KazooProbe, args: &[&str], path: &str, let_go: &str, answer: &str) {
+    let out = run_with_timeout(args, "300ms", path);
+    assert_eq!(out.status.code(), Some(65), "{args:?}: a timeout");
+    assert_eq!(kazoo.ask(&format!("{let_go} {path}")).unwrap(), answer);
+    let out = run_with_timeout(args, "10s", path);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A fresh directory for one test's nodes.
@@ -68,18 +70,7 @@ fn remove(admin: &dlock::blocking::Session, paths: &[&str]) {
 }
 
 fn admin() -> dlock::blocking::Session {
-    dlock::blocking::connect(&format!("zk://{}", shared_zk().connect_string())).unwrap()
-}
-
-fn set_stock(admin: &dlock::blocking::Session, stock: &str, total: u64) {
-    let options = CreateOptions::new(CreateMode::Persistent).with_parents();
-    admin
-        .block_on(
-            admin
-                .session()
-                .create(stock, total.to_string().as_bytes(), options),
-        )
-        .unwrap();
+    dlock::blocking::connect(&zk_endpoint()).unwrap()
 }
 
 /// Checks the stock ran out, and removes the sale's nodes (the lock's
@@ -171,22 +162,8 @@ fn dlock_lock_waits_for_a_kazoo_holder_and_inspect_names_it() {
     let mut kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
     let answer = kazoo.ask(&format!("lock {path} 10000")).unwrap();
     let node = answer.strip_prefix("acquired ").unwrap().to_string();
-    for layout in ["curator", "kazoo"] {
-        let out = dlock()
-            .args([
-                "lock",
-                "--layout",
-                layout,
-                "--timeout",
-                "300ms",
-                &path,
-                "--",
-                "true",
-            ])
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(65), "{layout}: a timeout");
-    }
+    let curator_layout = run_with_timeout(&["lock", "--layout", "curator"], "300ms", &path);
+    assert_eq!(curator_layout.status.code(), Some(65), "a timeout");
     let out = dlock().args(["inspect", "--json", &path]).output().unwrap();
     assert!(out.status.success());
     let seen: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -197,21 +174,13 @@ fn dlock_lock_waits_for_a_kazoo_holder_and_inspect_names_it() {
     assert_eq!(holders[0]["role"], "holder");
     assert_eq!(holders[0]["foreign"], "kazoo");
     assert_eq!(holders[0]["data"], "kazoo-probe");
-    assert_eq!(kazoo.ask(&format!("release {path}")).unwrap(), "released");
-    let out = dlock()
-        .args([
-            "lock",
-            "--layout",
-            "kazoo",
-            "--timeout",
-            "10s",
-            &path,
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0));
+    waits_for_kazoo(
+        &mut kazoo,
+        &["lock", "--layout", "kazoo"],
+        &path,
+        "release",
+        "released",
+    );
     remove(&admin(), &[&path, &base]);
 }
 
@@ -225,22 +194,8 @@ fn dlock_semaphore_layout_kazoo_shares_kazoos_limit() {
     let mut kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
     let answer = kazoo.ask(&format!("semaphore {path} 1 10000")).unwrap();
     assert!(answer.starts_with("acquired"), "{answer}");
-    let semaphore = |timeout: &str| {
-        dlock()
-            .args(["semaphore", "--layout", "kazoo", "--leases", "1"])
-            .args(["--timeout", timeout, &path, "--", "true"])
-            .output()
-            .unwrap()
-    };
-    assert_eq!(semaphore("300ms").status.code(), Some(65), "a timeout");
-    assert_eq!(kazoo.ask(&format!("release {path}")).unwrap(), "released");
-    let out = semaphore("10s");
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args = ["semaphore", "--layout", "kazoo", "--leases", "1"];
+    waits_for_kazoo(&mut kazoo, &args, &path, "release", "released");
     let lock = format!("{path}-__lock__");
     remove(&admin(), &[&path, &lock, &base]);
 }
@@ -257,22 +212,8 @@ fn dlock_elect_layout_kazoo_waits_for_a_kazoo_leader() {
         kazoo.next_line(Duration::from_secs(10)).unwrap(),
         "leader k1"
     );
-    let elect = |timeout: &str| {
-        dlock()
-            .args(["elect", "--layout", "kazoo", "--id", "d1"])
-            .args(["--timeout", timeout, &path, "--", "true"])
-            .output()
-            .unwrap()
-    };
-    assert_eq!(elect("300ms").status.code(), Some(65), "a timeout");
-    assert_eq!(kazoo.ask(&format!("resign {path}")).unwrap(), "resigned");
-    let out = elect("10s");
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args = ["elect", "--layout", "kazoo", "--id", "d1"];
+    waits_for_kazoo(&mut kazoo, &args, &path, "resign", "resigned");
     remove(&admin(), &[&path, &base]);
 }
 

@@ -144,6 +144,85 @@ pub fn curator_peer(args: &[&str]) -> Command {
     c
 }
 
+/// Stores `total` as the stock of a sale at `stock` (persistent, with its
+/// parents), for processes that join it.
+pub fn set_stock(admin: &dlock::blocking::Session, stock: &str, total: u64) {
+    let options =
+        dlock::store::CreateOptions::new(dlock::store::CreateMode::Persistent).with_parents();
+    admin
+        .block_on(
+            admin
+                .session()
+                .create(stock, total.to_string().as_bytes(), options),
+        )
+        .unwrap();
+}
+
+/// `dlock demo flash-sale` joining the sale of `stock` under `lock`, four
+/// buyers each holding 2 ms, its stdout piped.
+pub fn join_sale(endpoint: &str, lock: &str, stock: &str) -> Child {
+    dlock_on(endpoint)
+        .args(["demo", "flash-sale", "--buyers", "4", "--hold-ms", "2"])
+        .args(["--lock-path", lock, "--stock-path", stock])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run dlock")
+}
+
+/// Waits for every child; each must succeed.
+pub fn wait_all(children: Vec<Child>) {
+    for child in children {
+        assert_succeeded(&child.wait_with_output().expect("wait for a child"));
+    }
+}
+
+/// The most holders at once in a log of lines `in <kind>` / `out <kind>`
+/// (appends are atomic and ordered), and how many entries each kind had.
+pub fn concurrency(log: &Path) -> (usize, HashMap<String, usize>) {
+    let text = std::fs::read_to_string(log).expect("the log");
+    let (mut now, mut max, mut entries) = (0usize, 0, HashMap::new());
+    for line in text.lines() {
+        match line.split_once(' ') {
+            Some(("in", kind)) => {
+                now += 1;
+                max = max.max(now);
+                *entries.entry(kind.to_string()).or_insert(0) += 1;
+            }
+            Some(("out", _)) => now -= 1,
+            _ => panic!("unexpected log line {line:?}"),
+        }
+    }
+    assert_eq!(now, 0, "every entry has its exit:\n{text}");
+    (max, entries)
+}
+
+/// `consul lock` (Consul 1.8's own binary) on the shared agent, before
+/// its prefix and command.
+#[cfg(feature = "consul")]
+pub fn consul_lock() -> Command {
+    let mut c = Command::new(dlock_testkit::consul_binary().expect("the consul binary"));
+    c.arg("lock").arg(format!(
+        "-http-addr={}",
+        dlock_testkit::shared_consul().endpoint()
+    ));
+    c
+}
+
+/// The keys left under the KV root `root` of the shared Consul agent, as
+/// it lists them ("" if none).
+#[cfg(feature = "consul")]
+pub fn consul_leftovers(root: &str) -> String {
+    let (status, body) = dlock_testkit::shared_consul()
+        .http("GET", &format!("/v1/kv/{root}/?recurse"), None)
+        .expect("list the root");
+    if status == 404 {
+        String::new()
+    } else {
+        body
+    }
+}
+
 /// Waits for a line in a file that a command appends to (the file is the
 /// event; a short poll of a local file stands in for a watch).
 pub fn await_line(path: &Path, needle: &str, within: Duration) -> bool {
