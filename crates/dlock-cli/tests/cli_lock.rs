@@ -11,7 +11,8 @@ use dlock_testkit::{shared_zk, CuratorProbe};
 
 mod common;
 use common::{
-    await_line, dlock_on, exit_within, logged, look_until, unique, zk_endpoint as endpoint, Holder,
+    await_line, dlock_on, exit_within, log_lines, logged, look_until, spawn_sh, unique, wait_all,
+    zk_endpoint as endpoint, Holder,
 };
 
 /// How long the server of `endpoint` may keep the session of a holder that
@@ -61,24 +62,18 @@ fn lock_processes_never_overlap(endpoint: &str) {
     let path = unique("lock");
     let children: Vec<Child> = (0..6)
         .map(|i| {
-            dlock_on(endpoint)
-                .args(["lock", &path, "--", "sh", "-c"])
-                .arg(format!(
+            spawn_sh(
+                endpoint,
+                &["lock", &path],
+                &format!(
                     "echo start {i} >> {0}; sleep 0.05; echo end {i} >> {0}",
                     log.display()
-                ))
-                .spawn()
-                .unwrap()
+                ),
+            )
         })
         .collect();
-    for mut c in children {
-        assert!(c.wait().unwrap().success());
-    }
-    let lines: Vec<String> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(String::from)
-        .collect();
+    wait_all(children);
+    let lines: Vec<String> = log_lines(&log);
     assert_eq!(lines.len(), 12, "{lines:?}");
     for pair in lines.chunks(2) {
         let (start, end) = (&pair[0], &pair[1]);
@@ -142,11 +137,11 @@ fn a_frozen_holder_loses_the_lock_and_stops_its_command(endpoint: &str) {
         .spawn()
         .unwrap();
     assert!(await_line(&log, "holder-start", Duration::from_secs(20)));
-    let mut next = dlock_on(endpoint)
-        .args(["lock", &path, "--", "sh", "-c"])
-        .arg(format!("echo next-ran >> {}", log.display()))
-        .spawn()
-        .unwrap();
+    let mut next = spawn_sh(
+        endpoint,
+        &["lock", &path],
+        &format!("echo next-ran >> {}", log.display()),
+    );
     await_participants_on(endpoint, &path, 2, Duration::from_secs(10));
     let pid = holder.id() as i32;
     // SAFETY: signalling our own child.
@@ -341,14 +336,11 @@ fn a_killed_holder_hands_over_within_the_session_timeout(endpoint: &str) {
     let log = dir.path().join("log");
     let path = unique("killed");
     let timeout = Duration::from_secs(2);
-    let mut holder = dlock_on(endpoint)
-        .args(["--session-timeout", "2s", "lock", &path, "--", "sh", "-c"])
-        .arg(format!(
-            "echo holding $$ >> {}; exec sleep 30",
-            log.display()
-        ))
-        .spawn()
-        .unwrap();
+    let mut holder = spawn_sh(
+        endpoint,
+        &["--session-timeout", "2s", "lock", &path],
+        &format!("echo holding $$ >> {}; exec sleep 30", log.display()),
+    );
     assert!(await_line(&log, "holding", Duration::from_secs(20)));
     let orphan: i32 = std::fs::read_to_string(&log)
         .unwrap()
@@ -357,11 +349,11 @@ fn a_killed_holder_hands_over_within_the_session_timeout(endpoint: &str) {
         .unwrap()
         .parse()
         .unwrap();
-    let mut next = dlock_on(endpoint)
-        .args(["lock", &path, "--", "sh", "-c"])
-        .arg(format!("echo next >> {}", log.display()))
-        .spawn()
-        .unwrap();
+    let mut next = spawn_sh(
+        endpoint,
+        &["lock", &path],
+        &format!("echo next >> {}", log.display()),
+    );
     await_participants_on(endpoint, &path, 2, Duration::from_secs(10));
     let bound = silent_holder_hands_over_within(endpoint, timeout);
     let killed = Instant::now();
@@ -431,19 +423,14 @@ fn a_semaphore_admits_at_most_its_leases(endpoint: &str) {
     let path = unique("sem");
     let children: Vec<Child> = (0..10)
         .map(|_| {
-            dlock_on(endpoint)
-                .args(["semaphore", &path, "--leases", "3", "--", "sh", "-c"])
-                .arg(format!(
-                    "echo in >> {0}; sleep 0.3; echo out >> {0}",
-                    log.display()
-                ))
-                .spawn()
-                .unwrap()
+            spawn_sh(
+                endpoint,
+                &["semaphore", &path, "--leases", "3"],
+                &format!("echo in >> {0}; sleep 0.3; echo out >> {0}", log.display()),
+            )
         })
         .collect();
-    for mut c in children {
-        assert!(c.wait().unwrap().success());
-    }
+    wait_all(children);
     let (mut inside, mut most) = (0, 0);
     let text = std::fs::read_to_string(&log).unwrap();
     for line in text.lines() {
@@ -464,26 +451,20 @@ fn elect_hands_over_when_the_leaders_command_exits(endpoint: &str) {
     let log = dir.path().join("log");
     let path = unique("elect");
     let run = |id: &str| {
-        dlock_on(endpoint)
-            .args(["elect", &path, "--id", id, "--", "sh", "-c"])
-            .arg(format!(
+        spawn_sh(
+            endpoint,
+            &["elect", &path, "--id", id],
+            &format!(
                 "echo start $DLOCK_FENCE >> {0}; sleep 0.3; echo end >> {0}",
                 log.display()
-            ))
-            .spawn()
-            .unwrap()
+            ),
+        )
     };
     let first = run("a");
     assert!(await_line(&log, "start", Duration::from_secs(20)));
     let second = run("b");
-    for mut c in [first, second] {
-        assert!(c.wait().unwrap().success());
-    }
-    let lines: Vec<String> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(String::from)
-        .collect();
+    wait_all(vec![first, second]);
+    let lines: Vec<String> = log_lines(&log);
     assert_eq!(lines.len(), 4, "{lines:?}");
     assert!(
         lines[0].starts_with("start")
@@ -646,11 +627,11 @@ fn elect_requeue_runs_the_command_each_term() {
     let log = dir.path().join("log");
     let path = unique("requeue");
     let candidate = |id: &str| {
-        dlock()
-            .args(["elect", &path, "--id", id, "--requeue", "--", "sh", "-c"])
-            .arg(format!("echo {id} $DLOCK_FENCE >> {}", log.display()))
-            .spawn()
-            .unwrap()
+        spawn_sh(
+            &endpoint(),
+            &["elect", &path, "--id", id, "--requeue"],
+            &format!("echo {id} $DLOCK_FENCE >> {}", log.display()),
+        )
     };
     let a = candidate("a");
     assert!(await_line(&log, "a ", Duration::from_secs(20)));

@@ -42,6 +42,24 @@ pub fn dlock_on(endpoint: &str) -> Command {
     c
 }
 
+/// `dlock ARGS -- sh -c SCRIPT` on `endpoint`, started.
+pub fn spawn_sh(endpoint: &str, args: &[&str], script: &str) -> Child {
+    dlock_on(endpoint)
+        .args(args)
+        .args(["--", "sh", "-c", script])
+        .spawn()
+        .expect("start dlock")
+}
+
+/// The lines of a log that commands appended to.
+pub fn log_lines(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
 /// Runs `dlock ARGS` with nothing inherited from `DLOCK_ENDPOINT` (the
 /// embedded store, unless ARGS name an `--endpoint`).
 pub fn run_alone(args: &[&str]) -> Output {
@@ -351,6 +369,13 @@ impl Running {
             unsafe { libc::kill(self.child.id() as libc::pid_t, signal) },
             0
         );
+    }
+
+    /// Writes `line` to its stdin.
+    pub fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin still open");
+        writeln!(stdin, "{line}").expect("write to the process");
+        stdin.flush().expect("flush to the process");
     }
 
     /// Closes its stdin: a command reading it ends.
