@@ -11,8 +11,8 @@ use dlock_testkit::{shared_zk, CuratorProbe};
 
 mod common;
 use common::{
-    await_line, dlock_on, exit_within, log_lines, logged, look_until, spawn_sh, unique, wait_all,
-    zk_endpoint as endpoint, Holder,
+    await_line, concurrency, dlock_on, exit_within, json_of, log_lines, logged, look_until,
+    spawn_sh, unique, wait_all, zk_endpoint as endpoint, Holder,
 };
 
 /// How long the server of `endpoint` may keep the session of a holder that
@@ -57,23 +57,10 @@ fn await_participants_on(endpoint: &str, path: &str, n: usize, within: Duration)
 /// Several `dlock lock` processes on one path never run their commands at
 /// the same time: each command's start and end lines come in pairs.
 fn lock_processes_never_overlap(endpoint: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("log");
     let path = unique("lock");
-    let children: Vec<Child> = (0..6)
-        .map(|i| {
-            spawn_sh(
-                endpoint,
-                &["lock", &path],
-                &format!(
-                    "echo start {i} >> {0}; sleep 0.05; echo end {i} >> {0}",
-                    log.display()
-                ),
-            )
-        })
-        .collect();
-    wait_all(children);
-    let lines: Vec<String> = log_lines(&log);
+    let lines = run_together(endpoint, &["lock", &path], 6, |i, log| {
+        format!("echo start {i} >> {log}; sleep 0.05; echo end {i} >> {log}")
+    });
     assert_eq!(lines.len(), 12, "{lines:?}");
     for pair in lines.chunks(2) {
         let (start, end) = (&pair[0], &pair[1]);
@@ -82,6 +69,24 @@ fn lock_processes_never_overlap(endpoint: &str) {
             "overlap: {lines:?}"
         );
     }
+}
+
+/// `n` processes `dlock ARGS -- sh -c SCRIPT` at once, the script of the
+/// `i`th given its number and the log it appends to; all must succeed.
+/// The lines of the log.
+fn run_together(
+    endpoint: &str,
+    args: &[&str],
+    n: usize,
+    script: impl Fn(usize, &str) -> String,
+) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let children: Vec<Child> = (0..n)
+        .map(|i| spawn_sh(endpoint, args, &script(i, &log.display().to_string())))
+        .collect();
+    wait_all(children);
+    log_lines(&log)
 }
 
 /// The command sees the fencing token and its node, and dlock exits with
@@ -248,79 +253,45 @@ fn an_acquire_timeout_has_its_exit_code(endpoint: &str) {
 /// Bad usage: one line naming the problem, and the documented exit code.
 #[test]
 fn bad_usage_is_named_with_its_exit_code() {
-    let cases: &[(&[&str], i32, &str)] = &[
-        (&["lock", "/x"], 64, "<CMD>"),
+    // Each case: dlock's arguments (split at spaces), its exit code, and
+    // what its one line of stderr names.
+    let cases: &[(&str, i32, &str)] = &[
+        ("lock /x", 64, "<CMD>"),
+        ("lock relative -- true", 64, "invalid path \"relative\""),
         (
-            &["lock", "relative", "--", "true"],
-            64,
-            "invalid path \"relative\"",
-        ),
-        (
-            &["--endpoint", "embedded", "lock", "/x", "--", "true"],
+            "--endpoint embedded lock /x -- true",
             64,
             "embedded store lives inside one dlock process",
         ),
         (
-            &["--endpoint", "mongo://h:1", "lock", "/x", "--", "true"],
+            "--endpoint mongo://h:1 lock /x -- true",
             64,
             "unknown scheme \"mongo\"",
         ),
         (
-            &[
-                "--endpoint",
-                "zk://127.0.0.1:1",
-                "--session-timeout",
-                "1s",
-                "lock",
-                "/x",
-                "--",
-                "true",
-            ],
+            "--endpoint zk://127.0.0.1:1 --session-timeout 1s lock /x -- true",
             67,
             "unreachable",
         ),
         (
-            &["lock", "/x", "--", "/no/such/program"],
+            "lock /x -- /no/such/program",
             127,
             "cannot run /no/such/program",
         ),
+        ("semaphore /x --leases 0 -- true", 64, "0 is not in 1.."),
         (
-            &["semaphore", "/x", "--leases", "0", "--", "true"],
-            64,
-            "0 is not in 1..",
-        ),
-        (
-            &[
-                "semaphore",
-                "/x",
-                "--leases",
-                "2",
-                "--qty",
-                "3",
-                "--",
-                "true",
-            ],
+            "semaphore /x --leases 2 --qty 3 -- true",
             64,
             "--qty 3 is more than the 2 leases",
         ),
         (
-            &[
-                "semaphore",
-                "/x",
-                "--leases",
-                "2",
-                "--kv",
-                "--qty",
-                "2",
-                "--",
-                "true",
-            ],
+            "semaphore /x --leases 2 --kv --qty 2 -- true",
             64,
             "--kv takes no --qty",
         ),
     ];
     for (args, code, needle) in cases {
-        let out = dlock().args(*args).output().unwrap();
+        let out = dlock().args(args.split(' ')).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(*code), "{args:?}: {stderr}");
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
@@ -418,26 +389,16 @@ fn a_running_lock_serves_its_metrics() {
 fn a_semaphore_admits_at_most_its_leases(endpoint: &str) {
     // On etcd the lot need not fill within the run; it must never overfill.
     let must_fill = !endpoint.starts_with("etcd");
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("log");
     let path = unique("sem");
-    let children: Vec<Child> = (0..10)
-        .map(|_| {
-            spawn_sh(
-                endpoint,
-                &["semaphore", &path, "--leases", "3"],
-                &format!("echo in >> {0}; sleep 0.3; echo out >> {0}", log.display()),
-            )
-        })
-        .collect();
-    wait_all(children);
-    let (mut inside, mut most) = (0, 0);
-    let text = std::fs::read_to_string(&log).unwrap();
-    for line in text.lines() {
-        inside += if line == "in" { 1 } else { -1 };
-        most = most.max(inside);
-    }
-    assert_eq!(text.lines().filter(|l| *l == "in").count(), 10);
+    let lines = run_together(
+        endpoint,
+        &["semaphore", &path, "--leases", "3"],
+        10,
+        |_, log| format!("echo in sem >> {log}; sleep 0.3; echo out sem >> {log}"),
+    );
+    let (most, entries) = concurrency(&lines);
+    let text = lines.join("\n");
+    assert_eq!(entries["sem"], 10, "{text}");
     assert!(most <= 3, "{most} inside at once:\n{text}");
     if must_fill {
         assert_eq!(most, 3, "the semaphore admits three:\n{text}");
@@ -512,16 +473,7 @@ fn count_gets_sets_and_compares() {
 
 /// `dlock inspect PATH --json` on `endpoint`.
 fn inspect_on(endpoint: &str, path: &str) -> serde_json::Value {
-    let out = dlock_on(endpoint)
-        .args(["inspect", path, "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    json_of(endpoint, &["inspect", path, "--json"])
 }
 
 /// The participants' values of `field`, in order.
@@ -838,12 +790,7 @@ fn inspect_shows_an_etcdctl_lock_holder_on_etcd() {
         .status()
         .unwrap();
     assert!(made.success());
-    let mut etcdctl = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .arg(format!(
-            "--endpoints={}",
-            dlock_testkit::shared_etcd().url()
-        ))
+    let mut etcdctl = common::etcdctl()
         .args(["lock", &path])
         .arg(&script)
         .stdout(Stdio::piped())

@@ -257,12 +257,7 @@ fn observe_follows_an_etcdctl_election_on_etcd() {
     let path = unique("goelect");
     let observer = Running::start(&common::etcd_endpoint(), &["observe", &path, "--json"]);
     assert_eq!(observer.json(), serde_json::json!({"leader": null}));
-    let etcdctl = std::process::Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .arg(format!(
-            "--endpoints={}",
-            dlock_testkit::shared_etcd().url()
-        ))
+    let etcdctl = common::etcdctl()
         .args(["elect", &path, "proposal-1"])
         .stdout(std::process::Stdio::null())
         .spawn()

@@ -16,12 +16,7 @@ const BOUND: Duration = Duration::from_secs(8);
 
 /// The participants at `path`, as `dlock inspect --json` lists them.
 fn participants(endpoint: &str, path: &str) -> Vec<serde_json::Value> {
-    let out = dlock_on(endpoint)
-        .args(["inspect", path, "--json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "inspect {path}: {out:?}");
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let json = common::json_of(endpoint, &["inspect", path, "--json"]);
     json["participants"].as_array().cloned().unwrap_or_default()
 }
 
@@ -54,14 +49,16 @@ fn revoke(endpoint: &str, args: &[&str]) -> Output {
     out
 }
 
-/// A command that says it started, and on SIGTERM says so but carries on:
-/// only SIGKILL ends it.
-fn stubborn(log: &std::path::Path) -> Vec<String> {
+/// `dlock ARGS -- sh -c CMD` where CMD says it started, and on SIGTERM
+/// says so but carries on: only SIGKILL ends it.
+fn stubborn(endpoint: &str, args: &[&str], log: &std::path::Path) -> Command {
     let script = format!(
         "trap 'echo TERM >> {0}' TERM; echo started >> {0}; while :; do sleep 0.05; done",
         log.display()
     );
-    vec!["sh".into(), "-c".into(), script]
+    let mut c = dlock_on(endpoint);
+    c.args(args).args(["--", "sh", "-c", &script]);
+    c
 }
 
 /// `--revocable=GRACE`: a revocation request stops a command that ignores
@@ -74,9 +71,7 @@ fn a_revocable_lock_kills_a_stubborn_command_after_its_grace() {
     let log = dir.path().join("log");
     let path = unique("revocable");
     let grace = Duration::from_millis(600);
-    let mut holder = dlock_on(&endpoint)
-        .args(["lock", &path, "--revocable=600ms", "--"])
-        .args(stubborn(&log))
+    let mut holder = stubborn(&endpoint, &["lock", &path, "--revocable=600ms"], &log)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -139,19 +134,13 @@ fn max_hold_stops_the_command_and_lets_the_waiter_in() {
     let log = dir.path().join("log");
     let path = unique("max-hold");
     let started = Instant::now();
-    let holder = dlock_on(&endpoint)
-        .args([
-            "lock",
-            &path,
-            "--max-hold",
-            "700ms",
-            "--grace",
-            "200ms",
-            "--",
-        ])
-        .args(stubborn(&log))
-        .spawn()
-        .unwrap();
+    let holder = stubborn(
+        &endpoint,
+        &["lock", &path, "--max-hold", "700ms", "--grace", "200ms"],
+        &log,
+    )
+    .spawn()
+    .unwrap();
     assert!(await_line(&log, "started", BOUND));
     let waiter = dlock_on(&endpoint)
         .args(["lock", &path, "--", "true"])
@@ -204,12 +193,8 @@ fn revoke_force_reaches_every_kind_of_holder(endpoint: &str) {
     for kind in KINDS {
         let log = dir.path().join(kind.name);
         let path = unique(kind.name);
-        let holder = dlock_on(endpoint)
-            .args(kind.args)
-            .args([path.as_str(), "--grace", "200ms", "--"])
-            .args(stubborn(&log))
-            .spawn()
-            .unwrap();
+        let args = [kind.args, &[path.as_str(), "--grace", "200ms"]].concat();
+        let holder = stubborn(endpoint, &args, &log).spawn().unwrap();
         let node = started_holder(endpoint, &path, &log);
         let waiter_log = dir.path().join(format!("{}-waiter", kind.name));
         let waiter_args = [kind.args, &[path.as_str()]].concat();
@@ -251,18 +236,13 @@ fn a_revocable_semaphore_lease_stops_at_a_request() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let path = unique("sem-revocable");
-    let holder = dlock_on(&endpoint)
-        .args([
-            "semaphore",
-            &path,
-            "--leases",
-            "2",
-            "--revocable=200ms",
-            "--",
-        ])
-        .args(stubborn(&log))
-        .spawn()
-        .unwrap();
+    let holder = stubborn(
+        &endpoint,
+        &["semaphore", &path, "--leases", "2", "--revocable=200ms"],
+        &log,
+    )
+    .spawn()
+    .unwrap();
     let node = started_holder(&endpoint, &path, &log);
     revoke(&endpoint, &[&node]);
     assert_eq!(exit_within(holder, BOUND), Some(68));

@@ -23,16 +23,7 @@ fn await_line(path: &std::path::Path, needle: &str) -> bool {
 
 /// `dlock top --once --json PREFIX`, which must succeed.
 fn once_json(endpoint: &str, prefix: &str) -> serde_json::Value {
-    let out = dlock_on(endpoint)
-        .args(["top", "--once", "--json", prefix])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "dlock top --once --json failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    common::json_of(endpoint, &["top", "--once", "--json", prefix])
 }
 
 /// Snapshots until `done` holds (a waiter queueing tells nobody, so its
@@ -258,17 +249,12 @@ fn live_view_in_tmux_shows_a_new_holder_and_quits_on_q(endpoint: &str) {
 #[test]
 fn a_foreign_etcd_go_holder_is_named_on_etcd() {
     use std::io::BufRead;
-    let endpoint = format!("etcd://{}", dlock_testkit::shared_etcd().endpoint());
+    let endpoint = common::etcd_endpoint();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let root = unique_root();
     let path = format!("{root}/jobs/orders");
-    let mut go = Command::new(std::env::var("DLOCK_ETCDCTL").unwrap_or("etcdctl".into()))
-        .env("ETCDCTL_API", "3")
-        .arg(format!(
-            "--endpoints={}",
-            dlock_testkit::shared_etcd().endpoint()
-        ))
+    let mut go = common::etcdctl()
         .args(["lock", &path])
         .stdout(Stdio::piped())
         .spawn()

@@ -130,7 +130,7 @@ fn the_parking_lot_and_consul_lock_n_share_one_lot() {
         .collect();
     let summaries: Vec<_> = ours.into_iter().map(summary).collect();
     wait_all(consul);
-    let (max, entries) = concurrency(&log);
+    let (max, entries) = concurrency(&common::log_lines(&log));
     eprintln!(
         "parking lot: max {max} inside; {entries:?}; {:?}",
         started.elapsed()

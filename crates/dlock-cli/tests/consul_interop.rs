@@ -70,7 +70,7 @@ fn hold_together(name: &str, limit: u32, pairs: usize, args: &[&str]) -> usize {
         children.push(dlock(&[args, &[path.as_str()]].concat(), &log));
     }
     wait_all(children);
-    let (max, entries) = concurrency(&log);
+    let (max, entries) = concurrency(&common::log_lines(&log));
     eprintln!(
         "{name}: max {max} at once; {entries:?}; {:?}",
         started.elapsed()

@@ -54,23 +54,20 @@ fn the_defaults_sell_twenty_to_a_hundred_buyers() {
 fn bad_input_is_named_in_one_line() {
     assert_each_fails_naming(&[
         (
-            vec!["demo", "flash-sale", "--lock-path", "relative"],
+            "demo flash-sale --lock-path relative",
             "invalid path \"relative\"",
         ),
         (
-            vec!["--endpoint", "redis://h:1", "demo", "flash-sale"],
+            "--endpoint redis://h:1 demo flash-sale",
             "unknown scheme \"redis\"",
         ),
+        ("--endpoint zk://h demo flash-sale", "needs a port"),
         (
-            vec!["--endpoint", "zk://h", "demo", "flash-sale"],
-            "needs a port",
-        ),
-        (
-            vec!["--session-timeout", "10parsecs", "demo", "flash-sale"],
+            "--session-timeout 10parsecs demo flash-sale",
             "unknown unit",
         ),
         (
-            vec!["demo", "flash-sale", "--ledger", "ledger/relative"],
+            "demo flash-sale --ledger ledger/relative",
             "invalid path \"ledger/relative\"",
         ),
     ]);

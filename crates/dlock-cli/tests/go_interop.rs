@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{dlock_on, fields, Running};
+use common::{dlock_on, etcdctl, fields, Running};
 
 /// How long one step may take.
 const WITHIN: Duration = Duration::from_secs(20);
@@ -19,13 +19,6 @@ fn etcd() -> String {
 
 fn dlock() -> Command {
     dlock_on(&common::etcd_endpoint())
-}
-
-fn etcdctl() -> Command {
-    let mut c = Command::new(std::env::var("DLOCK_ETCDCTL").unwrap_or("etcdctl".into()));
-    c.env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={}", etcd()));
-    c
 }
 
 fn unique(name: &str) -> String {
@@ -47,9 +40,7 @@ fn interrupt(etcdctl: Running) {
 
 /// `dlock inspect PATH --json`.
 fn inspect(path: &str) -> serde_json::Value {
-    let out = dlock().args(["inspect", path, "--json"]).output().unwrap();
-    assert!(out.status.success(), "dlock inspect failed");
-    serde_json::from_slice(&out.stdout).unwrap()
+    common::json_of(&common::etcd_endpoint(), &["inspect", path, "--json"])
 }
 
 /// Waits until `n` contenders are queued at `path` (watching its children

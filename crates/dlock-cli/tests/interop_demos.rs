@@ -16,11 +16,10 @@ fn dlock() -> Command {
 }
 
 /// Curator's peer harness on the shared ZooKeeper.
-fn curator(args: &[&str]) -> Child {
-    common::curator_peer(args)
-        .args(["--connect", &shared_zk().connect_string()])
-        .spawn()
-        .expect("run the Curator harness")
+fn curator(args: &[&str]) -> Command {
+    let mut c = common::curator_peer(args);
+    c.args(["--connect", &shared_zk().connect_string()]);
+    c
 }
 
 /// Three dlock processes and Curator buyers share one sale: together they
@@ -31,7 +30,9 @@ fn processes_and_curator_share_one_flash_sale() {
     let total = 600u64;
     let admin = dlock::blocking::connect(&zk_endpoint()).unwrap();
     set_stock(&admin, &stock, total);
-    let java = curator(&["buy", "--path", &lock, "--stock", &stock, "--clients", "2"]);
+    let java = curator(&["buy", "--path", &lock, "--stock", &stock, "--clients", "2"])
+        .spawn()
+        .expect("run the Curator harness");
     let processes: Vec<Child> = (0..3)
         .map(|_| join_sale(&zk_endpoint(), &lock, &stock))
         .collect();
@@ -59,18 +60,11 @@ fn processes_and_curator_share_one_flash_sale() {
 fn curator_and_dlock_share_one_parking_lot() {
     let (lot, probe) = (unique("lot"), unique("in-use"));
     let java = curator(&[
-        "semprobe",
-        "--leases",
-        "3",
-        "--path",
-        &lot,
-        "--probe",
-        &probe,
-        "--clients",
-        "4",
-        "--rounds",
-        "10",
-    ]);
+        "semprobe", "--leases", "3", "--path", &lot, "--probe", &probe,
+    ])
+    .args(["--clients", "4", "--rounds", "10"])
+    .spawn()
+    .expect("run the Curator harness");
     let ours = dlock()
         .args([
             "demo",
@@ -81,15 +75,11 @@ fn curator_and_dlock_share_one_parking_lot() {
             "8",
             "--rounds",
             "5",
-            // Long enough that an admission on a loaded machine is quicker
-            // than a stay: the lot fills up.
-            "--hold-ms",
-            "100",
-            "--path",
-            &lot,
-            "--probe-path",
-            &probe,
         ])
+        // Long enough that an admission on a loaded machine is quicker
+        // than a stay: the lot fills up.
+        .args(["--hold-ms", "100"])
+        .args(["--path", &lot, "--probe-path", &probe])
         .spawn()
         .unwrap();
     let ours = fields(ours);
@@ -107,11 +97,8 @@ fn the_parking_lot_fills_and_never_overfills_on_zookeeper() {
     for semaphore in ["v2", "kv"] {
         let (lot, probe) = (unique("lot"), unique("in-use"));
         let run = dlock()
+            .args(["demo", "parking-lot", "--semaphore", semaphore])
             .args([
-                "demo",
-                "parking-lot",
-                "--semaphore",
-                semaphore,
                 "--cars",
                 "8",
                 "--spaces",
@@ -137,48 +124,32 @@ fn the_parking_lot_fills_and_never_overfills_on_zookeeper() {
 #[cfg(feature = "etcd")]
 #[test]
 fn the_demos_run_safely_on_etcd() {
-    let etcd = |args: &[&str]| {
-        dlock_on(&common::etcd_endpoint())
-            .args(args)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap()
+    let etcd = || {
+        let mut c = dlock_on(&common::etcd_endpoint());
+        c.stdout(Stdio::piped());
+        c
     };
     for semaphore in ["v2", "kv"] {
         let (lot, probe) = (unique("lot"), unique("in-use"));
-        let s = fields(etcd(&[
-            "demo",
-            "parking-lot",
-            "--semaphore",
-            semaphore,
-            "--cars",
-            "6",
-            "--rounds",
-            "2",
-            "--path",
-            &lot,
-            "--probe-path",
-            &probe,
-        ]));
+        let run = etcd()
+            .args(["demo", "parking-lot", "--semaphore", semaphore])
+            .args(["--cars", "6", "--rounds", "2"])
+            .args(["--path", &lot, "--probe-path", &probe])
+            .spawn()
+            .unwrap();
+        let s = fields(run);
         assert_eq!(s["violations"], "0", "{s:?}");
         assert!(s["max_inside"].parse::<u32>().unwrap() <= 3, "{s:?}");
     }
     for recipe in ["latch", "selector"] {
         let (path, probe) = (unique("election"), unique("leaders"));
-        let s = fields(etcd(&[
-            "demo",
-            "leader",
-            "--recipe",
-            recipe,
-            "--candidates",
-            "3",
-            "--terms",
-            "6",
-            "--path",
-            &path,
-            "--probe-path",
-            &probe,
-        ]));
+        let run = etcd()
+            .args(["demo", "leader", "--recipe", recipe])
+            .args(["--candidates", "3", "--terms", "6"])
+            .args(["--path", &path, "--probe-path", &probe])
+            .spawn()
+            .unwrap();
+        let s = fields(run);
         assert_eq!(
             (s["violations"].as_str(), s["terms"].as_str()),
             ("0", "6"),
@@ -186,18 +157,12 @@ fn the_demos_run_safely_on_etcd() {
         );
     }
     let (lock, stock) = (unique("lock"), unique("stock"));
-    let s = fields(etcd(&[
-        "demo",
-        "flash-sale",
-        "--buyers",
-        "20",
-        "--stock",
-        "30",
-        "--lock-path",
-        &lock,
-        "--stock-path",
-        &stock,
-    ]));
+    let run = etcd()
+        .args(["demo", "flash-sale", "--buyers", "20", "--stock", "30"])
+        .args(["--lock-path", &lock, "--stock-path", &stock])
+        .spawn()
+        .unwrap();
+    let s = fields(run);
     assert_eq!(
         (s["sold"].as_str(), s["oversold"].as_str()),
         ("30", "0"),

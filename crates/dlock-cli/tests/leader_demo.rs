@@ -4,7 +4,7 @@
 //! Consul.
 
 use std::collections::HashMap;
-use std::process::Stdio;
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
 mod common;
@@ -25,20 +25,18 @@ fn assert_safe(
     assert!(s["seconds"].parse::<f64>().unwrap() > 0.0);
 }
 
+/// `dlock GLOBAL demo leader --recipe RECIPE --candidates C --terms T
+/// --hold-ms HOLD PATHS...`, run to its end.
+fn leader_demo(global: &[&str], recipe: &str, [c, t, hold]: [u32; 3], paths: &[&str]) -> Output {
+    let (c, t, hold) = (c.to_string(), t.to_string(), hold.to_string());
+    let demo = ["demo", "leader", "--recipe", recipe, "--candidates", &c];
+    let turns = ["--terms", &t, "--hold-ms", &hold];
+    dlock(&[global, &demo, &turns, paths].concat())
+}
+
 /// Four candidates of `recipe` serve twelve terms, one leader at a time.
 fn take_turns(recipe: &str) {
-    let out = dlock(&[
-        "demo",
-        "leader",
-        "--recipe",
-        recipe,
-        "--candidates",
-        "4",
-        "--terms",
-        "12",
-        "--hold-ms",
-        "10",
-    ]);
+    let out = leader_demo(&[], recipe, [4, 12, 10], &[]);
     assert_safe(&summary(&out, "leader"), "embedded", recipe, 4, 12);
 }
 
@@ -61,16 +59,10 @@ fn the_defaults_run_twenty_terms_of_five_selectors() {
 #[test]
 fn bad_input_is_named_in_one_line() {
     assert_each_fails_naming(&[
-        (
-            vec!["demo", "leader", "--path", "relative"],
-            "invalid path \"relative\"",
-        ),
-        (
-            vec!["demo", "leader", "--probe-path", "/a//b"],
-            "invalid path \"/a//b\"",
-        ),
-        (vec!["demo", "leader", "--recipe", "raft"], "raft"),
-        (vec!["demo", "leader", "--candidates", "0"], "0"),
+        ("demo leader --path relative", "invalid path \"relative\""),
+        ("demo leader --probe-path /a//b", "invalid path \"/a//b\""),
+        ("demo leader --recipe raft", "raft"),
+        ("demo leader --candidates 0", "0"),
     ]);
 }
 
@@ -107,24 +99,8 @@ fn both_recipes_run_on_consul() {
 /// whose summary names the store `backend`.
 fn both_recipes_run_on(endpoint: &str, backend: &str, path: &str, probe: &str) {
     for recipe in ["selector", "latch"] {
-        let out = dlock(&[
-            "--endpoint",
-            endpoint,
-            "demo",
-            "leader",
-            "--recipe",
-            recipe,
-            "--candidates",
-            "3",
-            "--terms",
-            "9",
-            "--hold-ms",
-            "10",
-            "--path",
-            path,
-            "--probe-path",
-            probe,
-        ]);
+        let paths = ["--path", path, "--probe-path", probe];
+        let out = leader_demo(&["--endpoint", endpoint], recipe, [3, 9, 10], &paths);
         assert_safe(&summary(&out, "leader"), backend, recipe, 3, 9);
     }
 }
@@ -144,24 +120,8 @@ fn curator_and_dlock_selectors_share_one_election() {
     // Start once Curator's candidates are queued, so that the two sides
     // really share the election.
     common::await_children(&endpoint, &path, 1, Duration::from_secs(60));
-    let ours = dlock(&[
-        "--endpoint",
-        &endpoint,
-        "demo",
-        "leader",
-        "--recipe",
-        "selector",
-        "--candidates",
-        "3",
-        "--terms",
-        "24",
-        "--hold-ms",
-        "20",
-        "--path",
-        &path,
-        "--probe-path",
-        &probe,
-    ]);
+    let paths = ["--path", &path, "--probe-path", &probe];
+    let ours = leader_demo(&["--endpoint", &endpoint], "selector", [3, 24, 20], &paths);
     let theirs = peer.wait_with_output().expect("the Curator peer ran");
     assert_safe(&summary(&ours, "leader"), "zookeeper", "selector", 3, 24);
     let theirs_summary = summary(&theirs, "peer=curator-5.4");

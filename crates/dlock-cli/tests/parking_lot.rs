@@ -63,13 +63,10 @@ fn the_flags_are_honoured() {
 fn bad_input_is_named_in_one_line() {
     assert_each_fails_naming(&[
         (
-            vec!["demo", "parking-lot", "--path", "relative"],
+            "demo parking-lot --path relative",
             "invalid path \"relative\"",
         ),
-        (vec!["demo", "parking-lot", "--spaces", "0"], "--spaces"),
-        (
-            vec!["demo", "parking-lot", "--semaphore", "v3"],
-            "--semaphore",
-        ),
+        ("demo parking-lot --spaces 0", "--spaces"),
+        ("demo parking-lot --semaphore v3", "--semaphore"),
     ]);
 }

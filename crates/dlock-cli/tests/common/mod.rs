@@ -42,6 +42,14 @@ pub fn dlock_on(endpoint: &str) -> Command {
     c
 }
 
+/// What `dlock ARGS` on `endpoint` prints as JSON; it must succeed.
+pub fn json_of(endpoint: &str, args: &[&str]) -> serde_json::Value {
+    let out = dlock_on(endpoint).args(args).output().expect("run dlock");
+    assert_succeeded(&out);
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
 /// `dlock ARGS -- sh -c SCRIPT` on `endpoint`, started.
 pub fn spawn_sh(endpoint: &str, args: &[&str], script: &str) -> Child {
     dlock_on(endpoint)
@@ -80,11 +88,12 @@ pub fn assert_succeeded(out: &Output) {
     );
 }
 
-/// Each `(args, needle)` run alone fails with one message on stderr that
-/// contains `needle`, and prints nothing on stdout.
-pub fn assert_each_fails_naming(cases: &[(Vec<&str>, &str)]) {
+/// Each `(args, needle)`, dlock's arguments split at spaces, run alone
+/// fails with one message on stderr that contains `needle`, and prints
+/// nothing on stdout.
+pub fn assert_each_fails_naming(cases: &[(&str, &str)]) {
     for (args, needle) in cases {
-        let out = run_alone(args);
+        let out = run_alone(&args.split(' ').collect::<Vec<_>>());
         assert!(!out.status.success(), "{args:?} should fail");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
@@ -195,12 +204,11 @@ pub fn wait_all(children: Vec<Child>) {
     }
 }
 
-/// The most holders at once in a log of lines `in <kind>` / `out <kind>`
+/// The most holders at once by a log of lines `in <kind>` / `out <kind>`
 /// (appends are atomic and ordered), and how many entries each kind had.
-pub fn concurrency(log: &Path) -> (usize, HashMap<String, usize>) {
-    let text = std::fs::read_to_string(log).expect("the log");
+pub fn concurrency(lines: &[String]) -> (usize, HashMap<String, usize>) {
     let (mut now, mut max, mut entries) = (0usize, 0, HashMap::new());
-    for line in text.lines() {
+    for line in lines {
         match line.split_once(' ') {
             Some(("in", kind)) => {
                 now += 1;
@@ -211,7 +219,7 @@ pub fn concurrency(log: &Path) -> (usize, HashMap<String, usize>) {
             _ => panic!("unexpected log line {line:?}"),
         }
     }
-    assert_eq!(now, 0, "every entry has its exit:\n{text}");
+    assert_eq!(now, 0, "every entry has its exit:\n{}", lines.join("\n"));
     (max, entries)
 }
 
@@ -223,6 +231,18 @@ pub fn consul_lock() -> Command {
     c.arg("lock").arg(format!(
         "-http-addr={}",
         dlock_testkit::shared_consul().endpoint()
+    ));
+    c
+}
+
+/// etcd's own `etcdctl` (v3 API; `DLOCK_ETCDCTL` names another binary)
+/// on the shared etcd, before its arguments.
+#[cfg(feature = "etcd")]
+pub fn etcdctl() -> Command {
+    let mut c = Command::new(std::env::var("DLOCK_ETCDCTL").unwrap_or("etcdctl".into()));
+    c.env("ETCDCTL_API", "3").arg(format!(
+        "--endpoints={}",
+        dlock_testkit::shared_etcd().url()
     ));
     c
 }
