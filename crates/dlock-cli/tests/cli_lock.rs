@@ -169,13 +169,20 @@ fn a_frozen_holder_loses_the_lock_and_stops_its_command(endpoint: &str) {
     );
 }
 
+/// A Curator probe holding `path` by its command `kind` (`mutex`,
+/// `revocable`); the node it holds.
+fn curator_holding(kind: &str, path: &str) -> (CuratorProbe, String) {
+    let mut curator = CuratorProbe::start(&shared_zk().connect_string()).unwrap();
+    let answer = curator.ask(&format!("{kind} {path} 10000")).unwrap();
+    let node = answer.strip_prefix("acquired ").unwrap().to_string();
+    (curator, node)
+}
+
 /// `inspect` shows a Curator holder and dlock waiters in queue order.
 #[test]
 fn inspect_shows_a_curator_holder_and_dlock_waiters() {
     let path = unique("mixed");
-    let mut curator = CuratorProbe::start(&shared_zk().connect_string()).unwrap();
-    let answer = curator.ask(&format!("mutex {path} 10000")).unwrap();
-    let curator_node = answer.strip_prefix("acquired ").unwrap().to_string();
+    let (mut curator, curator_node) = curator_holding("mutex", &path);
     let waiters: Vec<Child> = (0..2)
         .map(|_| {
             dlock()
@@ -186,8 +193,7 @@ fn inspect_shows_a_curator_holder_and_dlock_waiters() {
         })
         .collect();
     await_participants(&path, 3, Duration::from_secs(20));
-    let out = dlock().args(["inspect", &path, "--json"]).output().unwrap();
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let json = inspect_on(&endpoint(), &path);
     assert_eq!(json["path"], path.as_str());
     assert_eq!(json["recipe"], "mutex");
     let list = json["participants"].as_array().unwrap();
@@ -206,18 +212,14 @@ fn inspect_shows_a_curator_holder_and_dlock_waiters() {
         "{table}"
     );
     curator.ask(&format!("release {path}")).unwrap();
-    for mut w in waiters {
-        assert!(w.wait().unwrap().success());
-    }
+    wait_all(waiters);
 }
 
 /// `dlock revoke` reaches a revocable Curator holder.
 #[test]
 fn revoke_reaches_a_curator_holder() {
     let path = unique("revoke");
-    let mut curator = CuratorProbe::start(&shared_zk().connect_string()).unwrap();
-    let answer = curator.ask(&format!("revocable {path} 10000")).unwrap();
-    let node = answer.strip_prefix("acquired ").unwrap().to_string();
+    let (mut curator, node) = curator_holding("revocable", &path);
     let out = dlock().args(["revoke", &node]).output().unwrap();
     assert!(
         out.status.success(),

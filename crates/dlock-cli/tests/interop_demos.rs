@@ -129,27 +129,26 @@ fn the_demos_run_safely_on_etcd() {
         c.stdout(Stdio::piped());
         c
     };
-    for semaphore in ["v2", "kv"] {
-        let (lot, probe) = (unique("lot"), unique("in-use"));
+    // The parking lot and the leader demo, each on a path and a probe of
+    // its own.
+    let on_paths_of_its_own = |args: &[&str]| {
+        let (path, probe) = (unique("path"), unique("probe"));
         let run = etcd()
-            .args(["demo", "parking-lot", "--semaphore", semaphore])
-            .args(["--cars", "6", "--rounds", "2"])
-            .args(["--path", &lot, "--probe-path", &probe])
+            .args(args)
+            .args(["--path", &path, "--probe-path", &probe])
             .spawn()
             .unwrap();
-        let s = fields(run);
+        fields(run)
+    };
+    for semaphore in ["v2", "kv"] {
+        let args = ["--semaphore", semaphore, "--cars", "6", "--rounds", "2"];
+        let s = on_paths_of_its_own(&[&["demo", "parking-lot"], &args[..]].concat());
         assert_eq!(s["violations"], "0", "{s:?}");
         assert!(s["max_inside"].parse::<u32>().unwrap() <= 3, "{s:?}");
     }
     for recipe in ["latch", "selector"] {
-        let (path, probe) = (unique("election"), unique("leaders"));
-        let run = etcd()
-            .args(["demo", "leader", "--recipe", recipe])
-            .args(["--candidates", "3", "--terms", "6"])
-            .args(["--path", &path, "--probe-path", &probe])
-            .spawn()
-            .unwrap();
-        let s = fields(run);
+        let args = ["--recipe", recipe, "--candidates", "3", "--terms", "6"];
+        let s = on_paths_of_its_own(&[&["demo", "leader"], &args[..]].concat());
         assert_eq!(
             (s["violations"].as_str(), s["terms"].as_str()),
             ("0", "6"),

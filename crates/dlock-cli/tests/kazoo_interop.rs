@@ -73,6 +73,16 @@ fn admin() -> dlock::blocking::Session {
     dlock::blocking::connect(&zk_endpoint()).unwrap()
 }
 
+/// A sale of `total` under a fresh directory: an admin session, the
+/// directory, and the sale's lock and stock paths.
+fn open_sale(total: u64) -> (dlock::blocking::Session, String, String, String) {
+    let base = unique();
+    let (lock, stock) = (format!("{base}/lock"), format!("{base}/stock"));
+    let admin = admin();
+    set_stock(&admin, &stock, total);
+    (admin, base, lock, stock)
+}
+
 /// Checks the stock ran out, and removes the sale's nodes (the lock's
 /// directory is persistent in kazoo's layout, and must be empty now).
 fn close_sale(admin: &dlock::blocking::Session, base: &str) {
@@ -107,11 +117,8 @@ fn flash_sale(lock: &str, stock: &str) -> Child {
 /// sale that sold 507 and 516 of 300 before dlock ordered kazoo's nodes.
 #[test]
 fn flash_sale_processes_and_kazoo_buyers_sell_exactly_the_stock() {
-    let base = unique();
-    let (lock, stock) = (format!("{base}/lock"), format!("{base}/stock"));
     let total = 300u64;
-    let admin = admin();
-    set_stock(&admin, &stock, total);
+    let (admin, base, lock, stock) = open_sale(total);
     let python = peerbench(&["buy", "--path", &lock, "--stock", &stock, "--clients", "3"]);
     let processes: Vec<Child> = (0..2).map(|_| flash_sale(&lock, &stock)).collect();
     let dlock_sold: Vec<u64> = processes
@@ -131,11 +138,8 @@ fn flash_sale_processes_and_kazoo_buyers_sell_exactly_the_stock() {
 /// because it writes kazoo's names) and a `--layout kazoo` sale.
 #[test]
 fn flash_sale_and_plain_kazoo_locks_sell_exactly_the_stock() {
-    let base = unique();
-    let (lock, stock) = (format!("{base}/lock"), format!("{base}/stock"));
     let total = 200u64;
-    let admin = admin();
-    set_stock(&admin, &stock, total);
+    let (admin, base, lock, stock) = open_sale(total);
     let mut kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
     assert_eq!(
         kazoo.ask(&format!("buy {lock} {stock} 3")).unwrap(),

@@ -125,6 +125,15 @@ pub fn summary(out: &Output, first: &str) -> HashMap<String, String> {
     pairs(lines[0])
 }
 
+/// The pairs `expected` are among `pairs` (a summary's or [`fields`]).
+pub fn assert_fields(pairs: &HashMap<String, String>, expected: &[(&str, &str)]) {
+    let seen: Vec<(&str, &str)> = expected
+        .iter()
+        .map(|(k, _)| (*k, pairs.get(*k).map_or("<missing>", String::as_str)))
+        .collect();
+    assert_eq!(seen, expected, "{pairs:?}");
+}
+
 /// The pairs of the last line a finished process printed; it must have
 /// succeeded.
 pub fn fields(out: Output) -> HashMap<String, String> {
