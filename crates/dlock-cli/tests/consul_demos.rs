@@ -13,8 +13,8 @@ use dlock_testkit::shared_consul;
 
 mod common;
 use common::{
-    concurrency, consul_endpoint as endpoint, consul_leftovers as leftovers, consul_lock, dlock_on,
-    fields_of as summary, join_sale, set_stock, wait_all,
+    assert_fields, concurrency, consul_endpoint as endpoint, consul_leftovers as leftovers,
+    consul_lock, dlock_on, fields_of as summary, join_sale, set_stock, wait_all,
 };
 
 /// A root of its own for each test: `ci-<uuid>`.
@@ -136,11 +136,7 @@ fn the_parking_lot_and_consul_lock_n_share_one_lot() {
         started.elapsed()
     );
     for s in &summaries {
-        assert_eq!(
-            (s["semaphore"].as_str(), s["layout"].as_str()),
-            ("kv", "consul"),
-            "{s:?}"
-        );
+        assert_fields(&s, &[("semaphore", "kv"), ("layout", "consul")]);
         assert_eq!(s["violations"], "0", "{s:?}");
         assert_eq!(s["acquisitions"], "9", "{s:?}");
     }

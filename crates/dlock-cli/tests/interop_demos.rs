@@ -6,7 +6,9 @@ use std::process::{Child, Command, Stdio};
 use dlock_testkit::shared_zk;
 
 mod common;
-use common::{dlock_on, fields_of as fields, join_sale, set_stock, unique, zk_endpoint};
+use common::{
+    assert_fields, dlock_on, fields_of as fields, join_sale, set_stock, unique, zk_endpoint,
+};
 
 /// `dlock` on the shared ZooKeeper, its stdout piped.
 fn dlock() -> Command {
@@ -149,11 +151,7 @@ fn the_demos_run_safely_on_etcd() {
     for recipe in ["latch", "selector"] {
         let args = ["--recipe", recipe, "--candidates", "3", "--terms", "6"];
         let s = on_paths_of_its_own(&[&["demo", "leader"], &args[..]].concat());
-        assert_eq!(
-            (s["violations"].as_str(), s["terms"].as_str()),
-            ("0", "6"),
-            "{s:?}"
-        );
+        assert_fields(&s, &[("violations", "0"), ("terms", "6")]);
     }
     let (lock, stock) = (unique("lock"), unique("stock"));
     let run = etcd()
@@ -162,9 +160,5 @@ fn the_demos_run_safely_on_etcd() {
         .spawn()
         .unwrap();
     let s = fields(run);
-    assert_eq!(
-        (s["sold"].as_str(), s["oversold"].as_str()),
-        ("30", "0"),
-        "{s:?}"
-    );
+    assert_fields(&s, &[("sold", "30"), ("oversold", "0")]);
 }
