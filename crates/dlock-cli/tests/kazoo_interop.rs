@@ -59,6 +59,15 @@ fn unique() -> String {
     format!("/kazoo-{}", uuid::Uuid::new_v4().simple())
 }
 
+/// A fresh directory, the path `name` in it, and a kazoo probe on the
+/// shared ZooKeeper.
+fn kazoo_at(name: &str) -> (String, String, KazooProbe) {
+    let base = unique();
+    let path = format!("{base}/{name}");
+    let kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
+    (base, path, kazoo)
+}
+
 /// Deletes `paths`, in order (kazoo leaves persistent directories).
 fn remove(admin: &dlock::blocking::Session, paths: &[&str]) {
     for path in paths {
@@ -161,16 +170,12 @@ fn flash_sale_and_plain_kazoo_locks_sell_exactly_the_stock() {
 /// releases, `dlock lock --layout kazoo` runs its command.
 #[test]
 fn dlock_lock_waits_for_a_kazoo_holder_and_inspect_names_it() {
-    let base = unique();
-    let path = format!("{base}/held");
-    let mut kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
+    let (base, path, mut kazoo) = kazoo_at("held");
     let answer = kazoo.ask(&format!("lock {path} 10000")).unwrap();
     let node = answer.strip_prefix("acquired ").unwrap().to_string();
     let curator_layout = run_with_timeout(&["lock", "--layout", "curator"], "300ms", &path);
     assert_eq!(curator_layout.status.code(), Some(65), "a timeout");
-    let out = dlock().args(["inspect", "--json", &path]).output().unwrap();
-    assert!(out.status.success());
-    let seen: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let seen = common::json_of(&zk_endpoint(), &["inspect", "--json", &path]);
     assert_eq!(seen["recipe"], "mutex", "{seen}");
     let holders = seen["participants"].as_array().unwrap();
     assert_eq!(holders.len(), 1, "{seen}");
@@ -193,9 +198,7 @@ fn dlock_lock_waits_for_a_kazoo_holder_and_inspect_names_it() {
 /// runs its command.
 #[test]
 fn dlock_semaphore_layout_kazoo_shares_kazoos_limit() {
-    let base = unique();
-    let path = format!("{base}/api");
-    let mut kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
+    let (base, path, mut kazoo) = kazoo_at("api");
     let answer = kazoo.ask(&format!("semaphore {path} 1 10000")).unwrap();
     assert!(answer.starts_with("acquired"), "{answer}");
     let args = ["semaphore", "--layout", "kazoo", "--leases", "1"];
@@ -208,9 +211,7 @@ fn dlock_semaphore_layout_kazoo_shares_kazoos_limit() {
 /// leads (65 on its timeout), and leads once kazoo's leader resigns.
 #[test]
 fn dlock_elect_layout_kazoo_waits_for_a_kazoo_leader() {
-    let base = unique();
-    let path = format!("{base}/cron");
-    let mut kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
+    let (base, path, mut kazoo) = kazoo_at("cron");
     assert_eq!(kazoo.ask(&format!("elect {path} k1")).unwrap(), "candidate");
     assert_eq!(
         kazoo.next_line(Duration::from_secs(10)).unwrap(),
@@ -226,9 +227,8 @@ fn dlock_elect_layout_kazoo_waits_for_a_kazoo_leader() {
 /// one space left to them (its in-use counter counts dlock's cars only).
 #[test]
 fn parking_lot_layout_kazoo_leaves_kazoos_space_alone() {
-    let base = unique();
-    let (lot, probe) = (format!("{base}/lot"), format!("{base}/in-use"));
-    let mut kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
+    let (base, lot, mut kazoo) = kazoo_at("lot");
+    let probe = format!("{base}/in-use");
     let answer = kazoo.ask(&format!("semaphore {lot} 2 10000")).unwrap();
     assert!(answer.starts_with("acquired"), "{answer}");
     let ours = dlock()
