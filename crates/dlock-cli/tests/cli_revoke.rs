@@ -253,22 +253,18 @@ fn a_revocable_semaphore_lease_stops_at_a_request() {
 /// usage error naming the flags.
 #[test]
 fn consul_layout_refuses_revocable_and_max_hold() {
-    let out = dlock_on(&zk())
-        .args([
-            "lock",
-            "/x",
-            "--layout",
-            "consul",
-            "--max-hold",
-            "1s",
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(64));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("--max-hold"), "{stderr}");
+    for args in [
+        "lock /x --layout consul --revocable -- true",
+        "lock /x --layout consul --max-hold 1s -- true",
+    ] {
+        let out = dlock_on(&zk()).args(args.split(' ')).output().unwrap();
+        assert_eq!(out.status.code(), Some(64), "{args}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--revocable and --max-hold"),
+            "{args}: {stderr}"
+        );
+    }
 }
 
 /// In Consul's layout, `dlock revoke --force` reaches a `consul lock -n`
