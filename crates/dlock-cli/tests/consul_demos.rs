@@ -136,7 +136,7 @@ fn the_parking_lot_and_consul_lock_n_share_one_lot() {
         started.elapsed()
     );
     for s in &summaries {
-        assert_fields(&s, &[("semaphore", "kv"), ("layout", "consul")]);
+        assert_fields(s, &[("semaphore", "kv"), ("layout", "consul")]);
         assert_eq!(s["violations"], "0", "{s:?}");
         assert_eq!(s["acquisitions"], "9", "{s:?}");
     }
