@@ -2,7 +2,7 @@
 //! answering one line each on stdout: the shape of the Curator (Java) and
 //! kazoo (Python) probes.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -37,15 +37,7 @@ impl LineProbe {
             .spawn()
             .with_context(|| format!("start the {peer} probe ({command:?})"))?;
         let stdin = child.stdin.take().expect("piped");
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
+        let lines = line_channel(child.stdout.take().expect("piped"));
         let mut probe = LineProbe {
             peer,
             quit_grace,
@@ -86,6 +78,30 @@ impl LineProbe {
         );
         Ok(answer)
     }
+}
+
+/// The lines `output` gives (a child's stdout, say), as they come, read
+/// on a thread of their own; the channel ends with the output.
+///
+/// ```
+/// let echo = std::process::Command::new("echo")
+///     .arg("hello")
+///     .stdout(std::process::Stdio::piped())
+///     .spawn()
+///     .unwrap();
+/// let lines = dlock_testkit::line_channel(echo.stdout.unwrap());
+/// assert_eq!(lines.recv().unwrap(), "hello");
+/// ```
+pub fn line_channel(output: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(output).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    lines
 }
 
 impl Drop for LineProbe {
