@@ -63,7 +63,10 @@ fn three_processes_share_one_flash_sale_on_consul() {
     eprintln!("sold {sold:?} in {:?}", started.elapsed());
     for s in &summaries {
         assert_eq!(s["backend"], "consul", "{s:?}");
-        assert_eq!(s["stock"], total.to_string(), "each joined the one sale");
+        // The stock it found on starting: the whole stock, or less if
+        // another process had sold some by then — never a sale of its own.
+        let found: u64 = s["stock"].parse().unwrap();
+        assert!(found <= total, "each joined the one sale: {s:?}");
     }
     assert_eq!(sold.iter().sum::<u64>(), total, "sold {sold:?}");
     let (left, _) = admin.block_on(admin.session().get_data(&stock)).unwrap();
