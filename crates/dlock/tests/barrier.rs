@@ -187,14 +187,7 @@ async fn bad_arguments_are_refused(h: &Harness) -> Result<()> {
     Ok(())
 }
 
-per_backend!({
-    embedded => crate::common::embedded(),
-    zookeeper => crate::common::zookeeper(),
-    #[cfg(feature = "etcd")]
-    etcd => crate::common::etcd(),
-    #[cfg(feature = "consul")]
-    consul => crate::common::consul(),
-} {
+per_backend!(every_backend {
     barrier_node_is_curators,
     waiters_go_when_the_barrier_is_removed,
     double_barrier_nodes_are_curators,

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{await_children, Harness};
+use common::{await_children, sold_exactly_the_stock, Harness};
 use dlock::recipes::leader_latch::LeaderLatch;
 use dlock::recipes::leader_selector::LeaderSelector;
 use dlock::store::{CreateMode, CreateOptions};
@@ -158,6 +158,42 @@ fn field(stdout: &[u8], name: &str) -> Result<u64> {
         .with_context(|| format!("no {name}= in {line:?}"))
 }
 
+/// Starts a Go sale (`go` with `args`, three clients, on `path` and the
+/// `stock` node holding `total`) and waits until it has sold once.
+async fn go_sellers(
+    mut go: Command,
+    args: &[&str],
+    path: &str,
+    stock: &str,
+    admin: &Session,
+    total: u64,
+) -> Result<Child> {
+    let sellers = go
+        .args(args)
+        .args(["--endpoints", &etcd_endpoint(), "--clients", "3"])
+        .args(["--path", path, "--stock-key", stock])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    await_first_sale(admin, stock, total).await?;
+    Ok(sellers)
+}
+
+/// Every dlock seller and the Go program (`go`, named `who`) of a sale end
+/// well; returns what the Go program printed.
+async fn sale_ends(
+    sellers: Vec<tokio::task::JoinHandle<Result<()>>>,
+    go: Child,
+    who: &str,
+) -> Result<Vec<u8>> {
+    for seller in sellers {
+        tokio::time::timeout(SALE_WITHIN, seller).await???;
+    }
+    let out = tokio::time::timeout(SALE_WITHIN, go.wait_with_output()).await??;
+    ensure!(out.status.success(), "{who} failed");
+    Ok(out.stdout)
+}
+
 /// Go `concurrency.Mutex` buyers (`shared/peers/etcd-go` `peerbench buy`)
 /// and dlock mutex buyers on one lock prefix and stock key: together they
 /// sell exactly the stock.
@@ -166,14 +202,8 @@ async fn go_and_dlock_mutex_buyers_sell_exactly_the_stock(h: &Harness) -> Result
     let (lock, stock) = (h.path("/shop/lock"), h.path("/shop/stock"));
     let admin = h.session().await;
     put_stock(&admin, &stock, total).await?;
-    let peerbench = dlock_testkit::etcd_go_peerbench()?;
-    let go = Command::new(peerbench)
-        .args(["buy", "--endpoints", &etcd_endpoint(), "--clients", "3"])
-        .args(["--path", &lock, "--stock-key", &stock])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    await_first_sale(&admin, &stock, total).await?;
+    let peerbench = Command::new(dlock_testkit::etcd_go_peerbench()?);
+    let go = go_sellers(peerbench, &["buy"], &lock, &stock, &admin, total).await?;
     let sold = Arc::new(AtomicU64::new(0));
     let mut buyers = Vec::new();
     for _ in 0..3 {
@@ -191,24 +221,17 @@ async fn go_and_dlock_mutex_buyers_sell_exactly_the_stock(h: &Harness) -> Result
             }
         }));
     }
-    for b in buyers {
-        tokio::time::timeout(SALE_WITHIN, b).await???;
-    }
-    let out = tokio::time::timeout(SALE_WITHIN, go.wait_with_output()).await??;
-    ensure!(out.status.success(), "the Go buyers failed");
-    let go_sold = field(&out.stdout, "sold")?;
-    let dlock_sold = sold.load(Ordering::SeqCst);
-    ensure!(
-        dlock_sold + go_sold == total,
-        "dlock sold {dlock_sold}, Go {go_sold}, of {total}"
-    );
-    ensure!(
-        dlock_sold > 0 && go_sold > 0,
-        "dlock {dlock_sold}, Go {go_sold}"
-    );
-    ensure!(admin.get_data(&stock).await?.0 == b"0");
-    admin.delete(&stock, None).await?;
-    Ok(())
+    let go_said = sale_ends(buyers, go, "the Go buyers").await?;
+    let go_sold = field(&go_said, "sold")?;
+    sold_exactly_the_stock(
+        &admin,
+        &stock,
+        total,
+        sold.load(Ordering::SeqCst),
+        "Go",
+        go_sold,
+    )
+    .await
 }
 
 /// Go `concurrency.Election` candidates (`electsale`: campaign, sell one,
@@ -221,14 +244,8 @@ async fn go_and_dlock_election_candidates_lead_one_at_a_time(h: &Harness) -> Res
     let (election, stock) = (h.path("/election"), h.path("/stock"));
     let admin = h.session().await;
     put_stock(&admin, &stock, total).await?;
-    let electsale = dlock_testkit::etcd_go_electsale()?;
-    let go = Command::new(electsale)
-        .args(["--endpoints", &etcd_endpoint(), "--clients", "3"])
-        .args(["--path", &election, "--stock-key", &stock])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    await_first_sale(&admin, &stock, total).await?;
+    let electsale = Command::new(dlock_testkit::etcd_go_electsale()?);
+    let go = go_sellers(electsale, &[], &election, &stock, &admin, total).await?;
     let sold = Arc::new(AtomicU64::new(0));
     // dlock leaders inside a term now, across both kinds of candidate, and
     // how often a term began while another was on.
@@ -292,30 +309,23 @@ async fn go_and_dlock_election_candidates_lead_one_at_a_time(h: &Harness) -> Res
             }
         }));
     }
-    for c in candidates {
-        tokio::time::timeout(SALE_WITHIN, c).await???;
-    }
-    let out = tokio::time::timeout(SALE_WITHIN, go.wait_with_output()).await??;
-    ensure!(out.status.success(), "the Go candidates failed");
+    let go_said = sale_ends(candidates, go, "the Go candidates").await?;
     ensure!(
-        field(&out.stdout, "violations")? == 0,
+        field(&go_said, "violations")? == 0,
         "two Go leaders at once"
     );
     let overlaps = overlaps.load(Ordering::SeqCst);
     ensure!(overlaps == 0, "{overlaps} times two dlock leaders at once");
-    let go_sold = field(&out.stdout, "sold")?;
-    let dlock_sold = sold.load(Ordering::SeqCst);
-    ensure!(
-        dlock_sold + go_sold == total,
-        "dlock leaders sold {dlock_sold}, Go leaders {go_sold}, of {total}"
-    );
-    ensure!(
-        dlock_sold > 0 && go_sold > 0,
-        "dlock {dlock_sold}, Go {go_sold}"
-    );
-    ensure!(admin.get_data(&stock).await?.0 == b"0");
-    admin.delete(&stock, None).await?;
-    Ok(())
+    let go_sold = field(&go_said, "sold")?;
+    sold_exactly_the_stock(
+        &admin,
+        &stock,
+        total,
+        sold.load(Ordering::SeqCst),
+        "Go",
+        go_sold,
+    )
+    .await
 }
 
 /// A dlock leader is the leader Go observes (`etcdctl elect -l`, Go's

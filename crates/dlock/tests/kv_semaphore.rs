@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{await_children, persistent, Harness};
+use common::{await_children, persistent, sorted_names, Harness};
 use dlock::recipes::kv_semaphore::{holder_id, KvLease, KvSemaphore, Record, RECORD};
 use dlock::{Error, Session};
 
@@ -21,17 +21,6 @@ async fn record(session: &Session, path: &str) -> Result<Option<Record>> {
         Err(Error::NoNode { .. }) => Ok(None),
         Err(e) => Err(e.into()),
     }
-}
-
-async fn names(session: &Session, path: &str) -> Result<Vec<String>> {
-    let mut names: Vec<String> = session
-        .children(path)
-        .await?
-        .into_iter()
-        .map(|c| c.name)
-        .collect();
-    names.sort();
-    Ok(names)
 }
 
 /// The layout: an ephemeral entry named after the session, and the JSON
@@ -122,7 +111,7 @@ async fn a_release_admits_a_waiter(h: &Harness) -> Result<()> {
     ensure!(c.try_acquire().await?.is_none());
     ensure!(c.acquire_timeout(SHORT).await.unwrap_err() == Error::Timeout(SHORT));
     ensure!(
-        names(&sa, &path).await?.len() == 3,
+        sorted_names(&sa, &path).await?.len() == 3,
         "no entry left by the failed tries"
     );
     let waiting = c.clone();
@@ -210,7 +199,7 @@ async fn a_limit_mismatch_is_an_error(h: &Harness) -> Result<()> {
             && text.contains("contender 3"),
         "{text}"
     );
-    ensure!(names(&s1, &path).await? == [RECORD.to_string(), lease.holder().to_string()]);
+    ensure!(sorted_names(&s1, &path).await? == [RECORD.to_string(), lease.holder().to_string()]);
     let err = KvSemaphore::new(&s2, &path, 0).unwrap_err();
     ensure!(matches!(err, Error::InvalidArgument(_)), "{err}");
     lease.release().await?;
