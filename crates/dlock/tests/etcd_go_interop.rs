@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{await_children, sold_exactly_the_stock, Harness};
+use common::{await_children, queued, sold_exactly_the_stock, Harness};
 use dlock::recipes::leader_latch::LeaderLatch;
 use dlock::recipes::leader_selector::LeaderSelector;
 use dlock::store::{CreateMode, CreateOptions};
@@ -194,6 +194,20 @@ async fn sale_ends(
     Ok(out.stdout)
 }
 
+/// dlock's sellers (`sold`) and the Go ones (their `sold=` field in
+/// `go_said`) sold exactly the stock ([`sold_exactly_the_stock`]).
+async fn go_and_dlock_sold_the_stock(
+    admin: &Session,
+    stock: &str,
+    total: u64,
+    sold: &AtomicU64,
+    go_said: &[u8],
+) -> Result<()> {
+    let go_sold = field(go_said, "sold")?;
+    let dlock_sold = sold.load(Ordering::SeqCst);
+    sold_exactly_the_stock(admin, stock, total, dlock_sold, "Go", go_sold).await
+}
+
 /// Go `concurrency.Mutex` buyers (`shared/peers/etcd-go` `peerbench buy`)
 /// and dlock mutex buyers on one lock prefix and stock key: together they
 /// sell exactly the stock.
@@ -222,16 +236,7 @@ async fn go_and_dlock_mutex_buyers_sell_exactly_the_stock(h: &Harness) -> Result
         }));
     }
     let go_said = sale_ends(buyers, go, "the Go buyers").await?;
-    let go_sold = field(&go_said, "sold")?;
-    sold_exactly_the_stock(
-        &admin,
-        &stock,
-        total,
-        sold.load(Ordering::SeqCst),
-        "Go",
-        go_sold,
-    )
-    .await
+    go_and_dlock_sold_the_stock(&admin, &stock, total, &sold, &go_said).await
 }
 
 /// Go `concurrency.Election` candidates (`electsale`: campaign, sell one,
@@ -316,16 +321,7 @@ async fn go_and_dlock_election_candidates_lead_one_at_a_time(h: &Harness) -> Res
     );
     let overlaps = overlaps.load(Ordering::SeqCst);
     ensure!(overlaps == 0, "{overlaps} times two dlock leaders at once");
-    let go_sold = field(&go_said, "sold")?;
-    sold_exactly_the_stock(
-        &admin,
-        &stock,
-        total,
-        sold.load(Ordering::SeqCst),
-        "Go",
-        go_sold,
-    )
-    .await
+    go_and_dlock_sold_the_stock(&admin, &stock, total, &sold, &go_said).await
 }
 
 /// A dlock leader is the leader Go observes (`etcdctl elect -l`, Go's
@@ -416,8 +412,7 @@ async fn etcdctl_lock_and_dlock_mutex_exclude_each_other(h: &Harness) -> Result<
 
     // dlock waits for Go, and sees Go's token as etcd does.
     let waiter = mutex.clone();
-    let waiting = tokio::spawn(async move { waiter.acquire().await });
-    await_children(&s, &lock, 2, WITHIN).await?;
+    let waiting = queued(&s, &lock, 2, WITHIN, async move { waiter.acquire().await }).await?;
     let seen = inspect(&s, &lock).await?;
     ensure!(seen.participants[0].node == go_key && seen.participants[0].token == go_token);
     ensure!(seen.participants[0].role == Role::Holder, "{seen:?}");
@@ -479,11 +474,9 @@ async fn a_go_mutex_holder_is_a_writer_to_dlock_readers(h: &Harness) -> Result<(
     let rw = ReadWriteLock::new(&s, &path)?;
     ensure!(rw.try_read().await?.is_none(), "read while Go holds");
     let reader = rw.clone();
-    let reading = tokio::spawn(async move { reader.read().await });
-    await_children(&s, &path, 2, WITHIN).await?;
+    let reading = queued(&s, &path, 2, WITHIN, async move { reader.read().await }).await?;
     let writer = ReadWriteLock::new(&s, &path)?;
-    let writing = tokio::spawn(async move { writer.write().await });
-    await_children(&s, &path, 3, WITHIN).await?;
+    let writing = queued(&s, &path, 3, WITHIN, async move { writer.write().await }).await?;
     let (r, w, go_) = (Some(Access::Read), Some(Access::Write), true);
     ensure!(
         queue_at(&s, &path).await?
@@ -522,8 +515,7 @@ async fn dlock_readers_and_writers_exclude_a_go_mutex(h: &Harness) -> Result<()>
     let mut go = Etcdctl::spawn(&["lock", &path])?;
     await_children(&s, &path, 2, WITHIN).await?;
     let later = ReadWriteLock::new(&s, &path)?;
-    let reading = tokio::spawn(async move { later.read().await });
-    await_children(&s, &path, 3, WITHIN).await?;
+    let reading = queued(&s, &path, 3, WITHIN, async move { later.read().await }).await?;
     let (r, w) = (Some(Access::Read), Some(Access::Write));
     ensure!(
         queue_at(&s, &path).await?

@@ -52,6 +52,24 @@ fn left(id: &str) -> MemberEvent {
     MemberEvent::Left { id: id.into() }
 }
 
+/// Member "a" of `dir` on `sa` (started, carrying `payload` if given), and
+/// its group as `sb` watches it, with the member events `sb` sees.
+async fn member_a_watched(
+    sa: &Session,
+    sb: &Session,
+    dir: &str,
+    payload: Option<&[u8]>,
+) -> Result<(GroupMember, ChildrenCache, BoxStream<'static, MemberEvent>)> {
+    let mut a = GroupMember::new(sa, dir, "a")?;
+    if let Some(payload) = payload {
+        a = a.with_payload(payload.to_vec());
+    }
+    a.start().await?;
+    let group = watch_group(sb, dir).await?;
+    let seen = member_events(group.events());
+    Ok((a, group, seen))
+}
+
 /// `node` is back, owned by `session`'s new incarnation rather than by the
 /// session `old` it had before.
 async fn owned_anew(observer: &Session, node: &str, session: &Session, old: i64) -> Result<()> {
@@ -129,11 +147,8 @@ async fn join_update_leave_are_seen_by_others(h: &Harness) -> Result<()> {
 async fn a_member_whose_session_ends_disappears(h: &Harness) -> Result<()> {
     let (sa, sb) = (h.session().await, h.session().await);
     let dir = h.path("/g/dies");
-    let a = GroupMember::new(&sa, &dir, "a")?;
-    a.start().await?;
-    let group = watch_group(&sb, &dir).await?;
+    let (a, group, mut seen) = member_a_watched(&sa, &sb, &dir, None).await?;
     ensure!(dlock::recipes::group_member::members_of(&group).contains_key("a"));
-    let mut seen = member_events(group.events());
     sa.close().await;
     sees(&mut seen, left("a")).await?;
     ensure!(dlock::recipes::group_member::members_of(&group).is_empty());
@@ -148,10 +163,7 @@ async fn a_member_whose_session_ends_disappears(h: &Harness) -> Result<()> {
 async fn a_member_comes_back_after_its_session_expires(h: &Harness) -> Result<()> {
     let (sa, sb) = (h.session().await, h.session().await);
     let dir = h.path("/g/expires");
-    let a = GroupMember::new(&sa, &dir, "a")?.with_payload(b"pa".to_vec());
-    a.start().await?;
-    let group = watch_group(&sb, &dir).await?;
-    let mut seen = member_events(group.events());
+    let (a, group, mut seen) = member_a_watched(&sa, &sb, &dir, Some(b"pa")).await?;
     let old = sa.session_id();
     sa.faults().context("faults")?.expire().await?;
     sees(&mut seen, left("a")).await?;
@@ -381,10 +393,7 @@ async fn a_member_comes_back_after_a_session_loss(h: &Harness) -> Result<()> {
     let (proxy, sa) = through_proxy(h, h.timeout()).await?;
     let sb = h.session().await;
     let dir = h.path("/g/loss");
-    let a = GroupMember::new(&sa, &dir, "a")?.with_payload(b"pa".to_vec());
-    a.start().await?;
-    let group = watch_group(&sb, &dir).await?;
-    let mut seen = member_events(group.events());
+    let (a, group, mut seen) = member_a_watched(&sa, &sb, &dir, Some(b"pa")).await?;
     let old = sa.session_id();
     let mut status = sa.watch_status();
     proxy.cut();
@@ -409,10 +418,7 @@ async fn a_member_comes_back_after_a_session_loss(h: &Harness) -> Result<()> {
 async fn dropping_a_member_leaves(h: &Harness) -> Result<()> {
     let (sa, sb) = (h.session().await, h.session().await);
     let dir = h.path("/g/drop");
-    let a = GroupMember::new(&sa, &dir, "a")?;
-    a.start().await?;
-    let group = watch_group(&sb, &dir).await?;
-    let mut seen = member_events(group.events());
+    let (a, group, mut seen) = member_a_watched(&sa, &sb, &dir, None).await?;
     drop(a);
     sees(&mut seen, left("a")).await?;
     group.close().await;

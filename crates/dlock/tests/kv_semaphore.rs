@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{await_children, persistent, sorted_names, Harness};
+use common::{await_children, persistent, queued, sorted_names, Harness};
 use dlock::recipes::kv_semaphore::{holder_id, KvLease, KvSemaphore, Record, RECORD};
 use dlock::{Error, Session};
 
@@ -115,8 +115,15 @@ async fn a_release_admits_a_waiter(h: &Harness) -> Result<()> {
         "no entry left by the failed tries"
     );
     let waiting = c.clone();
-    let waiter = tokio::spawn(async move { waiting.acquire().await });
-    await_children(&sa, &path, 4, WITHIN).await?; // .lock + 3 entries
+    // .lock + 3 entries
+    let waiter = queued(
+        &sa,
+        &path,
+        4,
+        WITHIN,
+        async move { waiting.acquire().await },
+    )
+    .await?;
     ensure!(!waiter.is_finished());
     a.release().await?;
     let c_lease = tokio::time::timeout(WITHIN, waiter).await???;
@@ -137,8 +144,7 @@ async fn an_expired_holder_is_pruned(h: &Harness) -> Result<()> {
     let (s1, s2) = (h.session().await, h.session().await);
     let dead = KvSemaphore::new(&s1, &path, 1)?.acquire().await?;
     let sem2 = KvSemaphore::new(&s2, &path, 1)?;
-    let waiter = tokio::spawn(async move { sem2.acquire().await });
-    await_children(&s2, &path, 3, WITHIN).await?;
+    let waiter = queued(&s2, &path, 3, WITHIN, async move { sem2.acquire().await }).await?;
     s1.faults().context("faults")?.expire().await?;
     let lease = tokio::time::timeout(WITHIN, waiter).await???;
     ensure!(dead.is_lost());
@@ -234,8 +240,14 @@ async fn cancellation_and_drop_leave_nothing(h: &Harness) -> Result<()> {
     let held: KvLease = sem1.acquire().await?;
     let sem2 = KvSemaphore::new(&s2, &path, 1)?;
     let waiting = sem2.clone();
-    let waiter = tokio::spawn(async move { waiting.acquire().await });
-    await_children(&s1, &path, 3, WITHIN).await?;
+    let waiter = queued(
+        &s1,
+        &path,
+        3,
+        WITHIN,
+        async move { waiting.acquire().await },
+    )
+    .await?;
     waiter.abort();
     let _ = waiter.await;
     await_children(&s1, &path, 2, WITHIN).await?;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use common::{await_children, await_state, ended_as_the_policy_says, Harness};
+use common::{await_children, await_state, ended_as_the_policy_says, queued, Harness};
 use dlock::recipes::error_policy::ErrorPolicy;
 use dlock::recipes::leader_selector::{LeaderSelector, Leadership};
 use dlock::{Error, Mutex, SessionState};
@@ -93,8 +93,7 @@ async fn layout_is_a_mutex_with_the_id(h: &Harness) -> Result<()> {
         mutex.try_acquire().await?.is_none(),
         "the selector holds the lock"
     );
-    let waiting = tokio::spawn(async move { mutex.acquire().await });
-    await_children(&s, &path, 2, WITHIN).await?;
+    let waiting = queued(&s, &path, 2, WITHIN, async move { mutex.acquire().await }).await?;
     selector.close().await?;
     let guard = timeout(WITHIN, waiting).await???;
     ensure!(guard.token() > term.epoch());

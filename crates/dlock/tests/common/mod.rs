@@ -5,6 +5,7 @@
 //! removes the empty container skeleton.
 #![allow(dead_code)]
 
+use std::future::Future;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -12,7 +13,7 @@ use dlock::store::embedded::{EmbeddedOptions, EmbeddedServer};
 use dlock::store::{
     Child, CreateMode, CreateOptions, Created, SessionId, SessionState, WatchEvent,
 };
-use dlock::{ErrorPolicy, Mutex, MutexGuard, Session, SessionOptions};
+use dlock::{ErrorPolicy, Lockable, Mutex, MutexGuard, Session, SessionOptions};
 use dlock_testkit::LineProbe;
 use tokio::task::JoinHandle;
 
@@ -380,6 +381,50 @@ pub async fn sold_exactly_the_stock(
     ensure!(admin.get_data(stock).await?.0 == b"0");
     admin.delete(stock, None).await?;
     Ok(())
+}
+
+/// Starts `acquire` in the background and returns its task once `queue`
+/// lists `nodes` nodes: the acquirer queued (behind a holder, say).
+pub async fn queued<T: Send + 'static>(
+    observer: &Session,
+    queue: &str,
+    nodes: usize,
+    within: Duration,
+    acquire: impl Future<Output = dlock::Result<T>> + Send + 'static,
+) -> Result<JoinHandle<dlock::Result<T>>> {
+    let waiting = tokio::spawn(acquire);
+    await_children(observer, queue, nodes, within).await?;
+    Ok(waiting)
+}
+
+/// Curator's `testContainerCleanup`: `clients` fresh locks (made by
+/// `lock`, each in its own task) are acquired and released three times
+/// each; then the directory `dir` is reaped.
+pub async fn reaped_after_lock_rounds<L: Lockable + 'static>(
+    s: &Session,
+    clients: usize,
+    lock: impl Fn() -> dlock::Result<L>,
+    dir: &str,
+    within: Duration,
+) -> Result<()> {
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let lock = lock()?;
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..3 {
+                let hold = lock
+                    .lock_for(None)
+                    .await?
+                    .context("held, without a timeout")?;
+                hold.release().await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    await_gone(s, dir, within).await
 }
 
 /// Persistent node options with parents.
