@@ -129,14 +129,7 @@ async fn inspect_reads_consuls_layouts(h: &Harness) -> Result<()> {
     Ok(())
 }
 
-per_backend!({
-    embedded => crate::common::embedded(),
-    zookeeper => crate::common::zookeeper(),
-    #[cfg(feature = "etcd")]
-    etcd => crate::common::etcd(),
-    #[cfg(feature = "consul")]
-    consul => crate::common::consul(),
-} {
+per_backend!(every_backend {
     consul_lock_excludes_and_hands_over,
     consul_lock_takes_over_a_released_key,
     kv_semaphore_consul_layout_keeps_the_limit,

@@ -127,3 +127,23 @@ impl Drop for LineProbe {
         }
     }
 }
+
+/// A probe type that wraps a [`LineProbe`] (`struct Probe(LineProbe)`) is
+/// driven through it: `Deref` and `DerefMut` to the `LineProbe`.
+macro_rules! drives_through_line_probe {
+    ($probe:ty) => {
+        impl std::ops::Deref for $probe {
+            type Target = $crate::line_probe::LineProbe;
+            fn deref(&self) -> &$crate::line_probe::LineProbe {
+                &self.0
+            }
+        }
+
+        impl std::ops::DerefMut for $probe {
+            fn deref_mut(&mut self) -> &mut $crate::line_probe::LineProbe {
+                &mut self.0
+            }
+        }
+    };
+}
+pub(crate) use drives_through_line_probe;
