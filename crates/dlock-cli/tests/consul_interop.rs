@@ -12,7 +12,9 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{concurrency, consul_endpoint, consul_leftovers, consul_lock, dlock_on, wait_all};
+use common::{
+    concurrency, consul_endpoint, consul_leftovers, consul_lock, dlock_on, json_of, wait_all,
+};
 
 /// How long each child holds: long enough for holders to overlap.
 const WORK: &str = "0.3";
@@ -181,10 +183,8 @@ fn inspect_and_top_name_a_consul_lock_holder_as_consul() {
     use std::io::{BufRead, BufReader, Write};
     let prefix = unique("foreign");
     let path = format!("/{prefix}");
-    let root = format!("/{}", prefix.split('/').next().expect("a root"));
-    let mut holder = Command::new(consul_binary().expect("the consul binary"))
-        .arg("lock")
-        .arg(format!("-http-addr={}", shared_consul().endpoint()))
+    let root = prefix.split('/').next().expect("a root");
+    let mut holder = consul_lock()
         .arg("-pass-stdin")
         .arg(&prefix)
         .arg("echo held; read line")
@@ -198,29 +198,16 @@ fn inspect_and_top_name_a_consul_lock_holder_as_consul() {
         .read_line(&mut said)
         .expect("read consul lock's child");
     assert_eq!(said.trim(), "held", "consul lock never ran its child");
-    let dlock_json = |args: &[&str]| -> serde_json::Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
-            .env(
-                "DLOCK_ENDPOINT",
-                format!("consul://{}", shared_consul().endpoint()),
-            )
-            .args(args)
-            .output()
-            .expect("run dlock");
-        assert!(
-            out.status.success(),
-            "dlock {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("JSON")
-    };
-    let inspected = dlock_json(&["inspect", &path, "--json"]);
+    let inspected = json_of(&consul_endpoint(), &["inspect", &path, "--json"]);
     assert_eq!(inspected["recipe"], "mutex", "{inspected}");
     let holders = inspected["participants"].as_array().expect("participants");
     assert_eq!(holders.len(), 1, "{inspected}");
     assert_eq!(holders[0]["role"], "holder", "{inspected}");
     assert_eq!(holders[0]["foreign"], "consul", "{inspected}");
-    let top = dlock_json(&["top", "--once", "--json", &root]);
+    let top = json_of(
+        &consul_endpoint(),
+        &["top", "--once", "--json", &format!("/{root}")],
+    );
     let seen: Vec<_> = top["recipes"]
         .as_array()
         .expect("recipes")
@@ -236,5 +223,5 @@ fn inspect_and_top_name_a_consul_lock_holder_as_consul() {
         .write_all(b"done\n")
         .expect("release consul lock's child");
     assert!(holder.wait().expect("wait for consul lock").success());
-    assert_eq!(leftovers(&prefix), "", "keys left behind");
+    assert_eq!(consul_leftovers(root), "", "keys left behind");
 }
