@@ -246,9 +246,9 @@ impl ChildrenCache {
     /// Reads the directory and its children (a missing directory is empty)
     /// and starts following them; when it returns, the copy is complete.
     ///
-    /// Fails with [`Error::InvalidArgument`] if started twice or after
-    /// [`close`](Self::close), and with the store's error if the first read
-    /// fails (then it may be started again).
+    /// Fails with [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+    /// if started twice or after [`close`](Self::close), and with the
+    /// store's error if the first read fails (then it may be started again).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
