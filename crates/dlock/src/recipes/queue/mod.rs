@@ -105,11 +105,7 @@ impl WaitQueue {
         what: &'static str,
         created: Created,
     ) -> std::sync::Arc<HeldNode> {
-        let node = HeldNode::new(&self.session, recipe_path, what, created);
-        if let Some(max_hold) = self.max_hold {
-            node.limit(max_hold);
-        }
-        node
+        HeldNode::new(&self.session, recipe_path, what, created).limited(self.max_hold)
     }
 
     /// A queue of mutex shape (a mutex, a leader selector, a semaphore's

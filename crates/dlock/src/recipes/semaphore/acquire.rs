@@ -113,10 +113,8 @@ impl Semaphore {
         // The hold limit works on kazoo's leases too (kazoo's acquirers
         // watch the lease directory); revocation requests are not listened
         // to in kazoo's layout: kazoo reads every lease node's data.
-        if let (Some(node), Some(max_hold)) = (&node, self.leases.max_hold) {
-            node.limit(max_hold);
-        }
-        Ok(node.map(|node| Lease::new(node, data.to_vec())))
+        let max_hold = self.leases.max_hold;
+        Ok(node.map(|node| Lease::new(node.limited(max_hold), data.to_vec())))
     }
 
     async fn lease_under_lock(&self, deadline: Deadline) -> Result<Option<Lease>> {
