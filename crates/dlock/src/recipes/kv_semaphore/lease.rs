@@ -2,7 +2,7 @@
 
 use std::ops::Deref;
 
-use super::place::{leave_in_background, prune_in_background, Place};
+use super::place::Place;
 use crate::error::Result;
 use crate::recipes::guard::Acquisition;
 
@@ -13,10 +13,10 @@ use crate::recipes::guard::Acquisition;
 #[derive(Debug)]
 #[must_use = "dropping the lease gives it back"]
 pub struct KvLease {
-    acquisition: Acquisition,
-    place: Place,
-    id: String,
-    released: bool,
+    pub(super) acquisition: Acquisition,
+    pub(super) place: Place,
+    pub(super) id: String,
+    pub(super) released: bool,
 }
 
 /// The slot's acquisition. Its [`token`](Acquisition::token) is the
@@ -33,15 +33,6 @@ impl Deref for KvLease {
 }
 
 impl KvLease {
-    pub(super) fn new(acquisition: Acquisition, place: Place, id: String) -> Self {
-        KvLease {
-            acquisition,
-            place,
-            id,
-            released: false,
-        }
-    }
-
     /// Our holder id (the session id in hex), as listed in the record.
     pub fn holder(&self) -> &str {
         &self.id
@@ -59,11 +50,8 @@ impl KvLease {
         let lost = self.is_lost();
         // A slot taken away has no entry left (revoked by force, or
         // deleted by the limit): only the record is to be tidied.
-        let left = if taken {
-            self.place.prune().await
-        } else {
-            self.place.leave(&self.id, self.node()).await
-        };
+        let ours = (!taken).then(|| (self.id.as_str(), self.node()));
+        let left = self.place.leave(ours).await;
         self.released = true;
         left?;
         if lost {
@@ -77,11 +65,9 @@ impl KvLease {
 impl Drop for KvLease {
     fn drop(&mut self) {
         if !self.released {
-            if self.held_node().let_go().taken() {
-                prune_in_background(&self.place);
-            } else {
-                leave_in_background(&self.place, self.id.clone(), self.node().to_string());
-            }
+            let taken = self.held_node().let_go().taken();
+            let ours = (!taken).then(|| (self.id.clone(), self.node().to_string()));
+            self.place.leave_in_background(ours);
         }
     }
 }
