@@ -1,10 +1,8 @@
 //! [`KvLease`]: a slot of a [`KvSemaphore`](super::KvSemaphore).
 
-use std::ops::Deref;
-
 use super::place::Place;
 use crate::error::Result;
-use crate::recipes::guard::Acquisition;
+use crate::recipes::guard::{deref_hold, Acquisition};
 
 /// A slot of a [`KvSemaphore`](super::KvSemaphore): an owned object, free to move between
 /// tasks. Give it back with [`release`](Self::release); dropping it gives it
@@ -19,18 +17,14 @@ pub struct KvLease {
     pub(super) released: bool,
 }
 
-/// The slot's acquisition. Its [`token`](Acquisition::token) is the
-/// transaction id of the record write that admitted us, larger than that
-/// of every earlier admission (and every earlier write) in the store; its
-/// node is our contender entry, and guarded writes land only while the
-/// entry (so the slot) is still ours.
-impl Deref for KvLease {
-    type Target = Acquisition;
-
-    fn deref(&self) -> &Acquisition {
-        &self.acquisition
-    }
-}
+deref_hold!(
+    /// The slot's acquisition. Its [`token`](Acquisition::token) is the
+    /// transaction id of the record write that admitted us, larger than that
+    /// of every earlier admission (and every earlier write) in the store; its
+    /// node is our contender entry, and guarded writes land only while the
+    /// entry (so the slot) is still ours.
+    KvLease => acquisition: Acquisition
+);
 
 impl KvLease {
     /// Our holder id (the session id in hex), as listed in the record.
