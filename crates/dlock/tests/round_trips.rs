@@ -14,12 +14,14 @@
 //!   delete, one `/v1/txn` fenced by the node's modify index, which the
 //!   create returned.
 //!
-//! etcd is not pinned here: by its protocol a cycle is 2 (the create and
+//! etcd's uncontended cycle is not pinned here: by its protocol it is 2 (the create and
 //! the listing in one `Txn`, then the delete), but its gRPC runs over
 //! HTTP/2, and the proxy sees bytes, not frames: what the client sends
 //! after an answer without waiting for one (HTTP/2 flow-control frames)
 //! starts a flight too, so the proxy counts 4 per cycle.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use dlock::store::{CreateMode, CreateOptions};
@@ -87,4 +89,170 @@ async fn an_uncontended_acquire_and_release_is_two_round_trips() -> anyhow::Resu
 async fn an_uncontended_acquire_and_release_is_three_round_trips_on_consul() -> anyhow::Result<()> {
     let upstream = dlock_testkit::shared_consul().endpoint();
     an_uncontended_cycle_takes("consul", &upstream, 3).await
+}
+
+/// What a server has sent and served so far, as its own counters tell:
+/// (messages it sent that a handoff can multiply — etcd: watch responses;
+/// ZooKeeper: every packet to a client — and requests it served).
+type Counters = (u64, u64);
+
+/// What a handoff of a busy mutex costs the server, among `clients`
+/// clients that each acquire and release it in a loop (each with its own
+/// session; the queue keeps its order, as on any busy lock): messages and
+/// requests per handoff (from `counters`), round after round of `HANDOFFS`
+/// handoffs, until `steady` accepts three rounds in a row — or `ROUNDS`
+/// rounds went by, which fails, with what each round cost.
+///
+/// A herd shows as messages that grow with the clients: each handoff
+/// waking, or telling, every waiting client.
+async fn handoffs_settle_at(
+    endpoint: &str,
+    clients: usize,
+    counters: &dyn Fn() -> anyhow::Result<Counters>,
+    steady: &dyn Fn(f64, f64) -> bool,
+) -> anyhow::Result<()> {
+    const HANDOFFS: u64 = 100;
+    const ROUNDS: usize = 40;
+    let path = format!("/handoffs-{}/lock", uuid::Uuid::new_v4().simple());
+    let (acquired_tx, mut acquired) = tokio::sync::watch::channel(0u64);
+    let acquired_tx = Arc::new(acquired_tx);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut sessions = Vec::new();
+    let mut loops = Vec::new();
+    for _ in 0..clients {
+        let session = dlock::connect(endpoint).await?;
+        let mutex = Mutex::new(&session, &path)?;
+        let (acquired_tx, stop) = (acquired_tx.clone(), stop.clone());
+        loops.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let guard = mutex.acquire().await?;
+                acquired_tx.send_modify(|n| *n += 1);
+                guard.release().await?;
+            }
+            anyhow::Ok(())
+        }));
+        sessions.push(session);
+    }
+    let mut costs = Vec::new();
+    let mut in_a_row = 0;
+    let mut outcome = Err(anyhow::anyhow!("never steady"));
+    for _ in 0..ROUNDS {
+        let start = *acquired.borrow_and_update();
+        let (sent, served) = counters()?;
+        acquired.wait_for(|&n| n >= start + HANDOFFS).await?;
+        let (sent_after, served_after) = counters()?;
+        let handoffs = (*acquired.borrow() - start) as f64;
+        let per_handoff = (
+            (sent_after - sent) as f64 / handoffs,
+            (served_after - served) as f64 / handoffs,
+        );
+        costs.push(per_handoff);
+        in_a_row = if steady(per_handoff.0, per_handoff.1) {
+            in_a_row + 1
+        } else {
+            0
+        };
+        if in_a_row == 3 {
+            outcome = Ok(());
+            break;
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    for l in loops {
+        l.await??;
+    }
+    let last = sessions.last().expect("a client").clone();
+    for dir in [path.clone(), dlock::path::parent(&path).to_string()] {
+        match last.delete(&dir, None).await {
+            Ok(()) | Err(dlock::Error::NoNode { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    for s in sessions {
+        s.close().await;
+    }
+    let costs: Vec<String> = costs
+        .iter()
+        .map(|(m, r)| format!("{m:.1} msg + {r:.1} req"))
+        .collect();
+    eprintln!("{clients} clients, per handoff: {costs:?}");
+    outcome.map_err(|e| anyhow::anyhow!("{clients} clients, per handoff: {costs:?}: {e}"))
+}
+
+/// A counter's value in a Prometheus text exposition: the sum over the
+/// lines that start with `name{` and contain every one of `labels`.
+#[cfg(feature = "etcd")]
+fn prometheus_sum(body: &str, name: &str, labels: &[&str]) -> u64 {
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// A handoff among etcd waiters costs the server O(1) watch messages, not
+/// one per waiting client: each waiter watches its predecessor's key
+/// through a watch that outlives the wait (the queue keeps its order, so
+/// the next wait is behind the same key), not the whole queue directory.
+/// In the steady state a handoff is the holder's delete and its next
+/// create (one message each, to the one client waiting behind that key),
+/// three KV requests (the delete, the create and listing in one `Txn`, the
+/// woken waiter's listing) — the same with 4 waiting clients as with 12.
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_handoff_costs_the_same_among_4_or_12_waiters() -> anyhow::Result<()> {
+    // A private server: its counters are this test's alone.
+    let server = dlock_testkit::EtcdServer::start()?;
+    let counters = || -> anyhow::Result<Counters> {
+        let (_, body) = dlock_testkit::http_get(server.port(), "/metrics")?;
+        Ok((
+            prometheus_sum(
+                &body,
+                "grpc_server_msg_sent_total",
+                &["grpc_method=\"Watch\""],
+            ),
+            prometheus_sum(
+                &body,
+                "grpc_server_started_total",
+                &["grpc_service=\"etcdserverpb.KV\""],
+            ),
+        ))
+    };
+    let endpoint = format!("etcd://{}", server.endpoint());
+    for clients in [4, 12] {
+        handoffs_settle_at(&endpoint, clients, &counters, &|messages, requests| {
+            messages <= 2.5 && requests <= 3.2
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// The same on ZooKeeper, by Curator's design: a waiter watches its
+/// predecessor alone (`exists`), and lists the queue once woken. Every
+/// packet the server sends counts (the replies to the holder's delete, the
+/// create and listing, the woken waiter's listing and its next `exists`,
+/// the one notification; and the clients' pings), about 6 per handoff
+/// whether 4 or 12 clients wait.
+#[cfg(feature = "zookeeper")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zookeeper_handoff_costs_the_same_among_4_or_12_waiters() -> anyhow::Result<()> {
+    // A private server: its counters are this test's alone.
+    let server = dlock_testkit::ZkServer::start()?;
+    let counters = || -> anyhow::Result<Counters> {
+        let mntr = server.four_letter("mntr")?;
+        let value = |name: &str| -> anyhow::Result<u64> {
+            mntr.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+                .ok_or_else(|| anyhow::anyhow!("no {name} in mntr: {mntr}"))
+        };
+        Ok((value("zk_packets_sent")?, value("zk_packets_received")?))
+    };
+    let endpoint = format!("zk://{}", server.connect_string());
+    for clients in [4, 12] {
+        handoffs_settle_at(&endpoint, clients, &counters, &|messages, requests| {
+            messages <= 7.0 && requests <= 7.0
+        })
+        .await?;
+    }
+    Ok(())
 }

@@ -283,13 +283,24 @@ pub struct Handoff {
 /// watches it (`watch_child`), `a` deletes it, and once the watch fired
 /// for that, `b` lists again (`children_seen`).
 pub async fn hand_over(a: &Session, b: &Session, dir: &str) -> Result<Handoff> {
+    hand_over_as(a, b, dir, ("a-", "b-")).await
+}
+
+/// [`hand_over`] with the nodes named `names.0` (`a`'s) and `names.1`
+/// (`b`'s), each followed by its sequence suffix.
+pub async fn hand_over_as(
+    a: &Session,
+    b: &Session,
+    dir: &str,
+    names: (&str, &str),
+) -> Result<Handoff> {
     // Names of their own: two etcd clients can draw the same digits for
     // one name, and the retry would count as a request.
     let seq = sequential();
-    let theirs = a.create(&format!("{dir}/a-"), b"", seq).await?;
+    let theirs = a.create(&format!("{dir}/{}", names.0), b"", seq).await?;
     let (ours, listed) = b
         .store()
-        .create_and_list(&format!("{dir}/b-"), b"", seq, dir)
+        .create_and_list(&format!("{dir}/{}", names.1), b"", seq, dir)
         .await?;
     let ahead = listed
         .into_iter()
