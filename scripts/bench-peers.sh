@@ -213,10 +213,8 @@ etcd_workloads() {
     in_turn "$r" \
       'run "etcd mutex 8" dlock "$dlock" --endpoint "etcd://$etcd" bench mutex --clients 8 --seconds "$seconds" --path /b/em8' \
       'run "etcd mutex 8" etcd-go etcdgo mutex --endpoints "$etcd" --clients 8 --seconds "$seconds" --path /b/gm8'
-    # Many waiters: Go's rate grows with its clients; dlock's handoff costs
-    # the server O(1) watch messages however many wait (each waiter's watch
-    # on its predecessor's key outlives the wait), goal: at least 0.85x
-    # dlock's etcd mutex 8 rate.
+    # Many waiters: Go's rate grows with its clients, dlock's shared
+    # directory watch costs the server two messages per waiting client.
     in_turn "$r" \
       'run "etcd mutex 32" dlock "$dlock" --endpoint "etcd://$etcd" bench mutex --clients 32 --seconds "$seconds" --path /b/em32' \
       'run "etcd mutex 32" etcd-go etcdgo mutex --endpoints "$etcd" --clients 32 --seconds "$seconds" --path /b/gm32'

@@ -108,20 +108,14 @@
 //!   cancels for compaction reads again and fires or re-arms. A children
 //!   watch fires on direct child keys only (not on implicit
 //!   sub-directories appearing or vanishing).
-//! - **A queued node is watched through a watch that outlives the wait,
-//!   and mirrored.** A watch on a queue's node (the waiter's predecessor)
-//!   joins a watch of this client on that node's key that has run long
-//!   enough to be synced on the server (a busy queue keeps its order, so
-//!   the next wait is behind the same key again); else it joins one etcd
-//!   watch of this client on the whole directory, kept briefly after its
-//!   last waiter, and opens a key watch for the next time. Their events
-//!   also keep a copy of what they cover, started from any listing of the
-//!   directory; so [`watch_child`](Store::watch_child) — what a waiter
-//!   needs after it queued — usually costs no request, nor, while the
-//!   directory watch is open, [`children_seen`](Store::children_seen) once
-//!   woken; and a handoff costs the server O(1) watch messages, not one per
-//!   waiting client (why that is safe: `store::etcd::mirror`, and
-//!   `store::etcd::watch` for the two kinds of watch).
+//! - **A queue's directory is watched once per client, and mirrored.**
+//!   Watches on a directory's children (a queue's nodes) share one etcd
+//!   watch on the whole directory, kept a few seconds after its last
+//!   waiter. Its events also keep a copy of the directory, started from
+//!   any listing of it; so [`children_seen`](Store::children_seen) and
+//!   [`watch_child`](Store::watch_child) — what a waiter needs after it
+//!   queued and once woken — usually cost no request, and a handoff is the
+//!   holder's delete alone (why that is safe: `store::etcd::mirror`).
 //! - **Fenced deletes and checks (etcd#22082).** This client remembers the
 //!   create revision of each ephemeral node it created in the current
 //!   session. Deleting one, or an `Op::Check` without version on one,

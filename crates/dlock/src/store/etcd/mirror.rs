@@ -1,7 +1,6 @@
-//! What a shared watch delivered — a directory's, or one queued node's
-//! key's: its latest changes, for node watches that join it late, and a
-//! copy of the keys it covers, so that a waiter (and, from a directory's
-//! copy, a woken one) needs no round trip.
+//! What a directory's shared watch delivered: its latest changes, for
+//! node watches that join it late, and a copy of the keys below the
+//! directory, so that a woken waiter needs no round trip.
 //!
 //! A handoff costs the new holder a listing (is anyone still ahead of me?)
 //! and, before that, a read to arm its watch on the node ahead. Both answers
@@ -20,13 +19,6 @@
 //! "my node is there" at `as_of` is what etcd's own recipe checks with its
 //! extra read after a wait (the etcd 3.4.3 Jepsen finding): a lease that
 //! expired before `as_of` would have shown as our key's deletion.
-//!
-//! A key watch's copy holds its one key, started from a listing of its
-//! directory like a directory's copy. The two are kept consistent for a
-//! waiter: a node's state comes from the newer of its key's copy and its
-//! directory's, and the directory's copy lists children only while no key
-//! watch in it has delivered a later change (the deletion that woke a
-//! waiter may reach its key watch first): else the directory is listed.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -96,35 +88,6 @@ impl Seen {
     fn copy_since(&self, since: i64) -> Option<&Copy> {
         self.copy.as_ref().filter(|c| c.as_of >= since)
     }
-
-    /// Takes a listing read at `revision` as the copy if it is newer and
-    /// every change after it was or will be delivered.
-    fn seed(&mut self, revision: i64, keys: BTreeMap<Vec<u8>, Revisions>) {
-        let older = self.copy.as_ref().is_some_and(|c| revision <= c.as_of);
-        if older || self.complete_after.is_none_or(|c| revision < c) {
-            return;
-        }
-        let mut copy = Copy {
-            keys,
-            listed_at: revision,
-            as_of: revision,
-        };
-        for change in self.after(revision) {
-            copy.apply(change);
-        }
-        self.copy = Some(copy);
-    }
-}
-
-/// The scope under which the watch on one key, `path`, records what it
-/// delivered (a directory's scope is its path; paths contain no NUL).
-pub(super) fn key_scope(path: &str) -> String {
-    format!("{path}\0")
-}
-
-/// The key a scope is the key watch of (`None`: a directory's).
-fn watched_key(scope: &str) -> Option<&str> {
-    scope.strip_suffix('\0')
 }
 
 /// What a node watch joining a shared watch missed since its arming read.
@@ -182,12 +145,10 @@ impl Mirrors {
         }
     }
 
-    /// What a watch on `path`, armed by a read at `covered`, missed: as
-    /// the shared watch of `scope` (its directory's, or its own key's)
-    /// delivered it.
-    pub fn missed(&self, scope: &str, path: &str, covered: i64) -> Missed {
+    /// What a watch on `path`, armed by a read at `covered`, missed.
+    pub fn missed(&self, path: &str, covered: i64) -> Missed {
         let mirrors = self.lock();
-        let Some(seen) = mirrors.get(scope) else {
+        let Some(seen) = mirrors.get(crate::path::parent(path)) else {
             return Missed::Unknown;
         };
         match seen.complete_after {
@@ -219,42 +180,29 @@ impl Mirrors {
         listed: impl IntoIterator<Item = (Vec<u8>, Revisions)>,
     ) {
         let mut mirrors = self.lock();
-        if mirrors.is_empty() {
+        let Some(seen) = mirrors.get_mut(dir) else {
+            return;
+        };
+        let older = seen.copy.as_ref().is_some_and(|c| revision <= c.as_of);
+        if older || seen.complete_after.is_none_or(|c| revision < c) {
             return;
         }
-        let listed: BTreeMap<Vec<u8>, Revisions> = listed.into_iter().collect();
-        // The key watches of nodes in `dir` take their one key from it.
-        for (scope, seen) in mirrors.iter_mut() {
-            let Some(key) = watched_key(scope) else {
-                continue;
-            };
-            if crate::path::parent(key) == dir {
-                let one = listed
-                    .get_key_value(key.as_bytes())
-                    .map(|(k, r)| (k.clone(), *r));
-                seen.seed(revision, one.into_iter().collect());
-            }
+        let mut copy = Copy {
+            keys: listed.into_iter().collect(),
+            listed_at: revision,
+            as_of: revision,
+        };
+        for change in seen.after(revision) {
+            copy.apply(change);
         }
-        if let Some(seen) = mirrors.get_mut(dir) {
-            seen.seed(revision, listed);
-        }
+        seen.copy = Some(copy);
     }
 
     /// `dir`'s children as of a revision no older than `since`, if the copy
-    /// has them — and if no key watch in `dir` has delivered a later change
-    /// (the one that woke a waiter, which the directory's watch may not
-    /// have delivered yet: the copy would still show the node that waiter
-    /// was woken for being gone).
+    /// has them.
     pub fn children(&self, dir: &str, since: i64) -> Option<Vec<Child>> {
         let mirrors = self.lock();
         let copy = mirrors.get(dir)?.copy_since(since)?;
-        let behind = mirrors.iter().any(|(scope, seen)| {
-            watched_key(scope).is_some_and(|key| crate::path::parent(key) == dir)
-                && seen.copy.as_ref().is_some_and(|c| c.as_of > copy.as_of)
-        });
-        if behind {
-            return None;
-        }
         Some(keys::children_of(
             dir,
             copy.keys
@@ -266,20 +214,9 @@ impl Mirrors {
     /// Node `path` in its directory's copy, if that is no older than
     /// `since`: the copy's revision, and the node's create and mod
     /// revisions (`None`: not there).
-    /// The newer of the node's key watch's copy and its directory's.
     pub fn node(&self, path: &str, since: i64) -> Option<(i64, Option<Revisions>)> {
         let mirrors = self.lock();
-        let own = mirrors
-            .get(&key_scope(path))
-            .and_then(|seen| seen.copy_since(since));
-        let dir = mirrors
-            .get(crate::path::parent(path))
-            .and_then(|seen| seen.copy_since(since));
-        let copy = match (own, dir) {
-            (Some(own), Some(dir)) if dir.as_of > own.as_of => dir,
-            (Some(copy), _) | (None, Some(copy)) => copy,
-            (None, None) => return None,
-        };
+        let copy = mirrors.get(crate::path::parent(path))?.copy_since(since)?;
         Some((copy.as_of, copy.keys.get(path.as_bytes()).copied()))
     }
 }
@@ -397,50 +334,14 @@ mod tests {
     fn a_joining_watch_learns_what_it_missed_or_that_it_cannot_know() {
         let mirrors = Mirrors::default();
         mirrors.reset("/d");
-        assert_eq!(mirrors.missed("/d", "/d/a", 5), Missed::Unknown);
+        assert_eq!(mirrors.missed("/d/a", 5), Missed::Unknown);
         mirrors.started("/d", 6);
-        assert_eq!(mirrors.missed("/d", "/d/a", 5), Missed::Gap);
+        assert_eq!(mirrors.missed("/d/a", 5), Missed::Gap);
         mirrors.deliver("/d", [put(7, "/d/b"), put(8, "/d/a"), delete(9, "/d/a")]);
-        assert_eq!(mirrors.missed("/d", "/d/a", 6), Missed::Change(true));
-        assert_eq!(mirrors.missed("/d", "/d/a", 8), Missed::Change(false));
-        assert_eq!(mirrors.missed("/d", "/d/a", 9), Missed::Nothing);
-        assert_eq!(mirrors.missed("/e", "/e/a", 9), Missed::Unknown);
-    }
-
-    #[test]
-    fn a_key_watch_copy_takes_its_key_from_a_directory_listing() {
-        let mirrors = started_after(1);
-        let scope = key_scope("/d/a");
-        mirrors.reset(&scope);
-        mirrors.started(&scope, 1);
-        mirrors.seed_with("/d", 3, listed(&[("/d/a", 2), ("/d/b", 3)]));
-        assert_eq!(mirrors.node("/d/a", 3), Some((3, Some((2, 2)))));
-        // Its key's deletion reached the key watch first: the node is gone
-        // for a waiter, and the directory's copy, behind, lists nothing.
-        mirrors.deliver(&scope, [delete(4, "/d/a")]);
-        assert_eq!(mirrors.node("/d/a", 3), Some((4, None)));
-        assert_eq!(names(mirrors.children("/d", 3)), None);
-        mirrors.deliver("/d", [delete(4, "/d/a")]);
-        assert_eq!(names(mirrors.children("/d", 3)), Some(vec!["b".into()]));
-        // A later change in the directory: its copy is the newer one.
-        mirrors.deliver("/d", [put(5, "/d/a")]);
-        assert_eq!(mirrors.node("/d/a", 3), Some((5, Some((5, 5)))));
-        assert_eq!(mirrors.missed(&scope, "/d/a", 3), Missed::Change(false));
-        assert_eq!(mirrors.missed(&scope, "/d/a", 4), Missed::Nothing);
-    }
-
-    #[test]
-    fn a_key_watch_copy_alone_answers_for_its_node_only() {
-        let mirrors = Mirrors::default();
-        let scope = key_scope("/d/a");
-        mirrors.reset(&scope);
-        mirrors.started(&scope, 5);
-        mirrors.seed_with("/d", 4, listed(&[("/d/a", 2)]));
-        assert_eq!(mirrors.node("/d/a", 0), None, "older than the watch");
-        mirrors.seed_with("/d", 6, listed(&[("/d/b", 3)]));
-        assert_eq!(mirrors.node("/d/a", 6), Some((6, None)));
-        assert_eq!(mirrors.node("/d/b", 6), None);
-        assert_eq!(names(mirrors.children("/d", 6)), None);
+        assert_eq!(mirrors.missed("/d/a", 6), Missed::Change(true));
+        assert_eq!(mirrors.missed("/d/a", 8), Missed::Change(false));
+        assert_eq!(mirrors.missed("/d/a", 9), Missed::Nothing);
+        assert_eq!(mirrors.missed("/e/a", 9), Missed::Unknown);
     }
 
     #[test]

@@ -16,38 +16,27 @@
 //! That holds for every watch created, and under contention a creation can
 //! still land a moment late and be filed unsynced (measured: 8 contending
 //! clients saw an unsynced watcher on the server in one sample out of six,
-//! and waits of 100 ms at the 99th percentile; etcd reads the current
-//! revision and registers the watch in two steps, and a write in between
-//! files a "from now" watch as catching up). So the watches a wait queue
-//! arms most — on a queued node, its predecessor — are not created per
-//! wait: they join a *shared* watch that stays open after the wait it
-//! served, for the next. A node watch joining one needs no request at all:
-//! the events it delivered after the arming read are replayed from the
-//! recent ones it keeps (if those no longer reach back that far, the node
-//! is read again, as above). What it delivered also keeps a copy of what it
-//! covers up to date ([`super::mirror`], which records both), so a woken
-//! waiter often needs no read at all.
+//! and waits of 100 ms at the 99th percentile). So the watches a wait
+//! queue arms most — on an ephemeral node, its predecessor — are not
+//! created per wait: each directory gets one *shared* watch on every key
+//! below it, which serves all node watches there and stays open for a few
+//! seconds after the last one fires, for the next. A node watch joining it
+//! needs no request at all: the events it delivered after the arming read
+//! are replayed from the recent ones it keeps (if those no longer reach
+//! back that far, the node is read again, as above). What it delivered
+//! also keeps a copy of the directory up to date ([`super::mirror`], which
+//! records both), so a woken waiter needs no read at all.
 //!
-//! Two kinds of shared watch serve node watches:
-//!
-//! - **A key watch**, on the node's own key. It is trusted alone once it
-//!   has run for [`MATURE`] (300 ms): even if etcd filed it unsynced, its
-//!   next sync pass (every 100 ms) has caught it up by then. It stays open
-//!   for [`KEY_LINGER`] after its last wait, because a busy lock's queue
-//!   keeps its order — each client queues again behind the same client's
-//!   node, under the same (recycled) name — so the next wait finds it
-//!   mature. A handoff then costs the server one message to the one client
-//!   waiting behind the released node (and one more for that name's
-//!   re-creation), however many clients wait.
-//! - **The directory's watch**, on every key below the queue's directory:
-//!   synced from its creation on a quiet queue, and then reused. A wait
-//!   whose node has no mature key watch joins it (and opens a key watch for
-//!   the next wait behind that node). It costs the server a message per
-//!   change in the directory per waiting client — 64 per handoff with 32
-//!   clients waiting, which halved the handoff rate (`etcd mutex 32`,
-//!   BENCHMARKS.md) — so it closes [`DIR_LINGER`] after its last wait. Its
-//!   copy of the directory spares a woken waiter the listing; a waiter
-//!   woken by a key watch lists the queue (one range read).
+//! The price is paid by the server, per waiting client: a shared watch
+//! delivers every change in its directory, so each handoff of a lock (a
+//! delete and a re-queue) costs two watch messages per client with a
+//! waiter there, so the lead over etcd's own recipe (whose rate grows with
+//! its clients) shrinks as waiters are added (BENCHMARKS.md, "how it
+//! scales"). Watching only the predecessor, from far back in the queue, was
+//! measured and refused: those watches land unsynced again (etcd reads the
+//! current revision and registers the watch in two steps, and a write in
+//! between files a "from now" watch as catching up), and the 100 ms waits
+//! return.
 //!
 //! - A watch fires once, on the first event its kind cares about, and is
 //!   then cancelled on the server (a shared one stays).
@@ -70,7 +59,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::keys::{self, Relation};
-use super::mirror::{key_scope, Mirrors, Missed};
+use super::mirror::{Mirrors, Missed};
 use crate::store::WatchEvent;
 
 /// What a watch waits for.
@@ -194,70 +183,26 @@ impl Pending {
     }
 }
 
-/// One etcd watch, on every key below a directory or on one queued node's
-/// key, serving the node watches on the keys it covers (its subscribers),
-/// and kept open after the last one fired, for the next. What it delivered
-/// is recorded in the [`Mirrors`] under its scope.
+/// One etcd watch on every key below a directory, serving the node watches
+/// of the directory's queued nodes (its subscribers), and kept for
+/// [`LINGER`] after the last one fired, for the next. What it delivered is
+/// recorded in the [`Mirrors`].
 struct Shared {
-    /// The directory, or the key ([`Shared::key`]).
-    watched: String,
-    /// Where the [`Mirrors`] keep what it delivered: the directory, or
-    /// [`key_scope`] of the key.
-    scope: String,
-    /// Watches one key, not a directory.
-    key: bool,
+    dir: String,
     /// The last revision delivered (on this stream or an earlier one).
     delivered: i64,
     subscribers: HashMap<i64, Pending>,
-    /// When the last subscriber left (a key watch opened for a later wait
-    /// starts idle).
+    /// When the last subscriber left.
     idle_since: Option<Instant>,
-    /// When the server confirmed it on the current stream.
-    started: Option<Instant>,
 }
 
-/// How long a directory's watch without subscribers stays open: for the
-/// next wait with no key watch to serve it. Not shorter: a directory watch
-/// opened anew on a busy queue may land unsynced, and serves alone.
-const DIR_LINGER: Duration = Duration::from_secs(2);
-
-/// How long a key watch without subscribers stays open: for the client's
-/// next wait behind the same node (a busy lock's queue keeps its order:
-/// each client queues again behind the same one).
-const KEY_LINGER: Duration = Duration::from_secs(5);
-
-/// How long after its start a key watch is trusted alone. A watch etcd
-/// filed as unsynced (a write landed while it was being created) is caught
-/// up by the server's next sync pass, at most 100 ms later.
-const MATURE: Duration = Duration::from_millis(300);
-
-/// How many key watches without subscribers a directory keeps: a busy
-/// queue's order shifts now and then (two clients queue again in the
-/// other order), and a client finds itself behind a node it waited behind
-/// before.
-const IDLE_KEY_WATCHES: usize = 4;
+/// How long a shared watch without subscribers stays open.
+const LINGER: Duration = Duration::from_secs(2);
 
 impl Shared {
     fn options(&self, id: i64) -> (Vec<u8>, WatchOptions) {
-        let options = WatchOptions::new().with_watch_id(id);
-        if self.key {
-            return (self.watched.as_bytes().to_vec(), options);
-        }
-        let (start, end) = keys::below(&self.watched);
-        (start, options.with_range(end))
-    }
-
-    /// Whether it has run long enough to be synced on the server.
-    fn is_mature(&self) -> bool {
-        self.started.is_some_and(|at| at.elapsed() >= MATURE)
-    }
-
-    fn linger(&self) -> Duration {
-        if self.key {
-            KEY_LINGER
-        } else {
-            DIR_LINGER
-        }
+        let (start, end) = keys::below(&self.dir);
+        (start, WatchOptions::new().with_watch_id(id).with_range(end))
     }
 
     /// Whether an event for `key` at `revision` fires subscriber `sub`.
@@ -378,10 +323,10 @@ struct Stream {
 struct Dispatcher {
     client: Client,
     pending: HashMap<i64, Pending>,
-    /// Shared watches by watch id, their ids by scope, and the watch id of
-    /// each subscriber.
+    /// Shared directory watches by watch id, their ids by directory, and
+    /// the watch id of each subscriber.
     shared: HashMap<i64, Shared>,
-    shared_by_scope: HashMap<String, i64>,
+    shared_by_dir: HashMap<String, i64>,
     subscribed_to: HashMap<i64, i64>,
     next_id: i64,
     stream: Option<Stream>,
@@ -395,7 +340,7 @@ struct Dispatcher {
 }
 
 const OPEN_LIMIT: Duration = Duration::from_secs(5);
-const SWEEP_EVERY: Duration = Duration::from_millis(250);
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 impl Dispatcher {
     fn new(client: Client, mirrors: Mirrors) -> Self {
@@ -404,7 +349,7 @@ impl Dispatcher {
             client,
             pending: HashMap::new(),
             shared: HashMap::new(),
-            shared_by_scope: HashMap::new(),
+            shared_by_dir: HashMap::new(),
             subscribed_to: HashMap::new(),
             next_id: 1,
             stream: None,
@@ -497,40 +442,42 @@ impl Dispatcher {
         self.open(request).await;
     }
 
-    /// Adds a node watch to its key's shared watch if that has run long
-    /// enough to be synced on the server, else to its directory's shared
-    /// watch — opening that if there is none, and a key watch for the next
-    /// wait behind the same node. Events the shared watch delivered after
-    /// the arming read are replayed from the recent ones; if they are no
-    /// longer all there, the node is read again (a gap check).
+    /// Adds a node watch to its directory's shared watch, opening that if
+    /// there is none. Events the shared watch delivered after the arming
+    /// read are replayed from the recent ones; if they are no longer all
+    /// there, the node is read again (a gap check).
     async fn subscribe(&mut self, mut watch: Pending) {
         if watch.tx.is_closed() {
             return;
         }
-        let path = watch.armed.path.clone();
-        let dir = crate::path::parent(&path).to_string();
+        let dir = crate::path::parent(&watch.armed.path).to_string();
         let sub_id = self.next_id;
         self.next_id += 1;
-        let own = self.shared_by_scope.get(&key_scope(&path)).copied();
-        let id = match own {
-            Some(id) if self.shared.get(&id).is_some_and(Shared::is_mature) => id,
-            _ => {
-                if own.is_none() {
-                    self.open_shared(path, true).await;
-                }
-                match self.shared_by_scope.get(&dir) {
-                    Some(&id) => id,
-                    None => self.open_shared(dir, false).await,
-                }
+        let id = match self.shared_by_dir.get(&dir) {
+            Some(&id) => id,
+            None => {
+                let id = self.next_id;
+                self.next_id += 1;
+                self.shared.insert(
+                    id,
+                    Shared {
+                        dir: dir.clone(),
+                        delivered: 0,
+                        subscribers: HashMap::new(),
+                        idle_since: None,
+                    },
+                );
+                self.mirrors.reset(&dir);
+                self.shared_by_dir.insert(dir, id);
+                self.open(self.shared[&id].options(id)).await;
+                id
             }
         };
         let Some(shared) = self.shared.get_mut(&id) else {
             return;
         };
         shared.idle_since = None;
-        let missed = self
-            .mirrors
-            .missed(&shared.scope, &watch.armed.path, watch.covered);
+        let missed = self.mirrors.missed(&watch.armed.path, watch.covered);
         if let Missed::Change(put) = missed {
             let _ = watch.tx.send(data_event(put));
             return;
@@ -545,60 +492,6 @@ impl Dispatcher {
         self.subscribed_to.insert(sub_id, id);
         if let Some(armed) = gap_check {
             self.spawn_gap_check(sub_id, armed);
-        }
-    }
-
-    /// Opens a shared watch on directory `watched`, or on key `watched`
-    /// (idle until a later wait joins it; a directory keeps at most
-    /// [`IDLE_KEY_WATCHES`] of those), and returns its id.
-    async fn open_shared(&mut self, watched: String, key: bool) -> i64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        let scope = if key {
-            key_scope(&watched)
-        } else {
-            watched.clone()
-        };
-        if key {
-            self.close_idle_key_watches(crate::path::parent(&watched), IDLE_KEY_WATCHES - 1)
-                .await;
-        }
-        self.mirrors.reset(&scope);
-        self.shared_by_scope.insert(scope.clone(), id);
-        self.shared.insert(
-            id,
-            Shared {
-                watched,
-                scope,
-                key,
-                delivered: 0,
-                subscribers: HashMap::new(),
-                idle_since: key.then(Instant::now),
-                started: None,
-            },
-        );
-        self.open(self.shared[&id].options(id)).await;
-        id
-    }
-
-    /// Closes the key watches in `dir` without subscribers, longest idle
-    /// first, until at most `keep` are left.
-    async fn close_idle_key_watches(&mut self, dir: &str, keep: usize) {
-        let mut idle: Vec<(Instant, i64)> = self
-            .shared
-            .iter()
-            .filter(|(_, s)| {
-                s.key && s.subscribers.is_empty() && crate::path::parent(&s.watched) == dir
-            })
-            .map(|(id, s)| (s.idle_since.unwrap_or_else(Instant::now), *id))
-            .collect();
-        if idle.len() <= keep {
-            return;
-        }
-        idle.sort_unstable();
-        for (_, id) in idle.into_iter().rev().skip(keep) {
-            self.remove_shared(id);
-            self.cancel(id).await;
         }
     }
 
@@ -624,7 +517,7 @@ impl Dispatcher {
         };
         if response.compact_revision() != 0 || response.canceled() {
             // Every subscriber looks again (and arms anew).
-            tracing::debug!(watched = %shared.watched, "etcd ended a shared watch; its watchers look again");
+            tracing::debug!(dir = %shared.dir, "etcd ended a shared watch; its watchers look again");
             let shared = self.remove_shared(id);
             for (_, sub) in shared.subscribers {
                 let event = sub.look_again();
@@ -634,8 +527,7 @@ impl Dispatcher {
         }
         if response.created() {
             let start = response.header().map_or(0, |h| h.revision());
-            self.mirrors.started(&shared.scope, start);
-            shared.started = Some(Instant::now());
+            self.mirrors.started(&shared.dir, start);
             shared.delivered = shared.delivered.max(start);
             let mut gaps = Vec::new();
             for (sub_id, sub) in shared.subscribers.iter_mut() {
@@ -665,7 +557,7 @@ impl Dispatcher {
             shared.delivered = shared.delivered.max(revision);
         }
         // Before the wakeups: a woken waiter reads the copy.
-        self.mirrors.deliver(&shared.scope, changes);
+        self.mirrors.deliver(&shared.dir, changes);
         for (sub_id, event) in fired {
             self.fire(sub_id, event).await;
         }
@@ -673,8 +565,8 @@ impl Dispatcher {
 
     fn remove_shared(&mut self, id: i64) -> Shared {
         let shared = self.shared.remove(&id).expect("a shared watch");
-        self.shared_by_scope.remove(&shared.scope);
-        self.mirrors.remove(&shared.scope);
+        self.shared_by_dir.remove(&shared.dir);
+        self.mirrors.remove(&shared.dir);
         for sub_id in shared.subscribers.keys() {
             self.subscribed_to.remove(sub_id);
         }
@@ -705,8 +597,7 @@ impl Dispatcher {
         for shared in self.shared.values_mut() {
             // What was delivered before the break was seen by every
             // subscriber; the new stream's start is checked against it.
-            self.mirrors.reset(&shared.scope);
-            shared.started = None;
+            self.mirrors.reset(&shared.dir);
             for sub in shared.subscribers.values_mut() {
                 sub.covered = sub.covered.max(shared.delivered);
                 sub.unconfirmed = true;
@@ -798,7 +689,7 @@ impl Dispatcher {
             });
             if shared.subscribers.is_empty() {
                 let since = *shared.idle_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= shared.linger() {
+                if since.elapsed() >= LINGER {
                     idle.push(*id);
                 }
             }
