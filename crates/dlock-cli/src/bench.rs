@@ -1,6 +1,7 @@
 //! `dlock bench`: the peer harnesses' workloads (shared/peers), with their
 //! output line, so results compare side by side.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use dlock::store::{CreateMode, CreateOptions};
-use dlock::{Mutex, ReadWriteLock, Session};
+use dlock::{LockGuard, Mutex, ReadGuard, ReadWriteLock, Session, WriteGuard};
 
 use crate::Global;
 
@@ -203,11 +204,9 @@ async fn semaphore_loop(
     let semaphore = dlock::Semaphore::new(&session, &path, leases)?;
     let mut latencies = Vec::new();
     while Instant::now() < deadline {
-        let t0 = Instant::now();
-        let lease = semaphore.acquire_one().await?;
-        latencies.push(t0.elapsed());
-        shared.enter_lease(leases);
-        lease.release().await?;
+        let inside = || shared.enter_lease(leases);
+        let acquire = semaphore.acquire_one();
+        time_hold(&mut latencies, acquire, inside, dlock::Lease::release).await?;
     }
     Ok(latencies)
 }
@@ -222,14 +221,34 @@ async fn election_loop(
     let mut latencies = Vec::new();
     while Instant::now() < deadline {
         let latch = dlock::LeaderLatch::new(&session, &path)?.with_id(id.to_string());
-        let t0 = Instant::now();
-        latch.start()?;
-        latch.await_leadership().await?;
-        latencies.push(t0.elapsed());
-        shared.enter_exclusive();
-        latch.close().await?;
+        let lead = async {
+            latch.start()?;
+            latch.await_leadership().await
+        };
+        let inside = || shared.enter_exclusive();
+        time_hold(&mut latencies, lead, inside, |_leadership| latch.close()).await?;
     }
     Ok(latencies)
+}
+
+/// One timed hold: how long `acquire` took goes into `latencies`; while
+/// held, `inside` checks the hold against the other clients; then
+/// `release`.
+async fn time_hold<H, Released>(
+    latencies: &mut Vec<Duration>,
+    acquire: impl Future<Output = dlock::Result<H>>,
+    inside: impl FnOnce(),
+    release: impl FnOnce(H) -> Released,
+) -> Result<()>
+where
+    Released: Future<Output = dlock::Result<()>>,
+{
+    let t0 = Instant::now();
+    let held = acquire.await?;
+    latencies.push(t0.elapsed());
+    inside();
+    release(held).await?;
+    Ok(())
 }
 
 /// The peers' percentile: the element at `p × n`.
@@ -250,11 +269,8 @@ async fn mutex_loop(
     let mutex = Mutex::new(&session, &path)?;
     let mut latencies = Vec::new();
     while Instant::now() < deadline {
-        let t0 = Instant::now();
-        let guard = mutex.acquire().await?;
-        latencies.push(t0.elapsed());
-        shared.enter_exclusive();
-        guard.release().await?;
+        let inside = || shared.enter_exclusive();
+        time_hold(&mut latencies, mutex.acquire(), inside, LockGuard::release).await?;
     }
     Ok(latencies)
 }
@@ -275,17 +291,12 @@ async fn rwlock_loop(
         x ^= x << 13;
         x ^= x >> 17;
         x ^= x << 5;
-        let t0 = Instant::now();
         if x % write_every == 0 {
-            let guard = rw.write().await?;
-            latencies.push(t0.elapsed());
-            shared.enter_exclusive();
-            guard.release().await?;
+            let inside = || shared.enter_exclusive();
+            time_hold(&mut latencies, rw.write(), inside, WriteGuard::release).await?;
         } else {
-            let guard = rw.read().await?;
-            latencies.push(t0.elapsed());
-            shared.enter_shared();
-            guard.release().await?;
+            let inside = || shared.enter_shared();
+            time_hold(&mut latencies, rw.read(), inside, ReadGuard::release).await?;
         }
     }
     Ok(latencies)

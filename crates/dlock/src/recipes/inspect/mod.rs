@@ -56,7 +56,7 @@ use super::{etcd_go, kv_semaphore, leader_latch, mutex, rwlock, semaphore, share
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
-use crate::store::SessionId;
+use crate::store::{SessionId, Stat};
 
 /// Who holds and who waits at `path`, and for which recipe. A path with
 /// nothing under it (or no node at all) is [`RecipeKind::None`] with no
@@ -210,6 +210,20 @@ fn contender(p: Participant) -> Contender {
     }
 }
 
+/// A contender read from its node alone (a KV semaphore entry, the key of
+/// Consul's `api.Lock`): no read-write half, no foreign marker.
+fn plain_contender(role: Role, node: String, data: Vec<u8>, stat: &Stat) -> Contender {
+    Contender {
+        role,
+        token: stat.token(),
+        session: stat.ephemeral_owner,
+        node,
+        data,
+        access: None,
+        foreign: None,
+    }
+}
+
 /// Which foreign client's layout a queue node `name` is in, if any.
 fn foreign(name: &str, data: &[u8], owner: SessionId) -> Option<Foreign> {
     if is_etcd_go_key(name, data, owner) {
@@ -315,15 +329,9 @@ async fn dot_lock_at(
 ) -> Result<std::result::Result<crate::Layout, Contender>> {
     let node = path::join(path, kv_semaphore::RECORD);
     match session.get_data(&node).await {
-        Ok((data, stat)) if stat.ephemeral_owner != 0 => Ok(Err(Contender {
-            role: Role::Holder,
-            token: stat.token(),
-            session: stat.ephemeral_owner,
-            node,
-            data,
-            access: None,
-            foreign: None,
-        })),
+        Ok((data, stat)) if stat.ephemeral_owner != 0 => {
+            Ok(Err(plain_contender(Role::Holder, node, data, &stat)))
+        }
         Ok((data, _)) if kv_semaphore::Record::parse_consul(&node, &data).is_ok() => {
             Ok(Ok(crate::Layout::Consul))
         }
@@ -369,22 +377,12 @@ async fn kv_semaphore_at(
             Err(e) => return Err(e),
         };
         let admitted = holders.iter().position(|h| *h == child.name);
-        all.push((
-            admitted,
-            Contender {
-                role: if admitted.is_some() {
-                    Role::Holder
-                } else {
-                    Role::Waiter
-                },
-                token: stat.token(),
-                session: stat.ephemeral_owner,
-                node,
-                data,
-                access: None,
-                foreign: None,
-            },
-        ));
+        let role = if admitted.is_some() {
+            Role::Holder
+        } else {
+            Role::Waiter
+        };
+        all.push((admitted, plain_contender(role, node, data, &stat)));
     }
     // Holders (Some) by admission, then waiters (None) by arrival.
     all.sort_by_key(|(admitted, c)| (admitted.is_none(), *admitted, c.token));

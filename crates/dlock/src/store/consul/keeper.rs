@@ -257,15 +257,14 @@ async fn create_first(http: &Http, ttl: Duration, lock_delay: Duration) -> Resul
     let deadline = Instant::now() + FIRST_SESSION_WITHIN;
     let mut pause = Duration::from_millis(50);
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let timeout = deadline
+            .saturating_duration_since(Instant::now())
+            .min(CREATE_TIMEOUT);
+        let body = Some(create_body(ttl, lock_delay));
         let resp = http
-            .send_or_unreachable(
-                Method::PUT,
-                "/v1/session/create",
-                Some(create_body(ttl, lock_delay)),
-                left.min(CREATE_TIMEOUT),
-            )
-            .await?;
+            .send(Method::PUT, "/v1/session/create", body, timeout)
+            .await
+            .map_err(|e| http.unreachable(e, timeout))?;
         match created(http, resp) {
             Err(Created::ServerError(why)) if Instant::now() + pause < deadline => {
                 tracing::debug!(endpoint = %http.endpoint, %why, "no Consul session yet; trying again");
