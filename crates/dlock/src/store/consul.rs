@@ -151,6 +151,7 @@ use self::http::{encode_key, Http, Response};
 use self::keeper::{ttl_for, Keeper};
 use self::keys::{Entry, Layout};
 use self::watch::Kind;
+use super::keepalive::Renewer;
 use super::{
     BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId, SessionStatus,
     Stat, Store, Watch, TAG_MIN,
@@ -232,7 +233,7 @@ impl std::fmt::Debug for ConsulStore {
 impl Drop for ConsulStore {
     fn drop(&mut self) {
         if let Some(uuid) = self.keeper.shut() {
-            self.keeper.destroy_in_background(uuid);
+            self.keeper.end_in_background(uuid);
         }
     }
 }
@@ -462,7 +463,7 @@ impl ConsulStore {
                         ))
                     })?;
                 if failure.session_gone() {
-                    self.keeper.lose(session);
+                    self.keeper.machine.lose(session);
                     return Err(Error::SessionExpired);
                 }
                 // The key of an invalidated session with a lock delay:
@@ -542,7 +543,10 @@ impl ConsulStore {
     }
 
     fn arm(&self, kind: Kind) -> Watch {
-        Watch::new(watch::spawn(self.http.clone(), kind), self.keeper.status())
+        Watch::new(
+            watch::spawn(self.http.clone(), kind),
+            self.keeper.machine.subscribe(),
+        )
     }
 
     /// Creates `path` and, with `list`, lists that directory in the same
@@ -703,7 +707,7 @@ impl Store for ConsulStore {
     }
 
     fn status(&self) -> status_watch::Receiver<SessionStatus> {
-        self.keeper.status()
+        self.keeper.machine.subscribe()
     }
 
     fn session_timeout(&self) -> Duration {
@@ -1210,17 +1214,7 @@ impl Faults for ConsulStore {
     /// Destroys the session (Consul deletes its keys at once) and returns
     /// with the status `Lost`.
     async fn expire(&self) -> Result<()> {
-        let status = self.keeper.machine.snapshot();
-        match status.state {
-            crate::store::SessionState::Closed => Err(Error::Closed),
-            crate::store::SessionState::Lost => Ok(()),
-            _ => {
-                let uuid = self.keeper.machine.lock().backend.uuid.clone();
-                let destroyed = self.keeper.destroy(&uuid).await;
-                self.keeper.lose(status.session_id);
-                destroyed
-            }
-        }
+        self.keeper.end_now().await
     }
 
     fn lose_next_create_reply(&self) {

@@ -191,6 +191,7 @@ use tokio::sync::watch as status_watch;
 use self::error::{map_error, Failure};
 use self::lease::{Config, Lease};
 use self::watch::{Hub, Kind, Request};
+use super::keepalive::Renewer;
 use super::namespace::Namespaced;
 use super::{
     BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId, SessionStatus,
@@ -296,7 +297,7 @@ impl Drop for EtcdStore {
     fn drop(&mut self) {
         self.hub.shutdown();
         if let Some(lease) = self.lease.shut() {
-            self.lease.revoke_in_background(lease);
+            self.lease.end_in_background(lease);
         }
     }
 }
@@ -367,7 +368,7 @@ impl EtcdStore {
 
     fn fail(&self, failure: Failure, path: &str, lease: SessionId) -> Error {
         if failure == Failure::LeaseGone {
-            self.lease.lose(lease);
+            self.lease.machine.lose(lease);
         }
         failure.into_error(path)
     }
@@ -615,7 +616,7 @@ impl EtcdStore {
             keyless: self.is_keyless(path),
             shared: queued && kind == Kind::Data && path::parent(path) != "/",
         });
-        Watch::new(rx, self.lease.status())
+        Watch::new(rx, self.lease.machine.subscribe())
     }
 
     /// One attempt at a multi: the plan and the committed transaction, or
@@ -798,7 +799,7 @@ impl Store for EtcdStore {
     }
 
     fn status(&self) -> status_watch::Receiver<SessionStatus> {
-        self.lease.status()
+        self.lease.machine.subscribe()
     }
 
     fn session_timeout(&self) -> Duration {
@@ -1116,7 +1117,7 @@ impl Store for EtcdStore {
 
     async fn close(&self) {
         self.hub.shutdown();
-        self.lease.close().await;
+        self.lease.close_session().await;
     }
 }
 
@@ -1141,22 +1142,7 @@ impl Faults for EtcdStore {
     /// (the lease is lost to this client all the same and expires on the
     /// server after its TTL); [`Error::Closed`] after `close()`.
     async fn expire(&self) -> Result<()> {
-        let status = self.lease.snapshot();
-        match status.state {
-            crate::store::SessionState::Closed => Err(Error::Closed),
-            crate::store::SessionState::Lost => Ok(()),
-            _ => {
-                let revoked = self.lease.revoke(status.session_id).await;
-                self.lease.lose(status.session_id);
-                revoked.map_err(|e| {
-                    self.lease.config.unreachable(format!(
-                        "revoking lease {:#x} failed ({e}); it is lost to this client and expires on the server \
-                         after its TTL",
-                        status.session_id
-                    ))
-                })
-            }
-        }
+        self.lease.end_now().await
     }
 
     /// The next create (or create-and-list) is applied, but the caller

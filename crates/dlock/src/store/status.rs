@@ -384,6 +384,20 @@ impl<S> StatusMachine<S> {
         in_force
     }
 
+    /// `Faults::expire`: fails once closed, does nothing once lost, else
+    /// ends the current session by `end` (which declares it lost).
+    pub async fn expire_with<Fut>(&self, end: impl FnOnce(SessionId) -> Fut) -> Result<()>
+    where
+        Fut: Future<Output = Result<()>>,
+    {
+        let status = self.snapshot();
+        match status.state {
+            SessionState::Closed => Err(Error::Closed),
+            SessionState::Lost => Ok(()),
+            _ => end(status.session_id).await,
+        }
+    }
+
     /// Starts ending `session` on purpose (an expiry), if `take` hands out
     /// its client: until [`lose`](Self::lose), operations wait and a
     /// disconnection is no suspension.
