@@ -151,7 +151,7 @@ use self::http::{encode_key, Http, Response};
 use self::keeper::{ttl_for, Keeper};
 use self::keys::{Entry, Layout};
 use self::watch::Kind;
-use super::keepalive::Renewer;
+use super::keepalive::Kept;
 use super::{
     BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId, SessionStatus,
     Stat, Store, Watch, TAG_MIN,
@@ -180,12 +180,14 @@ pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<d
         });
     };
     let http = Http::new(endpoint)?;
-    let keeper = Keeper::open(
-        http.clone(),
-        ttl_for(options.session_timeout),
-        lock_delay.unwrap_or(Duration::ZERO),
-    )
-    .await?;
+    let keeper = Kept(
+        Keeper::open(
+            http.clone(),
+            ttl_for(options.session_timeout),
+            lock_delay.unwrap_or(Duration::ZERO),
+        )
+        .await?,
+    );
     Ok(Arc::new(ConsulStore {
         keeper,
         http,
@@ -217,7 +219,7 @@ struct Owned {
 }
 
 struct ConsulStore {
-    keeper: Arc<Keeper>,
+    keeper: Kept<Keeper>,
     http: Arc<Http>,
     layout: Layout,
     owned: StdMutex<Owned>,
@@ -227,14 +229,6 @@ struct ConsulStore {
 impl std::fmt::Debug for ConsulStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.keeper.fmt(f)
-    }
-}
-
-impl Drop for ConsulStore {
-    fn drop(&mut self) {
-        if let Some(uuid) = self.keeper.shut() {
-            self.keeper.end_in_background(uuid);
-        }
     }
 }
 
@@ -918,7 +912,7 @@ impl Store for ConsulStore {
     }
 
     fn faults(&self) -> Option<&dyn Faults> {
-        Some(self)
+        Some(&self.keeper)
     }
 
     async fn close(&self) {
@@ -1197,31 +1191,5 @@ impl ConsulStore {
             });
         }
         Ok(Ok(results))
-    }
-}
-
-/// Faults act on this client's session (see the module docs).
-#[async_trait]
-impl Faults for ConsulStore {
-    /// Publishes `Suspended`, holds operations and stops renewals for
-    /// `duration`, then renews at once. If `duration` reaches the TTL, the
-    /// session is `Lost` (and destroyed) once a TTL passed since the last
-    /// answered renewal.
-    fn suspend(&self, duration: Duration) {
-        self.keeper.suspend(duration);
-    }
-
-    /// Destroys the session (Consul deletes its keys at once) and returns
-    /// with the status `Lost`.
-    async fn expire(&self) -> Result<()> {
-        self.keeper.end_now().await
-    }
-
-    fn lose_next_create_reply(&self) {
-        self.keeper.machine.lost_replies.create.arm();
-    }
-
-    fn lose_next_delete_reply(&self) {
-        self.keeper.machine.lost_replies.delete.arm();
     }
 }

@@ -156,7 +156,10 @@
 //! [`Session::faults`](crate::Session::faults) is available:
 //! - [`Faults::expire`] revokes the lease from this client: the server
 //!   deletes its keys at once (other clients' watches fire) and the status
-//!   is `Lost`; the next operation grants a new lease.
+//!   is `Lost`; the next operation grants a new lease. If the server did
+//!   not confirm the revocation it fails with [`Error::Unreachable`] (the
+//!   lease is lost to this client all the same and expires on the server
+//!   after its TTL); after `close()`, with [`Error::Closed`].
 //! - [`Faults::suspend`] publishes `Suspended`, holds operations issued
 //!   meanwhile, and stops the keep-alives for `duration`; then it sends one
 //!   at once (`Reconnected` if the lease is still there). If `duration`
@@ -168,6 +171,10 @@
 //! - [`Faults::lose_next_create_reply`]: the next create (or create and
 //!   list) is applied, but the caller gets `ConnectionLoss`, and the status
 //!   blips `Suspended` → `Reconnected`.
+//! - [`Faults::lose_next_delete_reply`]: likewise for the next delete. The
+//!   fence of a node this lease created is kept (the client would have no
+//!   reply to clear it with), so a retry finds `NoNode` even if a newer
+//!   node of the same name exists by then.
 
 mod error;
 mod keys;
@@ -191,7 +198,7 @@ use tokio::sync::watch as status_watch;
 use self::error::{map_error, Failure};
 use self::lease::{Config, Lease};
 use self::watch::{Hub, Kind, Request};
-use super::keepalive::Renewer;
+use super::keepalive::{Kept, Renewer};
 use super::namespace::Namespaced;
 use super::{
     BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId, SessionStatus,
@@ -215,7 +222,7 @@ use crate::path;
 pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<dyn Store>> {
     let config = Config::from_endpoint(endpoint, options.session_timeout)?;
     let root = config.namespace.clone();
-    let lease = Lease::open(config).await?;
+    let lease = Kept(Lease::open(config).await?);
     let hub = Hub::start(lease.client.clone(), &lease.runtime);
     let store = EtcdStore {
         lease,
@@ -274,7 +281,7 @@ impl Drop for InFlight<'_> {
 /// One client of an etcd cluster: one lease at a time, renewed after it is
 /// lost. Dropping it revokes the lease (in the background).
 struct EtcdStore {
-    lease: Arc<Lease>,
+    lease: Kept<Lease>,
     hub: Hub,
     owned: StdMutex<Owned>,
     /// Nodes whose plain delete went out but was not answered: it may
@@ -295,10 +302,8 @@ impl std::fmt::Debug for EtcdStore {
 
 impl Drop for EtcdStore {
     fn drop(&mut self) {
+        // Then the lease drops, and is revoked in the background.
         self.hub.shutdown();
-        if let Some(lease) = self.lease.shut() {
-            self.lease.end_in_background(lease);
-        }
     }
 }
 
@@ -1112,52 +1117,11 @@ impl Store for EtcdStore {
     }
 
     fn faults(&self) -> Option<&dyn Faults> {
-        Some(self)
+        Some(&self.lease)
     }
 
     async fn close(&self) {
         self.hub.shutdown();
         self.lease.close_session().await;
-    }
-}
-
-/// Faults act on this client's lease and view (see the module docs).
-#[async_trait]
-impl Faults for EtcdStore {
-    /// Publishes `Suspended`, holds operations issued meanwhile and stops
-    /// the keep-alives for `duration`; then sends one at once
-    /// (`Reconnected` if the lease is still there). If `duration` reaches
-    /// the TTL, the lease expires on the server by itself and `Lost` is
-    /// published once a TTL has passed since the last answered keep-alive.
-    fn suspend(&self, duration: Duration) {
-        self.lease.suspend(duration);
-    }
-
-    /// Revokes the lease from this client (the server deletes its keys at
-    /// once) and returns with the status `Lost`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Unreachable`] if the server did not confirm the revocation
-    /// (the lease is lost to this client all the same and expires on the
-    /// server after its TTL); [`Error::Closed`] after `close()`.
-    async fn expire(&self) -> Result<()> {
-        self.lease.end_now().await
-    }
-
-    /// The next create (or create-and-list) is applied, but the caller
-    /// gets `ConnectionLoss`, and the status blips `Suspended` →
-    /// `Reconnected` (same lease).
-    fn lose_next_create_reply(&self) {
-        self.lease.machine.lost_replies.create.arm();
-    }
-
-    /// The next delete is applied, but the caller gets `ConnectionLoss`,
-    /// and the status blips `Suspended` → `Reconnected` (same lease). The
-    /// fence of a node this lease created is kept (the client would have
-    /// no reply to clear it with), so a retry finds `NoNode` even if a
-    /// newer node of the same name exists by then.
-    fn lose_next_delete_reply(&self) {
-        self.lease.machine.lost_replies.delete.arm();
     }
 }

@@ -32,7 +32,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::status::{Renewal, StatusMachine};
-use super::SessionId;
+use super::{Faults, SessionId};
 use crate::error::Result;
 
 /// What one renewal found.
@@ -191,6 +191,50 @@ pub(crate) trait Renewer: Send + Sync + 'static {
                 ended.map_err(|e| self.unconfirmed_end(id, e))
             })
             .await
+    }
+}
+
+/// A store's hold on its session kept by renewal: the keeper (which the
+/// store reaches through it), the faults tests inject into the session, and
+/// — when the store is dropped — the session's end, in the background.
+pub(crate) struct Kept<R: Renewer>(pub Arc<R>);
+
+impl<R: Renewer> std::ops::Deref for Kept<R> {
+    type Target = Arc<R>;
+
+    fn deref(&self) -> &Arc<R> {
+        &self.0
+    }
+}
+
+impl<R: Renewer> Drop for Kept<R> {
+    fn drop(&mut self) {
+        if let Some(name) = self.0.shut() {
+            self.0.end_in_background(name);
+        }
+    }
+}
+
+/// The faults act on the session (see each backend's module docs):
+/// `suspend` stops renewals for a while, `expire` ends the session on the
+/// server, and a lost reply blips the status `Suspended` → `Reconnected`
+/// (same session).
+#[async_trait::async_trait]
+impl<R: Renewer> Faults for Kept<R> {
+    fn suspend(&self, duration: Duration) {
+        self.0.suspend(duration);
+    }
+
+    async fn expire(&self) -> Result<()> {
+        self.0.end_now().await
+    }
+
+    fn lose_next_create_reply(&self) {
+        self.0.machine().lost_replies.create.arm();
+    }
+
+    fn lose_next_delete_reply(&self) {
+        self.0.machine().lost_replies.delete.arm();
     }
 }
 
