@@ -131,15 +131,7 @@ pub async fn run(global: &Global, args: Bench) -> Result<()> {
             }
         }));
     }
-    let mut latencies = Vec::new();
-    for task in tasks {
-        latencies.extend(task.await.context("a client panicked")??);
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    for s in &sessions {
-        s.close().await;
-    }
-    latencies.sort_unstable();
+    let (latencies, elapsed) = gather(tasks, started, &sessions).await?;
     let ops = latencies.len();
     let latency = if args.workload == Workload::Raw {
         "cycle"
@@ -155,6 +147,25 @@ pub async fn run(global: &Global, args: Bench) -> Result<()> {
         shared.violations.load(Ordering::SeqCst),
     );
     Ok(())
+}
+
+/// Every client's latencies, sorted, and the seconds from `started` until
+/// the last client finished; then the sessions are closed.
+async fn gather(
+    tasks: Vec<tokio::task::JoinHandle<Result<Vec<Duration>>>>,
+    started: Instant,
+    sessions: &[Session],
+) -> Result<(Vec<Duration>, f64)> {
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.context("a client panicked")??);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    for s in sessions {
+        s.close().await;
+    }
+    latencies.sort_unstable();
+    Ok((latencies, elapsed))
 }
 
 /// Who is inside the critical section, checked across all clients.
@@ -461,15 +472,7 @@ async fn double_barrier_bench(args: &Bench, path: &str, sessions: Vec<Session>) 
             anyhow::Ok(latencies)
         }));
     }
-    let mut latencies = Vec::new();
-    for task in tasks {
-        latencies.extend(task.await.context("a client panicked")??);
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    for s in &sessions {
-        s.close().await;
-    }
-    latencies.sort_unstable();
+    let (latencies, elapsed) = gather(tasks, started, &sessions).await?;
     // From the first member in to the last one out, per cycle: what
     // Curator's PeerBench `doublebarrier` prints (entered=, left=).
     let mut spans: Vec<Duration> = cycles

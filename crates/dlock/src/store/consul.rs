@@ -390,23 +390,18 @@ impl ConsulStore {
 
     /// `path`'s own entry and how many keys are below it.
     async fn read(&self, path: &str) -> Result<(Option<Entry>, usize)> {
-        if path == "/" {
-            let below = self.layout.below(path);
-            let entries = self.recurse(&below, path).await?;
-            let n = entries
-                .iter()
-                .filter(|e| keys::is_descendant(&below, &e.key))
-                .count();
-            return Ok((None, n));
-        }
-        let key = self.layout.key(path);
         let below = self.layout.below(path);
-        let entries = self.recurse(&key, path).await?;
+        // The root has no key of its own: all it reads is below it.
+        let key = (path != "/").then(|| self.layout.key(path));
+        let entries = self.recurse(key.as_ref().unwrap_or(&below), path).await?;
         let n = entries
             .iter()
             .filter(|e| keys::is_descendant(&below, &e.key))
             .count();
-        Ok((entries.into_iter().find(|e| e.key == key), n))
+        Ok((
+            key.and_then(|key| entries.into_iter().find(|e| e.key == key)),
+            n,
+        ))
     }
 
     /// Runs a transaction: the entries it returned, or its first failure.
