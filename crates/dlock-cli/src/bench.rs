@@ -141,11 +141,10 @@ pub async fn run(global: &Global, args: Bench) -> Result<()> {
         "acquire"
     };
     println!(
-        "peer=dlock recipe={name} clients={} seconds={elapsed:.2} ops={ops} ops_per_s={:.1} {latency}_p50_ms={:.3} {latency}_p99_ms={:.3} violations={}",
+        "peer=dlock recipe={name} clients={} seconds={elapsed:.2} ops={ops} ops_per_s={:.1} {} violations={}",
         args.clients,
         ops as f64 / elapsed,
-        percentile(&latencies, 0.50),
-        percentile(&latencies, 0.99),
+        percentiles(latency, &latencies),
         shared.violations.load(Ordering::SeqCst),
     );
     Ok(())
@@ -342,6 +341,15 @@ impl Laps {
     }
 }
 
+/// `<what>_p50_ms=… <what>_p99_ms=…` of `sorted`, as the peers print them.
+fn percentiles(what: &str, sorted: &[Duration]) -> String {
+    format!(
+        "{what}_p50_ms={:.3} {what}_p99_ms={:.3}",
+        percentile(sorted, 0.50),
+        percentile(sorted, 0.99)
+    )
+}
+
 /// The peers' percentile: the element at `p × n`.
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -402,11 +410,10 @@ async fn counter_bench(args: &Bench, path: &str, sessions: Vec<Session>) -> Resu
     let ops = latencies.len();
     let violations = u64::from(value - before != ops as i64);
     println!(
-        "peer=dlock recipe=counter clients={} seconds={elapsed:.2} ops={ops} ops_per_s={:.1} failed={failed} value={value} op_p50_ms={:.3} op_p99_ms={:.3} violations={violations}",
+        "peer=dlock recipe=counter clients={} seconds={elapsed:.2} ops={ops} ops_per_s={:.1} failed={failed} value={value} {} violations={violations}",
         args.clients,
         ops as f64 / elapsed,
-        percentile(&latencies, 0.50),
-        percentile(&latencies, 0.99),
+        percentiles("op", &latencies),
     );
     Ok(())
 }
@@ -493,13 +500,11 @@ async fn double_barrier_bench(args: &Bench, path: &str, sessions: Vec<Session>) 
     spans.sort_unstable();
     let ops = spans.len();
     println!(
-        "peer=dlock recipe=double-barrier members={members} clients={} seconds={elapsed:.2} ops={ops} ops_per_s={:.1} cycle_p50_ms={:.3} cycle_p99_ms={:.3} span_p50_ms={:.3} span_p99_ms={:.3} violations={}",
+        "peer=dlock recipe=double-barrier members={members} clients={} seconds={elapsed:.2} ops={ops} ops_per_s={:.1} {} {} violations={}",
         args.clients,
         ops as f64 / elapsed,
-        percentile(&latencies, 0.50),
-        percentile(&latencies, 0.99),
-        percentile(&spans, 0.50),
-        percentile(&spans, 0.99),
+        percentiles("cycle", &latencies),
+        percentiles("span", &spans),
         violations.load(Ordering::SeqCst),
     );
     Ok(())
