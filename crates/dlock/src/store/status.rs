@@ -73,6 +73,20 @@ impl<S> std::fmt::Debug for StatusMachine<S> {
 }
 
 impl<S> StatusMachine<S> {
+    /// How a store of a server shows itself in `{:?}`: as `name`, with its
+    /// `endpoint` and its status.
+    pub fn fmt_store(
+        &self,
+        f: &mut std::fmt::Formatter<'_>,
+        name: &str,
+        endpoint: &str,
+    ) -> std::fmt::Result {
+        f.debug_struct(name)
+            .field("endpoint", &endpoint)
+            .field("status", self)
+            .finish_non_exhaustive()
+    }
+
     /// A machine whose first session, `session_id`, is `Connected`.
     pub fn new(session_id: SessionId, backend: S) -> Self {
         StatusMachine {

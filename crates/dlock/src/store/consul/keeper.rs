@@ -60,10 +60,8 @@ pub(super) struct Keeper {
 
 impl std::fmt::Debug for Keeper {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConsulStore")
-            .field("endpoint", &self.http.endpoint)
-            .field("status", &self.machine)
-            .finish_non_exhaustive()
+        self.machine
+            .fmt_store(f, "ConsulStore", &self.http.endpoint)
     }
 }
 

@@ -140,10 +140,8 @@ pub(super) struct Lease {
 
 impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdStore")
-            .field("endpoint", &self.config.endpoint)
-            .field("status", &self.machine)
-            .finish_non_exhaustive()
+        self.machine
+            .fmt_store(f, "EtcdStore", &self.config.endpoint)
     }
 }
 

@@ -182,10 +182,8 @@ pub(super) struct Inner {
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ZooKeeperStore")
-            .field("endpoint", &self.config.endpoint)
-            .field("status", &self.machine)
-            .finish_non_exhaustive()
+        self.machine
+            .fmt_store(f, "ZooKeeperStore", &self.config.endpoint)
     }
 }
 
