@@ -165,6 +165,12 @@ zk_workloads() {
       'run "zk mutex 8" dlock "$dlock" --endpoint "zk://$zk" bench mutex --clients 8 --seconds "$seconds" --path /b/m8' \
       'run "zk mutex 8" curator curator mutex --connect "$zk" --clients 8 --seconds "$seconds" --path /b/c8' \
       'run "zk mutex 8" kazoo kazoo mutex --connect "$zk" --clients 8 --seconds "$seconds" --path /b/k8'
+    # Many waiters: a handoff must not cost more with more of them waiting
+    # (goal: at least 0.85x dlock's zk mutex 8 rate).
+    in_turn "$r" \
+      'run "zk mutex 32" dlock "$dlock" --endpoint "zk://$zk" bench mutex --clients 32 --seconds "$seconds" --path /b/m32' \
+      'run "zk mutex 32" curator curator mutex --connect "$zk" --clients 32 --seconds "$seconds" --path /b/c32' \
+      'run "zk mutex 32" kazoo kazoo mutex --connect "$zk" --clients 32 --seconds "$seconds" --path /b/k32'
     in_turn "$r" \
       'run "zk semaphore 8/3" dlock "$dlock" --endpoint "zk://$zk" bench semaphore --clients 8 --leases 3 --seconds "$seconds" --path /b/s' \
       'run "zk semaphore 8/3" curator curator semaphore --connect "$zk" --clients 8 --leases 3 --seconds "$seconds" --path /b/cs' \

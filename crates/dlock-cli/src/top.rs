@@ -1,7 +1,7 @@
 //! `dlock top [PREFIX]`: a live view of every lock, semaphore and election
 //! under a prefix — holders with their fencing token, session and hold
 //! time, waiters in queue order, handoffs per second, and holders written
-//! by foreign clients (etcd's Go recipes, ...) named as such.
+//! by foreign clients (etcd's Go recipes, kazoo, `consul lock`) named as such.
 //!
 //! Three parts, kept apart so each can be tested on its own:
 //! - [`scan`] walks the tree under the prefix (breadth first, bounded by

@@ -49,19 +49,12 @@ fn silent_hand_over_within(backend: BackendKind) -> Duration {
     expiry + (expiry / 10).max(Duration::from_secs(1))
 }
 
+mod common;
 #[cfg(feature = "consul")]
-fn consul_endpoint() -> String {
-    format!("consul://{}", dlock_testkit::shared_consul().endpoint())
-}
-
-fn zk_endpoint() -> String {
-    format!("zk://{}", dlock_testkit::shared_zk().connect_string())
-}
-
+use common::consul_endpoint;
 #[cfg(feature = "etcd")]
-fn etcd_endpoint() -> String {
-    format!("etcd://{}", dlock_testkit::shared_etcd().endpoint())
-}
+use common::etcd_endpoint;
+use common::zk_endpoint;
 
 /// `dlock --endpoint E ...`, with nothing inherited from the environment.
 fn dlock(endpoint: &str) -> Command {
@@ -416,17 +409,8 @@ fn a_killed_holder_hands_over_on(endpoint: &str) -> Result<()> {
     let admin = connect(endpoint)?;
     let root = unique_root();
     let path = format!("{root}/p");
-    let mut holder = Proc::spawn(
-        "holder",
-        with_args(
-            dlock(endpoint),
-            &["--session-timeout", SESSION_ARG, "lock", &path, "--"],
-            &["sh", "-c", "echo held $$; exec sleep 600"],
-        ),
-    )?;
-    holder.await_line("held", Duration::from_secs(20))?;
-    let mut waiter = spawn_waiter(endpoint, &path)?;
-    await_children(&admin, &path, |n| n == 2, Duration::from_secs(20))?;
+    let (mut holder, mut waiter) =
+        holder_and_waiter(endpoint, &admin, &path, &[], "echo held $$; exec sleep 600")?;
     waiter.drain();
     ensure!(
         waiter.lines.is_empty(),
@@ -464,6 +448,31 @@ fn spawn_waiter(endpoint: &str, path: &str) -> Result<Proc> {
     )
 }
 
+/// `dlock --session-timeout SESSION lock <path> EXTRA -- sh -c COMMAND`
+/// holding once its command printed `held`, and a waiter queued behind it.
+fn holder_and_waiter(
+    endpoint: &str,
+    admin: &Session,
+    path: &str,
+    extra: &[&str],
+    command: &str,
+) -> Result<(Proc, Proc)> {
+    let args = [
+        &["--session-timeout", SESSION_ARG, "lock", path],
+        extra,
+        &["--"],
+    ]
+    .concat();
+    let mut holder = Proc::spawn(
+        "holder",
+        with_args(dlock(endpoint), &args, &["sh", "-c", command]),
+    )?;
+    holder.await_line("held", Duration::from_secs(20))?;
+    let waiter = spawn_waiter(endpoint, path)?;
+    await_children(admin, path, |n| n == 2, Duration::from_secs(20))?;
+    Ok((holder, waiter))
+}
+
 fn with_args(mut cmd: Command, args: &[&str], command: &[&str]) -> Command {
     cmd.args(args).args(command);
     cmd
@@ -483,25 +492,8 @@ fn a_frozen_holder_learns_it_lost_on(endpoint: &str) -> Result<()> {
     let admin = connect(endpoint)?;
     let root = unique_root();
     let path = format!("{root}/p");
-    let mut holder = Proc::spawn(
-        "holder",
-        with_args(
-            dlock(endpoint),
-            &[
-                "--session-timeout",
-                SESSION_ARG,
-                "lock",
-                &path,
-                "--grace",
-                "5s",
-                "--",
-            ],
-            &["sh", "-c", HOLDER_COMMAND],
-        ),
-    )?;
-    holder.await_line("held", Duration::from_secs(20))?;
-    let mut waiter = spawn_waiter(endpoint, &path)?;
-    await_children(&admin, &path, |n| n == 2, Duration::from_secs(20))?;
+    let (mut holder, mut waiter) =
+        holder_and_waiter(endpoint, &admin, &path, &["--grace", "5s"], HOLDER_COMMAND)?;
     let backend = admin.session().backend();
     holder.freeze()?;
     let frozen = Instant::now();

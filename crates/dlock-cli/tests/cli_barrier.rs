@@ -5,19 +5,11 @@ use std::process::{Command, Output};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use dlock_testkit::shared_zk;
+mod common;
+use common::{dlock_on, unique, zk_endpoint};
 
 fn dlock() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env(
-        "DLOCK_ENDPOINT",
-        format!("zk://{}", shared_zk().connect_string()),
-    );
-    c
-}
-
-fn unique(name: &str) -> String {
-    format!("/cli-{}/{name}", uuid::Uuid::new_v4().simple())
+    dlock_on(&zk_endpoint())
 }
 
 fn run(args: &[&str]) -> Output {

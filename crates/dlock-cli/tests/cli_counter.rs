@@ -2,17 +2,10 @@
 //! etcd, and Consul with the `consul` feature); the embedded store is
 //! refused, as a counter in it would die with the process.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn dlock(endpoint: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env("DLOCK_ENDPOINT", endpoint);
-    c
-}
-
-fn unique(name: &str) -> String {
-    format!("/cli-{}/{name}", uuid::Uuid::new_v4().simple())
-}
+mod common;
+use common::{dlock_on as dlock, unique};
 
 fn counter(endpoint: &str, args: &[&str]) -> Output {
     dlock(endpoint)
@@ -137,10 +130,6 @@ fn concurrent_processes_sum_exactly(endpoint: &str) {
     remove(endpoint, &[&path, &lock]);
 }
 
-fn zk() -> String {
-    format!("zk://{}", dlock_testkit::shared_zk().connect_string())
-}
-
 #[test]
 fn help_shows_examples() {
     for sub in ["get", "add", "set", "cas"] {
@@ -157,28 +146,7 @@ fn embedded_is_refused() {
     assert!(stderr(&out).contains("--endpoint"), "{out:?}");
 }
 
-#[test]
-fn zookeeper_gets_adds_sets_and_compares() {
-    gets_adds_sets_and_compares(&zk());
-}
-
-#[test]
-fn zookeeper_concurrent_processes_sum_exactly() {
-    concurrent_processes_sum_exactly(&zk());
-}
-
-#[cfg(feature = "etcd")]
-#[test]
-fn etcd_gets_adds_sets_and_compares() {
-    let endpoint = format!("etcd://{}", dlock_testkit::shared_etcd().endpoint());
-    gets_adds_sets_and_compares(&endpoint);
-    concurrent_processes_sum_exactly(&endpoint);
-}
-
-#[cfg(feature = "consul")]
-#[test]
-fn consul_gets_adds_sets_and_compares() {
-    let endpoint = format!("consul://{}", dlock_testkit::shared_consul().endpoint());
-    gets_adds_sets_and_compares(&endpoint);
-    concurrent_processes_sum_exactly(&endpoint);
-}
+on_every_server!(
+    gets_adds_sets_and_compares,
+    concurrent_processes_sum_exactly
+);

@@ -3,137 +3,11 @@
 //! embedded store refused (it lives inside one process, so no other
 //! process could see a member or a leader).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdin, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+mod common;
+use common::{dlock_on, unique, zk_endpoint, Running};
 
-const WITHIN: Duration = Duration::from_secs(30);
-
-fn zk_endpoint() -> String {
-    format!("zk://{}", dlock_testkit::shared_zk().connect_string())
-}
-
-fn dlock(endpoint: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env("DLOCK_ENDPOINT", endpoint);
-    c
-}
-
-fn unique(name: &str) -> String {
-    format!("/cli-{}/{name}", uuid::Uuid::new_v4().simple())
-}
-
-fn run(endpoint: &str, args: &[&str]) -> Output {
-    dlock(endpoint).args(args).output().expect("run dlock")
-}
-
-/// A dlock process whose stdout lines arrive on a channel, and whose stdin
-/// is ours (a command it runs reads it; closing it ends that command).
-struct Running {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Running {
-    fn start(endpoint: &str, args: &[&str]) -> Running {
-        let mut child = dlock(endpoint)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start dlock");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Running {
-            stdin: child.stdin.take(),
-            child,
-            lines,
-        }
-    }
-
-    fn line(&self) -> String {
-        self.lines
-            .recv_timeout(WITHIN)
-            .expect("a line from dlock in time")
-    }
-
-    fn json(&self) -> serde_json::Value {
-        let line = self.line();
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"))
-    }
-
-    fn signal(&self, signal: libc::c_int) {
-        // SAFETY: signalling our own child by its pid.
-        assert_eq!(
-            unsafe { libc::kill(self.child.id() as libc::pid_t, signal) },
-            0
-        );
-    }
-
-    /// Closes its stdin: a command reading it ends.
-    fn close_stdin(&mut self) {
-        self.stdin.take();
-    }
-
-    /// Waits (on a thread, by `wait`) for it to exit; its exit code.
-    fn exit_code(mut self) -> Option<i32> {
-        let mut child = std::mem::replace(
-            &mut self.child,
-            Command::new("true").spawn().expect("a placeholder child"),
-        );
-        let pid = child.id() as libc::pid_t;
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(child.wait().expect("wait").code());
-        });
-        rx.recv_timeout(WITHIN).unwrap_or_else(|_| {
-            // SAFETY: signalling our own child.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("dlock (pid {pid}) did not exit within {WITHIN:?}")
-        })
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Waits (by watch, through the library) until `path` has `n` children:
-/// a second candidate queued.
-fn await_children(endpoint: &str, path: &str, n: usize) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let session = dlock::connect(endpoint).await.expect("connect");
-        let reached = tokio::time::timeout(WITHIN, async {
-            loop {
-                match session.children_watch(path).await {
-                    Ok((children, _)) if children.len() == n => return,
-                    Ok((_, watch)) => {
-                        watch.changed().await;
-                    }
-                    Err(e) => panic!("list {path}: {e}"),
-                }
-            }
-        })
-        .await;
-        session.close().await;
-        reached.unwrap_or_else(|_| panic!("{path} did not reach {n} children"));
-    });
+fn run(endpoint: &str, args: &[&str]) -> std::process::Output {
+    dlock_on(endpoint).args(args).output().expect("run dlock")
 }
 
 #[test]
@@ -177,7 +51,7 @@ fn the_embedded_store_is_refused() {
 /// A watcher sees members join (with a command, and until stopped),
 /// change nothing else, and leave; `list` shows them; `join -- CMD` exits
 /// with CMD's code and hands it the member's node.
-fn members_join_list_watch_on(endpoint: &str) {
+fn members_join_list_watch(endpoint: &str) {
     let path = unique("group");
     let watcher = Running::start(endpoint, &["members", "watch", &path, "--json"]);
 
@@ -266,7 +140,7 @@ fn members_join_list_watch_on(endpoint: &str) {
 
 /// `observe` prints nobody, then each leader of an election run by
 /// `dlock elect` as it takes over, then nobody again — one JSON line each.
-fn observe_prints_leader_changes_on(endpoint: &str) {
+fn observe_prints_leader_changes(endpoint: &str) {
     let path = unique("election");
     let observer = Running::start(endpoint, &["observe", &path, "--json"]);
     assert_eq!(observer.json(), serde_json::json!({"leader": null}));
@@ -300,7 +174,7 @@ fn observe_prints_leader_changes_on(endpoint: &str) {
             "cat >/dev/null",
         ],
     );
-    await_children(endpoint, &path, 2);
+    common::await_children(endpoint, &path, 2, Running::WITHIN);
     first.close_stdin();
     assert_eq!(first.exit_code(), Some(0));
     let next = observer.json();
@@ -372,85 +246,37 @@ fn inspect_tells_a_kv_semaphores_free_slots() {
     );
 }
 
-mod zookeeper {
-    #[test]
-    fn members_join_list_watch() {
-        super::members_join_list_watch_on(&super::zk_endpoint());
-    }
+on_every_server!(members_join_list_watch, observe_prints_leader_changes);
 
-    #[test]
-    fn observe_prints_leader_changes() {
-        super::observe_prints_leader_changes_on(&super::zk_endpoint());
-    }
-}
-
+/// `dlock observe` follows an election of etcd's own `etcdctl elect`
+/// as etcd's Observe does: the leader's proposal, then nobody once it
+/// resigned.
 #[cfg(feature = "etcd")]
-mod etcd {
-    fn endpoint() -> String {
-        format!("etcd://{}", dlock_testkit::shared_etcd().endpoint())
-    }
-
-    #[test]
-    fn members_join_list_watch() {
-        super::members_join_list_watch_on(&endpoint());
-    }
-
-    #[test]
-    fn observe_prints_leader_changes() {
-        super::observe_prints_leader_changes_on(&endpoint());
-    }
-
-    /// `dlock observe` follows an election of etcd's own `etcdctl elect`
-    /// as etcd's Observe does: the leader's proposal, then nobody once it
-    /// resigned.
-    #[test]
-    fn observe_follows_an_etcdctl_election() {
-        let path = super::unique("goelect");
-        let observer = super::Running::start(&endpoint(), &["observe", &path, "--json"]);
-        assert_eq!(observer.json(), serde_json::json!({"leader": null}));
-        let etcdctl = std::process::Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .arg(format!(
-                "--endpoints={}",
-                dlock_testkit::shared_etcd().url()
-            ))
-            .args(["elect", &path, "proposal-1"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("run etcdctl");
-        let led = observer.json();
-        assert_eq!(led["leader"], "proposal-1", "{led}");
-        assert!(
-            led["node"]
-                .as_str()
-                .unwrap()
-                .starts_with(&format!("{path}/")),
-            "{led}"
-        );
-        // Campaigning set up its signal handling: SIGINT makes it resign.
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(etcdctl.id() as libc::pid_t, libc::SIGINT) };
-        assert_eq!(observer.json(), serde_json::json!({"leader": null}));
-        let mut etcdctl = etcdctl;
-        let _ = etcdctl.wait();
-        observer.signal(libc::SIGTERM);
-        assert_eq!(observer.exit_code(), Some(0));
-    }
-}
-
-#[cfg(feature = "consul")]
-mod consul {
-    fn endpoint() -> String {
-        format!("consul://{}", dlock_testkit::shared_consul().endpoint())
-    }
-
-    #[test]
-    fn members_join_list_watch() {
-        super::members_join_list_watch_on(&endpoint());
-    }
-
-    #[test]
-    fn observe_prints_leader_changes() {
-        super::observe_prints_leader_changes_on(&endpoint());
-    }
+#[test]
+fn observe_follows_an_etcdctl_election_on_etcd() {
+    let path = unique("goelect");
+    let observer = Running::start(&common::etcd_endpoint(), &["observe", &path, "--json"]);
+    assert_eq!(observer.json(), serde_json::json!({"leader": null}));
+    let etcdctl = common::etcdctl()
+        .args(["elect", &path, "proposal-1"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("run etcdctl");
+    let led = observer.json();
+    assert_eq!(led["leader"], "proposal-1", "{led}");
+    assert!(
+        led["node"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{path}/")),
+        "{led}"
+    );
+    // Campaigning set up its signal handling: SIGINT makes it resign.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(etcdctl.id() as libc::pid_t, libc::SIGINT) };
+    assert_eq!(observer.json(), serde_json::json!({"leader": null}));
+    let mut etcdctl = etcdctl;
+    let _ = etcdctl.wait();
+    observer.signal(libc::SIGTERM);
+    assert_eq!(observer.exit_code(), Some(0));
 }

@@ -2,10 +2,11 @@
 //! processes against real servers: ZooKeeper for every case, and the
 //! forced revocation of every kind of holder on etcd and Consul too.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use dlock_testkit::shared_zk;
+mod common;
+use common::{await_line, dlock_on, exit_within, spawn_sh, unique, zk_endpoint as zk};
 
 /// How long a holder may take, from a revocation or its hold limit, to
 /// stop its command and exit — and a waiter to get in: a watch event, a
@@ -13,43 +14,9 @@ use dlock_testkit::shared_zk;
 /// one to expire.)
 const BOUND: Duration = Duration::from_secs(8);
 
-fn zk() -> String {
-    format!("zk://{}", shared_zk().connect_string())
-}
-
-fn dlock_on(endpoint: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env("DLOCK_ENDPOINT", endpoint);
-    c
-}
-
-fn unique(name: &str) -> String {
-    format!("/cli-{}/{name}", uuid::Uuid::new_v4().simple())
-}
-
-/// Waits for a line in a file that a command appends to (the file is the
-/// event; a short poll of a local file stands in for a watch).
-fn await_line(path: &std::path::Path, needle: &str, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if std::fs::read_to_string(path).is_ok_and(|s| s.lines().any(|l| l.contains(needle))) {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The participants at `path`, as `dlock inspect --json` lists them.
 fn participants(endpoint: &str, path: &str) -> Vec<serde_json::Value> {
-    let out = dlock_on(endpoint)
-        .args(["inspect", path, "--json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "inspect {path}: {out:?}");
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let json = common::json_of(endpoint, &["inspect", path, "--json"]);
     json["participants"].as_array().cloned().unwrap_or_default()
 }
 
@@ -61,30 +28,37 @@ fn holder_node(endpoint: &str, path: &str) -> String {
     holders[0]["node"].as_str().unwrap().to_string()
 }
 
-/// Waits for a child to exit within `within`; its exit code.
-fn exit_within(child: &mut Child, within: Duration) -> Option<i32> {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code();
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Waits for the holder's command at `path` to log that it started; the
+/// holder's node.
+fn started_holder(endpoint: &str, path: &str, log: &std::path::Path) -> String {
+    assert!(
+        await_line(log, "started", BOUND),
+        "{path}: the holder's command never started"
+    );
+    holder_node(endpoint, path)
 }
 
-/// A command that says it started, and on SIGTERM says so but carries on:
-/// only SIGKILL ends it.
-fn stubborn(log: &std::path::Path) -> Vec<String> {
+/// `dlock revoke ARGS`, which must succeed.
+fn revoke(endpoint: &str, args: &[&str]) -> Output {
+    let out = dlock_on(endpoint)
+        .arg("revoke")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "revoke {args:?}: {out:?}");
+    out
+}
+
+/// `dlock ARGS -- sh -c CMD` where CMD says it started, and on SIGTERM
+/// says so but carries on: only SIGKILL ends it.
+fn stubborn(endpoint: &str, args: &[&str], log: &std::path::Path) -> Command {
     let script = format!(
         "trap 'echo TERM >> {0}' TERM; echo started >> {0}; while :; do sleep 0.05; done",
         log.display()
     );
-    vec!["sh".into(), "-c".into(), script]
+    let mut c = dlock_on(endpoint);
+    c.args(args).args(["--", "sh", "-c", &script]);
+    c
 }
 
 /// `--revocable=GRACE`: a revocation request stops a command that ignores
@@ -97,43 +71,30 @@ fn a_revocable_lock_kills_a_stubborn_command_after_its_grace() {
     let log = dir.path().join("log");
     let path = unique("revocable");
     let grace = Duration::from_millis(600);
-    let mut holder = dlock_on(&endpoint)
-        .args(["lock", &path, "--revocable=600ms", "--"])
-        .args(stubborn(&log))
+    let mut holder = stubborn(&endpoint, &["lock", &path, "--revocable=600ms"], &log)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    assert!(
-        await_line(&log, "started", BOUND),
-        "the holder's command never started"
-    );
-    let node = holder_node(&endpoint, &path);
+    let node = started_holder(&endpoint, &path, &log);
     let waiter_log = dir.path().join("waiter");
-    let mut waiter = dlock_on(&endpoint)
-        .args(["lock", &path, "--", "sh", "-c"])
-        .arg(format!("echo in >> {}", waiter_log.display()))
-        .spawn()
-        .unwrap();
-    let asked = Instant::now();
-    let out = dlock_on(&endpoint)
-        .args(["revoke", &node])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "revoke: {out:?}");
-    assert_eq!(
-        exit_within(&mut holder, BOUND),
-        Some(68),
-        "exit 68: revoked"
+    let waiter = spawn_sh(
+        &endpoint,
+        &["lock", &path],
+        &format!("echo in >> {}", waiter_log.display()),
     );
+    let asked = Instant::now();
+    revoke(&endpoint, &[&node]);
+    let holder_stderr = holder.stderr.take().unwrap();
+    assert_eq!(exit_within(holder, BOUND), Some(68), "exit 68: revoked");
     let took = asked.elapsed();
     assert!(
         await_line(&log, "TERM", BOUND),
         "the command got SIGTERM first"
     );
     assert!(took >= grace, "SIGKILL came before the grace: {took:?}");
-    let stderr = std::io::read_to_string(holder.stderr.take().unwrap()).unwrap();
+    let stderr = std::io::read_to_string(holder_stderr).unwrap();
     assert!(stderr.contains("revocation requested"), "{stderr}");
-    assert_eq!(exit_within(&mut waiter, BOUND), Some(0));
+    assert_eq!(exit_within(waiter, BOUND), Some(0));
     assert!(await_line(&waiter_log, "in", Duration::ZERO));
     assert!(participants(&endpoint, &path).is_empty());
 }
@@ -146,27 +107,22 @@ fn a_lock_without_revocable_ignores_requests() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let path = unique("not-revocable");
-    let mut holder = dlock_on(&endpoint)
-        .args(["lock", &path, "--", "sh", "-c"])
-        .arg(format!(
+    let mut holder = spawn_sh(
+        &endpoint,
+        &["lock", &path],
+        &format!(
             "echo started >> {0}; while [ ! -e {0}.go ]; do sleep 0.05; done",
             log.display()
-        ))
-        .spawn()
-        .unwrap();
-    assert!(await_line(&log, "started", BOUND));
-    let node = holder_node(&endpoint, &path);
-    let out = dlock_on(&endpoint)
-        .args(["revoke", &node])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+        ),
+    );
+    let node = started_holder(&endpoint, &path, &log);
+    revoke(&endpoint, &[&node]);
     // Still holding after the request was written and seen by everyone:
     // inspect reads after the revoke's write.
     assert_eq!(holder_node(&endpoint, &path), node);
     assert!(holder.try_wait().unwrap().is_none());
     std::fs::write(format!("{}.go", log.display()), b"").unwrap();
-    assert_eq!(exit_within(&mut holder, BOUND), Some(0));
+    assert_eq!(exit_within(holder, BOUND), Some(0));
 }
 
 /// `--max-hold`: the hold ends by itself at the limit; the command is
@@ -178,27 +134,21 @@ fn max_hold_stops_the_command_and_lets_the_waiter_in() {
     let log = dir.path().join("log");
     let path = unique("max-hold");
     let started = Instant::now();
-    let mut holder = dlock_on(&endpoint)
-        .args([
-            "lock",
-            &path,
-            "--max-hold",
-            "700ms",
-            "--grace",
-            "200ms",
-            "--",
-        ])
-        .args(stubborn(&log))
-        .spawn()
-        .unwrap();
+    let holder = stubborn(
+        &endpoint,
+        &["lock", &path, "--max-hold", "700ms", "--grace", "200ms"],
+        &log,
+    )
+    .spawn()
+    .unwrap();
     assert!(await_line(&log, "started", BOUND));
-    let mut waiter = dlock_on(&endpoint)
+    let waiter = dlock_on(&endpoint)
         .args(["lock", &path, "--", "true"])
         .spawn()
         .unwrap();
-    assert_eq!(exit_within(&mut holder, BOUND), Some(66), "exit 66: lost");
+    assert_eq!(exit_within(holder, BOUND), Some(66), "exit 66: lost");
     assert!(started.elapsed() >= Duration::from_millis(700));
-    assert_eq!(exit_within(&mut waiter, BOUND), Some(0));
+    assert_eq!(exit_within(waiter, BOUND), Some(0));
     assert!(participants(&endpoint, &path).is_empty());
 }
 
@@ -238,48 +188,31 @@ const KINDS: &[Kind] = &[
 /// `dlock revoke --force` reaches every kind of holder, revocable or not:
 /// the holder stops its command and exits 66, the waiter gets in, nothing
 /// is left.
-fn revoke_force_reaches_every_kind_of_holder_on(endpoint: &str) {
+fn revoke_force_reaches_every_kind_of_holder(endpoint: &str) {
     let dir = tempfile::tempdir().unwrap();
     for kind in KINDS {
         let log = dir.path().join(kind.name);
         let path = unique(kind.name);
-        let mut holder = dlock_on(endpoint)
-            .args(kind.args)
-            .args([path.as_str(), "--grace", "200ms", "--"])
-            .args(stubborn(&log))
-            .spawn()
-            .unwrap();
-        assert!(
-            await_line(&log, "started", BOUND),
-            "{}: never started",
-            kind.name
-        );
-        let node = holder_node(endpoint, &path);
+        let args = [kind.args, &[path.as_str(), "--grace", "200ms"]].concat();
+        let holder = stubborn(endpoint, &args, &log).spawn().unwrap();
+        let node = started_holder(endpoint, &path, &log);
         let waiter_log = dir.path().join(format!("{}-waiter", kind.name));
-        let mut waiter = dlock_on(endpoint)
-            .args(kind.args)
-            .args([path.as_str(), "--", "sh", "-c"])
-            .arg(format!("echo in >> {}", waiter_log.display()))
-            .spawn()
-            .unwrap();
-        let out = dlock_on(endpoint)
-            .args(["revoke", "--force", &node])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}: revoke --force: {out:?}",
-            kind.name
+        let waiter_args = [kind.args, &[path.as_str()]].concat();
+        let waiter = spawn_sh(
+            endpoint,
+            &waiter_args,
+            &format!("echo in >> {}", waiter_log.display()),
         );
+        let out = revoke(endpoint, &["--force", &node]);
         assert!(String::from_utf8_lossy(&out.stdout).contains("revoked by force"));
         assert_eq!(
-            exit_within(&mut holder, BOUND),
+            exit_within(holder, BOUND),
             Some(66),
             "{}: the holder stops, exit 66",
             kind.name
         );
         assert_eq!(
-            exit_within(&mut waiter, BOUND),
+            exit_within(waiter, BOUND),
             Some(0),
             "{}: the waiter",
             kind.name
@@ -294,24 +227,7 @@ fn revoke_force_reaches_every_kind_of_holder_on(endpoint: &str) {
     }
 }
 
-#[test]
-fn revoke_force_reaches_every_kind_of_holder() {
-    revoke_force_reaches_every_kind_of_holder_on(&zk());
-}
-
-#[cfg(feature = "etcd")]
-#[test]
-fn revoke_force_reaches_every_kind_of_holder_on_etcd() {
-    let endpoint = format!("etcd://{}", dlock_testkit::shared_etcd().endpoint());
-    revoke_force_reaches_every_kind_of_holder_on(&endpoint);
-}
-
-#[cfg(feature = "consul")]
-#[test]
-fn revoke_force_reaches_every_kind_of_holder_on_consul() {
-    let endpoint = format!("consul://{}", dlock_testkit::shared_consul().endpoint());
-    revoke_force_reaches_every_kind_of_holder_on(&endpoint);
-}
+on_every_server!(revoke_force_reaches_every_kind_of_holder);
 
 /// `--revocable` on a semaphore: the lease holder stops at a request.
 #[test]
@@ -320,26 +236,16 @@ fn a_revocable_semaphore_lease_stops_at_a_request() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let path = unique("sem-revocable");
-    let mut holder = dlock_on(&endpoint)
-        .args([
-            "semaphore",
-            &path,
-            "--leases",
-            "2",
-            "--revocable=200ms",
-            "--",
-        ])
-        .args(stubborn(&log))
-        .spawn()
-        .unwrap();
-    assert!(await_line(&log, "started", BOUND));
-    let node = holder_node(&endpoint, &path);
-    let out = dlock_on(&endpoint)
-        .args(["revoke", &node])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    assert_eq!(exit_within(&mut holder, BOUND), Some(68));
+    let holder = stubborn(
+        &endpoint,
+        &["semaphore", &path, "--leases", "2", "--revocable=200ms"],
+        &log,
+    )
+    .spawn()
+    .unwrap();
+    let node = started_holder(&endpoint, &path, &log);
+    revoke(&endpoint, &[&node]);
+    assert_eq!(exit_within(holder, BOUND), Some(68));
     assert!(participants(&endpoint, &path).is_empty());
 }
 
@@ -347,22 +253,18 @@ fn a_revocable_semaphore_lease_stops_at_a_request() {
 /// usage error naming the flags.
 #[test]
 fn consul_layout_refuses_revocable_and_max_hold() {
-    let out = dlock_on(&zk())
-        .args([
-            "lock",
-            "/x",
-            "--layout",
-            "consul",
-            "--max-hold",
-            "1s",
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(64));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("--max-hold"), "{stderr}");
+    for args in [
+        "lock /x --layout consul --revocable -- true",
+        "lock /x --layout consul --max-hold 1s -- true",
+    ] {
+        let out = dlock_on(&zk()).args(args.split(' ')).output().unwrap();
+        assert_eq!(out.status.code(), Some(64), "{args}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--revocable and --max-hold"),
+            "{args}: {stderr}"
+        );
+    }
 }
 
 /// In Consul's layout, `dlock revoke --force` reaches a `consul lock -n`
@@ -378,7 +280,7 @@ fn revoke_force_stops_a_consul_lock_n_holder() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let prefix = format!("cr-{}/sem", uuid::Uuid::new_v4().simple());
-    let mut holder = Command::new(&binary)
+    let holder = Command::new(&binary)
         .args(["lock", &http, "-n=2", &prefix])
         .arg(format!("echo started >> {}; sleep 30", log.display()))
         .stdout(Stdio::null())
@@ -398,14 +300,10 @@ fn revoke_force_stops_a_consul_lock_n_holder() {
     assert_eq!(contenders.len(), 1, "one contender key: {keys}");
     let endpoint = format!("consul://{}", consul.endpoint());
     let revoked = Instant::now();
-    let out = dlock_on(&endpoint)
-        .args(["revoke", "--force", &format!("/{}", contenders[0])])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    revoke(&endpoint, &["--force", &format!("/{}", contenders[0])]);
     // Its command would run 30 s; `consul lock` 1.8 exits 0 after stopping
     // it on a lost slot, so the time tells.
-    let code = exit_within(&mut holder, BOUND);
+    let code = exit_within(holder, BOUND);
     assert!(code.is_some(), "consul lock did not stop within {BOUND:?}");
     assert!(revoked.elapsed() < BOUND);
     let left = Command::new(&binary)

@@ -3,50 +3,27 @@
 //! live view in a real terminal (tmux), quit with `q`.
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-use dlock_testkit::shared_zk;
+use std::time::Duration;
 
 mod common;
-use common::{dlock_on, logged, Holder};
+use common::{dlock_on, logged, look_until, Holder};
 
 /// How long a process of the test gets to show what it must: a few
 /// session timeouts (the CLI's default is 10 s).
 const WITHIN: Duration = Duration::from_secs(30);
 
-fn zk_endpoint() -> String {
-    format!("zk://{}", shared_zk().connect_string())
-}
-
 fn unique_root() -> String {
     format!("/cli-top-{}", uuid::Uuid::new_v4().simple())
 }
 
-/// Waits for a line in a file that a command appends to (the file is the
-/// event; a short poll of a local file stands in for a watch).
+/// Waits for a line in a file that a command appends to.
 fn await_line(path: &std::path::Path, needle: &str) -> bool {
-    let deadline = Instant::now() + WITHIN;
-    while Instant::now() < deadline {
-        if std::fs::read_to_string(path).is_ok_and(|s| s.lines().any(|l| l.contains(needle))) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
+    common::await_line(path, needle, WITHIN)
 }
 
 /// `dlock top --once --json PREFIX`, which must succeed.
 fn once_json(endpoint: &str, prefix: &str) -> serde_json::Value {
-    let out = dlock_on(endpoint)
-        .args(["top", "--once", "--json", prefix])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "dlock top --once --json failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    common::json_of(endpoint, &["top", "--once", "--json", prefix])
 }
 
 /// Snapshots until `done` holds (a waiter queueing tells nobody, so its
@@ -56,18 +33,12 @@ fn await_snapshot(
     prefix: &str,
     done: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    let deadline = Instant::now() + WITHIN;
-    loop {
-        let json = once_json(endpoint, prefix);
-        if done(&json) {
-            return json;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never seen under {prefix}: {json}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    look_until(
+        WITHIN,
+        &format!("the snapshot looked for under {prefix}"),
+        || once_json(endpoint, prefix),
+        done,
+    )
 }
 
 fn participants(json: &serde_json::Value) -> Vec<serde_json::Value> {
@@ -124,7 +95,7 @@ fn await_nothing_under(endpoint: &str, root: &str) {
 /// `--once --json` lists the mutex under the prefix with its holder (the
 /// fencing token and node its command was given) first and its waiter
 /// second; once the holder ends, the waiter holds.
-fn once_json_shows_holder_then_waiter_on(endpoint: &str) {
+fn once_json_shows_holder_then_waiter(endpoint: &str) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let root = unique_root();
@@ -166,29 +137,6 @@ fn once_json_shows_holder_then_waiter_on(endpoint: &str) {
     assert_eq!(participants(&once_json(endpoint, &root)).len(), 0);
 }
 
-#[test]
-fn once_json_shows_holder_then_waiter_on_zookeeper() {
-    once_json_shows_holder_then_waiter_on(&zk_endpoint());
-}
-
-#[cfg(feature = "etcd")]
-#[test]
-fn once_json_shows_holder_then_waiter_on_etcd() {
-    once_json_shows_holder_then_waiter_on(&format!(
-        "etcd://{}",
-        dlock_testkit::shared_etcd().endpoint()
-    ));
-}
-
-#[cfg(feature = "consul")]
-#[test]
-fn once_json_shows_holder_then_waiter_on_consul() {
-    once_json_shows_holder_then_waiter_on(&format!(
-        "consul://{}",
-        dlock_testkit::shared_consul().endpoint()
-    ));
-}
-
 /// `tmux -L SOCKET ARGS...`, on a server of the test's own.
 fn tmux(socket: &str, args: &[&str]) -> std::process::Output {
     Command::new("tmux")
@@ -206,18 +154,12 @@ fn pane(socket: &str) -> String {
 
 /// Captures the pane until `done` holds; the screen it last showed.
 fn await_pane(socket: &str, what: &str, done: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + WITHIN;
-    loop {
-        let screen = pane(socket);
-        if done(&screen) {
-            return screen;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the pane never showed {what}:\n{screen}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    look_until(
+        WITHIN,
+        &format!("{what} in the pane"),
+        || pane(socket),
+        |s| done(s),
+    )
 }
 
 /// The live view in a real terminal (a detached tmux session, 120×30):
@@ -307,17 +249,12 @@ fn live_view_in_tmux_shows_a_new_holder_and_quits_on_q(endpoint: &str) {
 #[test]
 fn a_foreign_etcd_go_holder_is_named_on_etcd() {
     use std::io::BufRead;
-    let endpoint = format!("etcd://{}", dlock_testkit::shared_etcd().endpoint());
+    let endpoint = common::etcd_endpoint();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let root = unique_root();
     let path = format!("{root}/jobs/orders");
-    let mut go = Command::new(std::env::var("DLOCK_ETCDCTL").unwrap_or("etcdctl".into()))
-        .env("ETCDCTL_API", "3")
-        .arg(format!(
-            "--endpoints={}",
-            dlock_testkit::shared_etcd().endpoint()
-        ))
+    let mut go = common::etcdctl()
         .args(["lock", &path])
         .stdout(Stdio::piped())
         .spawn()
@@ -368,25 +305,7 @@ fn a_foreign_etcd_go_holder_is_named_on_etcd() {
     await_nothing_under(&endpoint, &root);
 }
 
-#[test]
-fn live_view_in_tmux_on_zookeeper() {
-    live_view_in_tmux_shows_a_new_holder_and_quits_on_q(&zk_endpoint());
-}
-
-#[cfg(feature = "etcd")]
-#[test]
-fn live_view_in_tmux_on_etcd() {
-    live_view_in_tmux_shows_a_new_holder_and_quits_on_q(&format!(
-        "etcd://{}",
-        dlock_testkit::shared_etcd().endpoint()
-    ));
-}
-
-#[cfg(feature = "consul")]
-#[test]
-fn live_view_in_tmux_on_consul() {
-    live_view_in_tmux_shows_a_new_holder_and_quits_on_q(&format!(
-        "consul://{}",
-        dlock_testkit::shared_consul().endpoint()
-    ));
-}
+on_every_server!(
+    once_json_shows_holder_then_waiter,
+    live_view_in_tmux_shows_a_new_holder_and_quits_on_q,
+);

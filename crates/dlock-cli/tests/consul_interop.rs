@@ -8,10 +8,13 @@
 #![cfg(feature = "consul")]
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use dlock_testkit::{consul_binary, shared_consul};
+mod common;
+use common::{
+    concurrency, consul_endpoint, consul_leftovers, consul_lock, dlock_on, json_of, wait_all,
+};
 
 /// How long each child holds: long enough for holders to overlap.
 const WORK: &str = "0.3";
@@ -26,10 +29,8 @@ fn script(log: &Path, kind: &str) -> String {
     format!("echo in {kind} >> {log}; sleep {WORK}; echo out {kind} >> {log}")
 }
 
-fn consul_lock(prefix: &str, limit: u32, log: &Path) -> Child {
-    let mut c = Command::new(consul_binary().expect("the consul binary"));
-    c.arg("lock")
-        .arg(format!("-http-addr={}", shared_consul().endpoint()));
+fn consul_lock_holder(prefix: &str, limit: u32, log: &Path) -> Child {
+    let mut c = consul_lock();
     if limit > 1 {
         c.arg(format!("-n={limit}"));
     }
@@ -42,11 +43,7 @@ fn consul_lock(prefix: &str, limit: u32, log: &Path) -> Child {
 }
 
 fn dlock(args: &[&str], log: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_dlock"))
-        .env(
-            "DLOCK_ENDPOINT",
-            format!("consul://{}", shared_consul().endpoint()),
-        )
+    dlock_on(&consul_endpoint())
         .args(args)
         .args(["--timeout", "30s", "--", "sh", "-c", &script(log, "dlock")])
         .stdout(Stdio::null())
@@ -55,126 +52,64 @@ fn dlock(args: &[&str], log: &Path) -> Child {
         .expect("run dlock")
 }
 
-/// Waits for every child; each must succeed.
-fn wait_all(children: Vec<Child>) {
-    for child in children {
-        let out = child.wait_with_output().expect("wait for a child");
-        assert!(
-            out.status.success(),
-            "{:?}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
-/// The most holders at once in the log, and how many entries each kind had.
-fn concurrency(log: &Path) -> (usize, usize, usize) {
-    let text = std::fs::read_to_string(log).expect("the log");
-    let (mut now, mut max, mut consul, mut dlock) = (0usize, 0, 0, 0);
-    for line in text.lines() {
-        match line.split_once(' ') {
-            Some(("in", kind)) => {
-                now += 1;
-                max = max.max(now);
-                match kind {
-                    "consul" => consul += 1,
-                    _ => dlock += 1,
-                }
-            }
-            Some(("out", _)) => now -= 1,
-            _ => panic!("unexpected log line {line:?}"),
-        }
-    }
-    assert_eq!(now, 0, "every entry has its exit:\n{text}");
-    (max, consul, dlock)
-}
-
 /// The keys left under `prefix`'s root.
 fn leftovers(prefix: &str) -> String {
-    let root = prefix.split('/').next().expect("a root");
-    let (status, body) = shared_consul()
-        .http("GET", &format!("/v1/kv/{root}/?recurse"), None)
-        .expect("list the root");
-    if status == 404 {
-        String::new()
-    } else {
-        body
+    consul_leftovers(prefix.split('/').next().expect("a root"))
+}
+
+/// `pairs` times a `consul lock` holder (`-n=limit` beyond 1) and a
+/// `dlock ARGS` holder on one prefix, all at once: the most holders at
+/// once, by the log; every one of them held; nothing is left behind.
+fn hold_together(name: &str, limit: u32, pairs: usize, args: &[&str]) -> usize {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let prefix = unique(name);
+    let path = format!("/{prefix}");
+    let started = Instant::now();
+    let mut children = Vec::new();
+    for _ in 0..pairs {
+        children.push(consul_lock_holder(&prefix, limit, &log));
+        children.push(dlock(&[args, &[path.as_str()]].concat(), &log));
     }
+    wait_all(children);
+    let (max, entries) = concurrency(&common::log_lines(&log));
+    eprintln!(
+        "{name}: max {max} at once; {entries:?}; {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        (entries.get("consul"), entries.get("dlock")),
+        (Some(&pairs), Some(&pairs)),
+        "{entries:?}"
+    );
+    assert_eq!(leftovers(&prefix), "", "keys left behind");
+    assert!(started.elapsed() < Duration::from_secs(60));
+    max
 }
 
 #[test]
 fn consul_lock_n_and_dlock_kv_semaphore_never_exceed_the_limit() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("log");
-    let prefix = unique("sem");
-    let path = format!("/{prefix}");
-    let started = Instant::now();
-    let mut children = Vec::new();
-    for _ in 0..4 {
-        children.push(consul_lock(&prefix, 3, &log));
-        children.push(dlock(
-            &[
-                "semaphore",
-                "--kv",
-                "--layout",
-                "consul",
-                "--leases",
-                "3",
-                &path,
-            ],
-            &log,
-        ));
-    }
-    wait_all(children);
-    let (max, consul, dlock) = concurrency(&log);
-    eprintln!(
-        "semaphore: max {max} at once; {consul} consul, {dlock} dlock; {:?}",
-        started.elapsed()
-    );
+    let args = ["semaphore", "--kv", "--layout", "consul", "--leases", "3"];
+    let max = hold_together("sem", 3, 4, &args);
     assert!(max <= 3, "{max} holders at once, limit 3");
-    assert_eq!((consul, dlock), (4, 4));
-    assert_eq!(leftovers(&prefix), "", "keys left behind");
 }
 
 #[test]
 fn consul_lock_and_dlock_lock_layout_consul_exclude_each_other() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("log");
-    let prefix = unique("lock");
-    let path = format!("/{prefix}");
-    let started = Instant::now();
-    let mut children = Vec::new();
-    for _ in 0..3 {
-        children.push(consul_lock(&prefix, 1, &log));
-        children.push(dlock(&["lock", "--layout", "consul", &path], &log));
-    }
-    wait_all(children);
-    let (max, consul, dlock) = concurrency(&log);
-    eprintln!(
-        "lock: max {max} at once; {consul} consul, {dlock} dlock; {:?}",
-        started.elapsed()
-    );
+    let max = hold_together("lock", 1, 3, &["lock", "--layout", "consul"]);
     assert_eq!(max, 1, "two holders at once");
-    assert_eq!((consul, dlock), (3, 3));
-    assert_eq!(leftovers(&prefix), "", "keys left behind");
-    assert!(started.elapsed() < Duration::from_secs(60));
 }
 
 #[test]
 fn only_dlock_lock_has_consuls_lock_layout() {
-    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
-        .env("DLOCK_ENDPOINT", "consul://127.0.0.1:1")
+    let out = dlock_on("consul://127.0.0.1:1")
         .args(["read-lock", "--layout", "consul", "/x", "--", "true"])
         .output()
         .expect("run dlock");
     assert_eq!(out.status.code(), Some(64), "a usage error");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("only `dlock lock`"), "{stderr}");
-    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
-        .args(["lock", "--layout", "zookeeper", "/x", "--", "true"])
-        .output()
-        .expect("run dlock");
+    let out = common::run_alone(&["lock", "--layout", "zookeeper", "/x", "--", "true"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("expected \"curator\", \"consul\" or \"kazoo\""),
@@ -194,9 +129,7 @@ fn dlock_lock_waits_out_a_killed_consul_locks_lock_delay() {
     let log = dir.path().join("log");
     let prefix = unique("killed");
     let path = format!("/{prefix}");
-    let mut holder = Command::new(consul_binary().expect("the consul binary"))
-        .arg("lock")
-        .arg(format!("-http-addr={}", shared_consul().endpoint()))
+    let mut holder = consul_lock()
         .arg(&prefix)
         .arg(format!("echo held $$ >> {}; exec sleep 600", log.display()))
         .stdout(Stdio::null())
@@ -212,11 +145,7 @@ fn dlock_lock_waits_out_a_killed_consul_locks_lock_delay() {
         assert!(Instant::now() < deadline, "consul lock never held");
         std::thread::sleep(Duration::from_millis(50));
     };
-    let waiter = Command::new(env!("CARGO_BIN_EXE_dlock"))
-        .env(
-            "DLOCK_ENDPOINT",
-            format!("consul://{}", shared_consul().endpoint()),
-        )
+    let waiter = dlock_on(&consul_endpoint())
         .args(["lock", "--layout", "consul", &path, "--timeout", "120s"])
         .args(["--", "sh", "-c", &format!("echo next >> {}", log.display())])
         .stdout(Stdio::null())
@@ -230,12 +159,7 @@ fn dlock_lock_waits_out_a_killed_consul_locks_lock_delay() {
     unsafe { libc::kill(orphan, libc::SIGKILL) };
     let out = waiter.wait_with_output().expect("wait for dlock");
     let took = killed.elapsed();
-    assert!(
-        out.status.success(),
-        "{:?}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_succeeded(&out);
     eprintln!("a killed consul lock's key was taken over {took:?} after the kill");
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.lines().any(|l| l == "next"), "{text}");
@@ -249,4 +173,55 @@ fn dlock_lock_waits_out_a_killed_consul_locks_lock_delay() {
         "got in after {took:?}"
     );
     assert_eq!(leftovers(&prefix), "", "keys left behind");
+}
+
+/// `dlock inspect` and `dlock top` name a `consul lock` holder as Consul's
+/// own client: its key is the same as `dlock lock --layout consul` would
+/// write, but its session is not named like dlock's.
+#[test]
+fn inspect_and_top_name_a_consul_lock_holder_as_consul() {
+    use std::io::{BufRead, BufReader, Write};
+    let prefix = unique("foreign");
+    let path = format!("/{prefix}");
+    let root = prefix.split('/').next().expect("a root");
+    let mut holder = consul_lock()
+        .arg("-pass-stdin")
+        .arg(&prefix)
+        .arg("echo held; read line")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run consul lock");
+    let mut said = String::new();
+    BufReader::new(holder.stdout.take().expect("its stdout"))
+        .read_line(&mut said)
+        .expect("read consul lock's child");
+    assert_eq!(said.trim(), "held", "consul lock never ran its child");
+    let inspected = json_of(&consul_endpoint(), &["inspect", &path, "--json"]);
+    assert_eq!(inspected["recipe"], "mutex", "{inspected}");
+    let holders = inspected["participants"].as_array().expect("participants");
+    assert_eq!(holders.len(), 1, "{inspected}");
+    assert_eq!(holders[0]["role"], "holder", "{inspected}");
+    assert_eq!(holders[0]["foreign"], "consul", "{inspected}");
+    let top = json_of(
+        &consul_endpoint(),
+        &["top", "--once", "--json", &format!("/{root}")],
+    );
+    let seen: Vec<_> = top["recipes"]
+        .as_array()
+        .expect("recipes")
+        .iter()
+        .flat_map(|r| r["participants"].as_array().expect("participants").clone())
+        .collect();
+    assert_eq!(seen.len(), 1, "{top}");
+    assert_eq!(seen[0]["foreign"], "consul", "{top}");
+    holder
+        .stdin
+        .take()
+        .expect("its stdin")
+        .write_all(b"done\n")
+        .expect("release consul lock's child");
+    assert!(holder.wait().expect("wait for consul lock").success());
+    assert_eq!(consul_leftovers(root), "", "keys left behind");
 }

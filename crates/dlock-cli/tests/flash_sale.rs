@@ -1,39 +1,23 @@
 //! The flash-sale demo, run as the real binary.
 
-use std::process::Command;
+use std::collections::HashMap;
 
-fn dlock(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_dlock"))
-        .args(args)
-        .env_remove("DLOCK_ENDPOINT")
-        .output()
-        .expect("run dlock")
+mod common;
+use common::{assert_each_fails_naming, assert_fields, run_alone as dlock};
+
+/// The summary line of a sale that ran to its end, as key=value pairs.
+fn summary(out: &std::process::Output) -> HashMap<String, String> {
+    common::summary(out, "flash-sale")
 }
 
-/// Parses the one summary line into key=value pairs.
-fn summary(out: &std::process::Output) -> std::collections::HashMap<String, String> {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines.len(), 1, "exactly one summary line, got {stdout:?}");
-    let mut words = lines[0].split(' ');
-    assert_eq!(words.next(), Some("flash-sale"));
-    words
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').expect("key=value");
-            (k.to_string(), v.to_string())
-        })
-        .collect()
+/// `dlock demo flash-sale ARGS` on the embedded store; its summary.
+fn sale(args: &[&str]) -> HashMap<String, String> {
+    summary(&dlock(&[&["demo", "flash-sale"], args].concat()))
 }
 
 #[test]
 fn the_mutex_sells_exactly_the_stock() {
-    let out = dlock(&["demo", "flash-sale", "--buyers", "200", "--stock", "50"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let s = summary(&out);
+    let s = sale(&["--buyers", "200", "--stock", "50"]);
     assert_eq!(s["backend"], "embedded");
     assert_eq!(s["lock"], "mutex");
     assert_eq!(s["buyers"], "200");
@@ -46,22 +30,7 @@ fn the_mutex_sells_exactly_the_stock() {
 
 #[test]
 fn without_a_lock_the_sale_oversells() {
-    let out = dlock(&[
-        "demo",
-        "flash-sale",
-        "--buyers",
-        "200",
-        "--stock",
-        "50",
-        "--lock",
-        "none",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let s = summary(&out);
+    let s = sale(&["--buyers", "200", "--stock", "50", "--lock", "none"]);
     assert_eq!(s["lock"], "none");
     let sold: u64 = s["sold"].parse().unwrap();
     assert!(sold > 50, "sold {sold} of 50 without a lock");
@@ -70,81 +39,37 @@ fn without_a_lock_the_sale_oversells() {
 
 #[test]
 fn the_defaults_sell_twenty_to_a_hundred_buyers() {
-    let out = dlock(&["demo", "flash-sale"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let s = summary(&out);
-    assert_eq!(
-        (
-            s["buyers"].as_str(),
-            s["stock"].as_str(),
-            s["sold"].as_str()
-        ),
-        ("100", "20", "20")
-    );
+    let s = sale(&[]);
+    assert_fields(&s, &[("buyers", "100"), ("stock", "20"), ("sold", "20")]);
 }
 
 #[test]
 fn bad_input_is_named_in_one_line() {
-    for (args, needle) in [
+    assert_each_fails_naming(&[
         (
-            vec!["demo", "flash-sale", "--lock-path", "relative"],
+            "demo flash-sale --lock-path relative",
             "invalid path \"relative\"",
         ),
         (
-            vec!["--endpoint", "redis://h:1", "demo", "flash-sale"],
+            "--endpoint redis://h:1 demo flash-sale",
             "unknown scheme \"redis\"",
         ),
+        ("--endpoint zk://h demo flash-sale", "needs a port"),
         (
-            vec!["--endpoint", "zk://h", "demo", "flash-sale"],
-            "needs a port",
-        ),
-        (
-            vec!["--session-timeout", "10parsecs", "demo", "flash-sale"],
+            "--session-timeout 10parsecs demo flash-sale",
             "unknown unit",
         ),
         (
-            vec!["demo", "flash-sale", "--ledger", "ledger/relative"],
+            "demo flash-sale --ledger ledger/relative",
             "invalid path \"ledger/relative\"",
         ),
-    ] {
-        let out = dlock(&args);
-        assert!(!out.status.success(), "{args:?} should fail");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains(needle), "{args:?}: {stderr}");
-        assert!(out.stdout.is_empty());
-    }
+    ]);
 }
 
 #[test]
 fn the_write_half_of_a_read_write_lock_sells_exactly_the_stock() {
-    let out = dlock(&[
-        "demo",
-        "flash-sale",
-        "--buyers",
-        "50",
-        "--stock",
-        "30",
-        "--lock",
-        "write",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let s = summary(&out);
-    assert_eq!(
-        (
-            s["lock"].as_str(),
-            s["sold"].as_str(),
-            s["oversold"].as_str()
-        ),
-        ("write", "30", "0")
-    );
+    let s = sale(&["--buyers", "50", "--stock", "30", "--lock", "write"]);
+    assert_fields(&s, &[("lock", "write"), ("sold", "30"), ("oversold", "0")]);
 }
 
 /// The Kleppmann scenario: holders stall past their session; unguarded
@@ -167,11 +92,6 @@ fn fencing_keeps_stalled_holders_from_overselling() {
             "--guard",
             guard,
         ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
         (
             summary(&out),
             String::from_utf8_lossy(&out.stderr).to_string(),
@@ -197,7 +117,7 @@ fn fencing_keeps_stalled_holders_from_overselling() {
 /// the oversold ones included. The summary line keeps its form.
 #[test]
 fn the_ledger_records_every_sale_that_landed() {
-    let endpoint = format!("zk://{}", dlock_testkit::shared_zk().connect_string());
+    let endpoint = common::zk_endpoint();
     let root = format!("/flash-sale-{}", uuid::Uuid::new_v4().simple());
     let (stock, ledger) = (format!("{root}/stock"), format!("{root}/ledger"));
     let out = dlock(&[
@@ -220,11 +140,6 @@ fn the_ledger_records_every_sale_that_landed() {
         "--ledger",
         &ledger,
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let s = summary(&out);
     let sold: usize = s["sold"].parse().unwrap();
     assert!(sold > 20, "sold {sold} of 20 without a lock");

@@ -4,11 +4,11 @@
 //! a real etcd, with exact outcomes.
 #![cfg(feature = "etcd")]
 
-use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+
+mod common;
+use common::{dlock_on, etcdctl, fields, Running};
 
 /// How long one step may take.
 const WITHIN: Duration = Duration::from_secs(20);
@@ -18,84 +18,35 @@ fn etcd() -> String {
 }
 
 fn dlock() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env("DLOCK_ENDPOINT", format!("etcd://{}", etcd()));
-    c
-}
-
-fn etcdctl() -> Command {
-    let mut c = Command::new(std::env::var("DLOCK_ETCDCTL").unwrap_or("etcdctl".into()));
-    c.env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={}", etcd()));
-    c
+    dlock_on(&common::etcd_endpoint())
 }
 
 fn unique(name: &str) -> String {
     format!("/go-cli-{}/{name}", uuid::Uuid::new_v4().simple())
 }
 
-/// A process whose stdout lines arrive on a channel.
-struct Lines {
-    child: Child,
-    lines: mpsc::Receiver<String>,
+/// `etcdctl ARGS`, its stdout lines on a channel.
+fn etcdctl_running(args: &[&str]) -> Running {
+    let mut c = etcdctl();
+    c.args(args);
+    Running::spawn(c)
 }
 
-impl Lines {
-    fn spawn(mut command: Command) -> Lines {
-        let mut child = command
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn (etcdctl comes with apt-get install etcd-client)");
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Lines { child, lines }
-    }
-
-    fn next_line(&self) -> String {
-        self.lines
-            .recv_timeout(WITHIN)
-            .expect("a line within the step's time")
-    }
-
-    /// Whether a line came that was not read yet.
-    fn has_printed(&self) -> bool {
-        self.lines.try_recv().is_ok()
-    }
-
-    /// SIGINT (etcdctl unlocks or resigns), then its exit.
-    fn interrupt(mut self) {
-        // SAFETY: kill(2) on our own child, not reaped yet.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
-        let status = self.child.wait().expect("wait");
-        assert!(status.success(), "exited with {status}");
-    }
-}
-
-impl Drop for Lines {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// SIGINT (etcdctl unlocks or resigns), then its exit, which must be 0.
+fn interrupt(etcdctl: Running) {
+    etcdctl.signal(libc::SIGINT);
+    assert_eq!(etcdctl.exit_code(), Some(0), "etcdctl after SIGINT");
 }
 
 /// `dlock inspect PATH --json`.
 fn inspect(path: &str) -> serde_json::Value {
-    let out = dlock().args(["inspect", path, "--json"]).output().unwrap();
-    assert!(out.status.success(), "dlock inspect failed");
-    serde_json::from_slice(&out.stdout).unwrap()
+    common::json_of(&common::etcd_endpoint(), &["inspect", path, "--json"])
 }
 
 /// Waits until `n` contenders are queued at `path` (watching its children
 /// through the library), then returns what `dlock inspect` shows.
 fn await_participants(path: &str, n: usize) -> serde_json::Value {
-    let client = dlock::blocking::connect(&format!("etcd://{}", etcd())).unwrap();
+    let client = dlock::blocking::connect(&common::etcd_endpoint()).unwrap();
     let session = client.session();
     client.block_on(async {
         tokio::time::timeout(WITHIN, async {
@@ -131,17 +82,6 @@ fn create_revision(key: &str) -> i64 {
     json["kvs"][0]["create_revision"]
         .as_i64()
         .unwrap_or_else(|| panic!("no key {key}: {json}"))
-}
-
-/// `key=value` pairs of the last line of a finished process.
-fn fields(out: Output) -> HashMap<String, String> {
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "failed: {text}");
-    let line = text.lines().last().expect("some output");
-    line.split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
 }
 
 /// Go buyers (`peerbench buy`, etcd's `concurrency.Mutex`) and two
@@ -228,12 +168,8 @@ fn go_buyers_and_dlock_write_lock_processes_sell_exactly_the_stock() {
 #[test]
 fn etcdctl_lock_and_dlock_lock_exclude_each_other() {
     let lock = unique("lock");
-    let go = Lines::spawn({
-        let mut c = etcdctl();
-        c.args(["lock", &lock]);
-        c
-    });
-    let go_key = go.next_line();
+    let go = etcdctl_running(&["lock", &lock]);
+    let go_key = go.line();
     for command in ["lock", "read-lock", "write-lock"] {
         let out = dlock()
             .args([command, &lock, "--timeout", "1s", "--", "true"])
@@ -245,20 +181,16 @@ fn etcdctl_lock_and_dlock_lock_exclude_each_other() {
         assert_eq!(seen["participants"][0]["node"], go_key.as_str());
         assert_eq!(seen["participants"][0]["foreign"], "etcd-go");
     }
-    go.interrupt();
+    interrupt(go);
 
     // dlock holds (CMD waits for a line on stdin); etcdctl waits.
-    let mut held = dlock()
-        .args(["lock", &lock, "--", "sh", "-c"])
-        .arg(r#"echo "$DLOCK_FENCE $DLOCK_NODE"; read line"#)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(held.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
+    let mut held = Running::spawn({
+        let mut c = dlock();
+        c.args(["lock", &lock, "--", "sh", "-c"])
+            .arg(r#"echo "$DLOCK_FENCE $DLOCK_NODE"; read line"#);
+        c
+    });
+    let first = held.line();
     let (fence, node) = first.trim().split_once(' ').expect("fence and node");
     let fence: i64 = fence.parse().unwrap();
     assert_eq!(
@@ -266,20 +198,16 @@ fn etcdctl_lock_and_dlock_lock_exclude_each_other() {
         fence,
         "DLOCK_FENCE is the create revision"
     );
-    let go = Lines::spawn({
-        let mut c = etcdctl();
-        c.args(["lock", &lock]);
-        c
-    });
+    let go = etcdctl_running(&["lock", &lock]);
     let seen = await_participants(&lock, 2);
     assert_eq!(seen["participants"][1]["role"], "waiter", "{seen}");
     assert_eq!(seen["participants"][1]["foreign"], "etcd-go", "{seen}");
     assert!(!go.has_printed(), "etcdctl locked while dlock held");
-    held.stdin.take().unwrap().write_all(b"done\n").unwrap();
-    assert!(held.wait().unwrap().success());
-    let go_key = go.next_line();
+    held.send("done");
+    assert_eq!(held.exit_code(), Some(0));
+    let go_key = go.line();
     assert!(create_revision(&go_key) > fence);
-    go.interrupt();
+    interrupt(go);
     await_participants(&lock, 0);
 }
 
@@ -290,13 +218,9 @@ fn etcdctl_lock_and_dlock_lock_exclude_each_other() {
 #[test]
 fn etcdctl_elect_and_dlock_elect_see_one_leader() {
     let election = unique("elect");
-    let go = Lines::spawn({
-        let mut c = etcdctl();
-        c.args(["elect", &election, "go-a"]);
-        c
-    });
-    let go_key = go.next_line();
-    assert_eq!(go.next_line(), "go-a");
+    let go = etcdctl_running(&["elect", &election, "go-a"]);
+    let go_key = go.line();
+    assert_eq!(go.line(), "go-a");
     let out = dlock()
         .args([
             "elect",
@@ -316,39 +240,25 @@ fn etcdctl_elect_and_dlock_elect_see_one_leader() {
     assert_eq!(seen["participants"].as_array().unwrap().len(), 1, "{seen}");
     assert_eq!(seen["participants"][0]["node"], go_key.as_str());
 
-    let mut dlock_leader = dlock()
-        .args(["elect", &election, "--id", "dlock-b", "--", "sh", "-c"])
-        .arg("echo leading; read line")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut dlock_leader = Running::spawn({
+        let mut c = dlock();
+        c.args(["elect", &election, "--id", "dlock-b", "--", "sh", "-c"])
+            .arg("echo leading; read line");
+        c
+    });
     let seen = await_participants(&election, 2);
     assert_eq!(seen["participants"][1]["data"], "dlock-b", "{seen}");
     assert_eq!(seen["participants"][1]["role"], "waiter", "{seen}");
-    let observer = Lines::spawn({
-        let mut c = etcdctl();
-        c.args(["elect", "-l", &election]);
-        c
-    });
-    assert_eq!(observer.next_line(), go_key);
-    assert_eq!(observer.next_line(), "go-a");
-    go.interrupt();
-    let mut leading = String::new();
-    BufReader::new(dlock_leader.stdout.take().unwrap())
-        .read_line(&mut leading)
-        .unwrap();
-    assert_eq!(leading.trim(), "leading");
-    let dlock_key = observer.next_line();
-    assert_eq!(observer.next_line(), "dlock-b");
+    let observer = etcdctl_running(&["elect", "-l", &election]);
+    assert_eq!(observer.line(), go_key);
+    assert_eq!(observer.line(), "go-a");
+    interrupt(go);
+    assert_eq!(dlock_leader.line(), "leading");
+    let dlock_key = observer.line();
+    assert_eq!(observer.line(), "dlock-b");
     assert!(create_revision(&dlock_key) > 0);
-    dlock_leader
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"done\n")
-        .unwrap();
-    assert!(dlock_leader.wait().unwrap().success());
+    dlock_leader.send("done");
+    assert_eq!(dlock_leader.exit_code(), Some(0));
     drop(observer);
     await_participants(&election, 0);
 }

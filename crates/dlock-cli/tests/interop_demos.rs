@@ -1,58 +1,27 @@
 //! The demos as several processes on one real ZooKeeper, next to Apache
 //! Curator 5.4's peer harness (shared/peers/curator).
 
-use std::collections::HashMap;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use dlock::store::{CreateMode, CreateOptions};
 use dlock_testkit::shared_zk;
 
+mod common;
+use common::{
+    assert_fields, dlock_on, fields_of as fields, join_sale, set_stock, unique, zk_endpoint,
+};
+
+/// `dlock` on the shared ZooKeeper, its stdout piped.
 fn dlock() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env(
-        "DLOCK_ENDPOINT",
-        format!("zk://{}", shared_zk().connect_string()),
-    );
+    let mut c = dlock_on(&zk_endpoint());
     c.stdout(Stdio::piped());
     c
 }
 
-fn curator(args: &[&str]) -> Child {
-    let run =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/peers/curator/run.sh");
-    assert!(
-        run.exists(),
-        "the Curator peer harness is missing at {}",
-        run.display()
-    );
-    Command::new("bash")
-        .arg(run)
-        .args(args)
-        .args(["--connect", &shared_zk().connect_string()])
-        .env(
-            "PEER_BUILD_DIR",
-            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("peerbench-curator"),
-        )
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("run the Curator harness")
-}
-
-/// `key=value` pairs of the last line a process printed.
-fn fields(child: Child) -> HashMap<String, String> {
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "failed: {text}");
-    let line = text.lines().last().unwrap_or_else(|| panic!("no output"));
-    line.split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-fn unique(name: &str) -> String {
-    format!("/demo-{}/{name}", uuid::Uuid::new_v4().simple())
+/// Curator's peer harness on the shared ZooKeeper.
+fn curator(args: &[&str]) -> Command {
+    let mut c = common::curator_peer(args);
+    c.args(["--connect", &shared_zk().connect_string()]);
+    c
 }
 
 /// Three dlock processes and Curator buyers share one sale: together they
@@ -61,35 +30,13 @@ fn unique(name: &str) -> String {
 fn processes_and_curator_share_one_flash_sale() {
     let (lock, stock) = (unique("lock"), unique("stock"));
     let total = 600u64;
-    let admin =
-        dlock::blocking::connect(&format!("zk://{}", shared_zk().connect_string())).unwrap();
-    let options = CreateOptions::new(CreateMode::Persistent).with_parents();
-    admin
-        .block_on(
-            admin
-                .session()
-                .create(&stock, total.to_string().as_bytes(), options),
-        )
-        .unwrap();
-    let java = curator(&["buy", "--path", &lock, "--stock", &stock, "--clients", "2"]);
+    let admin = dlock::blocking::connect(&zk_endpoint()).unwrap();
+    set_stock(&admin, &stock, total);
+    let java = curator(&["buy", "--path", &lock, "--stock", &stock, "--clients", "2"])
+        .spawn()
+        .expect("run the Curator harness");
     let processes: Vec<Child> = (0..3)
-        .map(|_| {
-            dlock()
-                .args([
-                    "demo",
-                    "flash-sale",
-                    "--buyers",
-                    "4",
-                    "--hold-ms",
-                    "2",
-                    "--lock-path",
-                    &lock,
-                    "--stock-path",
-                    &stock,
-                ])
-                .spawn()
-                .unwrap()
-        })
+        .map(|_| join_sale(&zk_endpoint(), &lock, &stock))
         .collect();
     let dlock_sold: Vec<u64> = processes
         .into_iter()
@@ -115,18 +62,11 @@ fn processes_and_curator_share_one_flash_sale() {
 fn curator_and_dlock_share_one_parking_lot() {
     let (lot, probe) = (unique("lot"), unique("in-use"));
     let java = curator(&[
-        "semprobe",
-        "--leases",
-        "3",
-        "--path",
-        &lot,
-        "--probe",
-        &probe,
-        "--clients",
-        "4",
-        "--rounds",
-        "10",
-    ]);
+        "semprobe", "--leases", "3", "--path", &lot, "--probe", &probe,
+    ])
+    .args(["--clients", "4", "--rounds", "10"])
+    .spawn()
+    .expect("run the Curator harness");
     let ours = dlock()
         .args([
             "demo",
@@ -137,15 +77,11 @@ fn curator_and_dlock_share_one_parking_lot() {
             "8",
             "--rounds",
             "5",
-            // Long enough that an admission on a loaded machine is quicker
-            // than a stay: the lot fills up.
-            "--hold-ms",
-            "100",
-            "--path",
-            &lot,
-            "--probe-path",
-            &probe,
         ])
+        // Long enough that an admission on a loaded machine is quicker
+        // than a stay: the lot fills up.
+        .args(["--hold-ms", "100"])
+        .args(["--path", &lot, "--probe-path", &probe])
         .spawn()
         .unwrap();
     let ours = fields(ours);
@@ -163,11 +99,8 @@ fn the_parking_lot_fills_and_never_overfills_on_zookeeper() {
     for semaphore in ["v2", "kv"] {
         let (lot, probe) = (unique("lot"), unique("in-use"));
         let run = dlock()
+            .args(["demo", "parking-lot", "--semaphore", semaphore])
             .args([
-                "demo",
-                "parking-lot",
-                "--semaphore",
-                semaphore,
                 "--cars",
                 "8",
                 "--spaces",
@@ -193,74 +126,39 @@ fn the_parking_lot_fills_and_never_overfills_on_zookeeper() {
 #[cfg(feature = "etcd")]
 #[test]
 fn the_demos_run_safely_on_etcd() {
-    let etcd = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_dlock"))
-            .env(
-                "DLOCK_ENDPOINT",
-                format!("etcd://{}", dlock_testkit::shared_etcd().endpoint()),
-            )
+    let etcd = || {
+        let mut c = dlock_on(&common::etcd_endpoint());
+        c.stdout(Stdio::piped());
+        c
+    };
+    // The parking lot and the leader demo, each on a path and a probe of
+    // its own.
+    let on_paths_of_its_own = |args: &[&str]| {
+        let (path, probe) = (unique("path"), unique("probe"));
+        let run = etcd()
             .args(args)
-            .stdout(Stdio::piped())
+            .args(["--path", &path, "--probe-path", &probe])
             .spawn()
-            .unwrap()
+            .unwrap();
+        fields(run)
     };
     for semaphore in ["v2", "kv"] {
-        let (lot, probe) = (unique("lot"), unique("in-use"));
-        let s = fields(etcd(&[
-            "demo",
-            "parking-lot",
-            "--semaphore",
-            semaphore,
-            "--cars",
-            "6",
-            "--rounds",
-            "2",
-            "--path",
-            &lot,
-            "--probe-path",
-            &probe,
-        ]));
+        let args = ["--semaphore", semaphore, "--cars", "6", "--rounds", "2"];
+        let s = on_paths_of_its_own(&[&["demo", "parking-lot"], &args[..]].concat());
         assert_eq!(s["violations"], "0", "{s:?}");
         assert!(s["max_inside"].parse::<u32>().unwrap() <= 3, "{s:?}");
     }
     for recipe in ["latch", "selector"] {
-        let (path, probe) = (unique("election"), unique("leaders"));
-        let s = fields(etcd(&[
-            "demo",
-            "leader",
-            "--recipe",
-            recipe,
-            "--candidates",
-            "3",
-            "--terms",
-            "6",
-            "--path",
-            &path,
-            "--probe-path",
-            &probe,
-        ]));
-        assert_eq!(
-            (s["violations"].as_str(), s["terms"].as_str()),
-            ("0", "6"),
-            "{s:?}"
-        );
+        let args = ["--recipe", recipe, "--candidates", "3", "--terms", "6"];
+        let s = on_paths_of_its_own(&[&["demo", "leader"], &args[..]].concat());
+        assert_fields(&s, &[("violations", "0"), ("terms", "6")]);
     }
     let (lock, stock) = (unique("lock"), unique("stock"));
-    let s = fields(etcd(&[
-        "demo",
-        "flash-sale",
-        "--buyers",
-        "20",
-        "--stock",
-        "30",
-        "--lock-path",
-        &lock,
-        "--stock-path",
-        &stock,
-    ]));
-    assert_eq!(
-        (s["sold"].as_str(), s["oversold"].as_str()),
-        ("30", "0"),
-        "{s:?}"
-    );
+    let run = etcd()
+        .args(["demo", "flash-sale", "--buyers", "20", "--stock", "30"])
+        .args(["--lock-path", &lock, "--stock-path", &stock])
+        .spawn()
+        .unwrap();
+    let s = fields(run);
+    assert_fields(&s, &[("sold", "30"), ("oversold", "0")]);
 }

@@ -3,20 +3,17 @@
 //! shared/peers/kazoo, and plain kazoo `Lock`s), `dlock lock` against a
 //! kazoo holder, and `dlock inspect` naming kazoo's holder.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use dlock::store::{CreateMode, CreateOptions};
 use dlock_testkit::{kazoo_python, shared_zk, KazooProbe};
 
+mod common;
+use common::{dlock_on, fields_of as fields, peer_harness, set_stock, zk_endpoint};
+
+/// `dlock` on the shared ZooKeeper, its stdout piped.
 fn dlock() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env(
-        "DLOCK_ENDPOINT",
-        format!("zk://{}", shared_zk().connect_string()),
-    );
+    let mut c = dlock_on(&zk_endpoint());
     c.stdout(Stdio::piped());
     c
 }
@@ -24,15 +21,8 @@ fn dlock() -> Command {
 /// kazoo's peer harness (`peerbench.py buy`: buyers whose `Lock` also
 /// counts Curator's `-lock-` nodes as contenders).
 fn peerbench(args: &[&str]) -> Child {
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/peers/kazoo/peerbench.py");
-    assert!(
-        script.exists(),
-        "the kazoo peer harness is missing at {}",
-        script.display()
-    );
     Command::new(kazoo_python())
-        .arg(script)
+        .arg(peer_harness("kazoo/peerbench.py"))
         .args(args)
         .args(["--connect", &shared_zk().connect_string()])
         .stdout(Stdio::piped())
@@ -40,21 +30,42 @@ fn peerbench(args: &[&str]) -> Child {
         .expect("run the kazoo harness")
 }
 
-/// `key=value` pairs of the last line a process printed.
-fn fields(child: Child) -> HashMap<String, String> {
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "failed: {text}");
-    let line = text.lines().last().unwrap_or_else(|| panic!("no output"));
-    line.split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+/// `dlock ARGS --timeout TIMEOUT PATH -- true`, run to its end.
+fn run_with_timeout(args: &[&str], timeout: &str, path: &str) -> Output {
+    dlock()
+        .args(args)
+        .args(["--timeout", timeout, path, "--", "true"])
+        .output()
+        .unwrap()
+}
+
+/// `dlock ARGS` at `path` times out (65) while kazoo holds it, and runs
+/// its command once kazoo lets go (`let_go PATH`, answered `answer`).
+fn waits_for_kazoo(kazoo: &mut KazooProbe, args: &[&str], path: &str, let_go: &str, answer: &str) {
+    let out = run_with_timeout(args, "300ms", path);
+    assert_eq!(out.status.code(), Some(65), "{args:?}: a timeout");
+    assert_eq!(kazoo.ask(&format!("{let_go} {path}")).unwrap(), answer);
+    let out = run_with_timeout(args, "10s", path);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A fresh directory for one test's nodes.
 fn unique() -> String {
     format!("/kazoo-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A fresh directory, the path `name` in it, and a kazoo probe on the
+/// shared ZooKeeper.
+fn kazoo_at(name: &str) -> (String, String, KazooProbe) {
+    let base = unique();
+    let path = format!("{base}/{name}");
+    let kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
+    (base, path, kazoo)
 }
 
 /// Deletes `paths`, in order (kazoo leaves persistent directories).
@@ -68,18 +79,17 @@ fn remove(admin: &dlock::blocking::Session, paths: &[&str]) {
 }
 
 fn admin() -> dlock::blocking::Session {
-    dlock::blocking::connect(&format!("zk://{}", shared_zk().connect_string())).unwrap()
+    dlock::blocking::connect(&zk_endpoint()).unwrap()
 }
 
-fn set_stock(admin: &dlock::blocking::Session, stock: &str, total: u64) {
-    let options = CreateOptions::new(CreateMode::Persistent).with_parents();
-    admin
-        .block_on(
-            admin
-                .session()
-                .create(stock, total.to_string().as_bytes(), options),
-        )
-        .unwrap();
+/// A sale of `total` under a fresh directory: an admin session, the
+/// directory, and the sale's lock and stock paths.
+fn open_sale(total: u64) -> (dlock::blocking::Session, String, String, String) {
+    let base = unique();
+    let (lock, stock) = (format!("{base}/lock"), format!("{base}/stock"));
+    let admin = admin();
+    set_stock(&admin, &stock, total);
+    (admin, base, lock, stock)
 }
 
 /// Checks the stock ran out, and removes the sale's nodes (the lock's
@@ -116,11 +126,8 @@ fn flash_sale(lock: &str, stock: &str) -> Child {
 /// sale that sold 507 and 516 of 300 before dlock ordered kazoo's nodes.
 #[test]
 fn flash_sale_processes_and_kazoo_buyers_sell_exactly_the_stock() {
-    let base = unique();
-    let (lock, stock) = (format!("{base}/lock"), format!("{base}/stock"));
     let total = 300u64;
-    let admin = admin();
-    set_stock(&admin, &stock, total);
+    let (admin, base, lock, stock) = open_sale(total);
     let python = peerbench(&["buy", "--path", &lock, "--stock", &stock, "--clients", "3"]);
     let processes: Vec<Child> = (0..2).map(|_| flash_sale(&lock, &stock)).collect();
     let dlock_sold: Vec<u64> = processes
@@ -140,11 +147,8 @@ fn flash_sale_processes_and_kazoo_buyers_sell_exactly_the_stock() {
 /// because it writes kazoo's names) and a `--layout kazoo` sale.
 #[test]
 fn flash_sale_and_plain_kazoo_locks_sell_exactly_the_stock() {
-    let base = unique();
-    let (lock, stock) = (format!("{base}/lock"), format!("{base}/stock"));
     let total = 200u64;
-    let admin = admin();
-    set_stock(&admin, &stock, total);
+    let (admin, base, lock, stock) = open_sale(total);
     let mut kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
     assert_eq!(
         kazoo.ask(&format!("buy {lock} {stock} 3")).unwrap(),
@@ -166,30 +170,12 @@ fn flash_sale_and_plain_kazoo_locks_sell_exactly_the_stock() {
 /// releases, `dlock lock --layout kazoo` runs its command.
 #[test]
 fn dlock_lock_waits_for_a_kazoo_holder_and_inspect_names_it() {
-    let base = unique();
-    let path = format!("{base}/held");
-    let mut kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
+    let (base, path, mut kazoo) = kazoo_at("held");
     let answer = kazoo.ask(&format!("lock {path} 10000")).unwrap();
     let node = answer.strip_prefix("acquired ").unwrap().to_string();
-    for layout in ["curator", "kazoo"] {
-        let out = dlock()
-            .args([
-                "lock",
-                "--layout",
-                layout,
-                "--timeout",
-                "300ms",
-                &path,
-                "--",
-                "true",
-            ])
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(65), "{layout}: a timeout");
-    }
-    let out = dlock().args(["inspect", "--json", &path]).output().unwrap();
-    assert!(out.status.success());
-    let seen: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let curator_layout = run_with_timeout(&["lock", "--layout", "curator"], "300ms", &path);
+    assert_eq!(curator_layout.status.code(), Some(65), "a timeout");
+    let seen = common::json_of(&zk_endpoint(), &["inspect", "--json", &path]);
     assert_eq!(seen["recipe"], "mutex", "{seen}");
     let holders = seen["participants"].as_array().unwrap();
     assert_eq!(holders.len(), 1, "{seen}");
@@ -197,21 +183,13 @@ fn dlock_lock_waits_for_a_kazoo_holder_and_inspect_names_it() {
     assert_eq!(holders[0]["role"], "holder");
     assert_eq!(holders[0]["foreign"], "kazoo");
     assert_eq!(holders[0]["data"], "kazoo-probe");
-    assert_eq!(kazoo.ask(&format!("release {path}")).unwrap(), "released");
-    let out = dlock()
-        .args([
-            "lock",
-            "--layout",
-            "kazoo",
-            "--timeout",
-            "10s",
-            &path,
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0));
+    waits_for_kazoo(
+        &mut kazoo,
+        &["lock", "--layout", "kazoo"],
+        &path,
+        "release",
+        "released",
+    );
     remove(&admin(), &[&path, &base]);
 }
 
@@ -220,27 +198,11 @@ fn dlock_lock_waits_for_a_kazoo_holder_and_inspect_names_it() {
 /// runs its command.
 #[test]
 fn dlock_semaphore_layout_kazoo_shares_kazoos_limit() {
-    let base = unique();
-    let path = format!("{base}/api");
-    let mut kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
+    let (base, path, mut kazoo) = kazoo_at("api");
     let answer = kazoo.ask(&format!("semaphore {path} 1 10000")).unwrap();
     assert!(answer.starts_with("acquired"), "{answer}");
-    let semaphore = |timeout: &str| {
-        dlock()
-            .args(["semaphore", "--layout", "kazoo", "--leases", "1"])
-            .args(["--timeout", timeout, &path, "--", "true"])
-            .output()
-            .unwrap()
-    };
-    assert_eq!(semaphore("300ms").status.code(), Some(65), "a timeout");
-    assert_eq!(kazoo.ask(&format!("release {path}")).unwrap(), "released");
-    let out = semaphore("10s");
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args = ["semaphore", "--layout", "kazoo", "--leases", "1"];
+    waits_for_kazoo(&mut kazoo, &args, &path, "release", "released");
     let lock = format!("{path}-__lock__");
     remove(&admin(), &[&path, &lock, &base]);
 }
@@ -249,30 +211,14 @@ fn dlock_semaphore_layout_kazoo_shares_kazoos_limit() {
 /// leads (65 on its timeout), and leads once kazoo's leader resigns.
 #[test]
 fn dlock_elect_layout_kazoo_waits_for_a_kazoo_leader() {
-    let base = unique();
-    let path = format!("{base}/cron");
-    let mut kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
+    let (base, path, mut kazoo) = kazoo_at("cron");
     assert_eq!(kazoo.ask(&format!("elect {path} k1")).unwrap(), "candidate");
     assert_eq!(
         kazoo.next_line(Duration::from_secs(10)).unwrap(),
         "leader k1"
     );
-    let elect = |timeout: &str| {
-        dlock()
-            .args(["elect", "--layout", "kazoo", "--id", "d1"])
-            .args(["--timeout", timeout, &path, "--", "true"])
-            .output()
-            .unwrap()
-    };
-    assert_eq!(elect("300ms").status.code(), Some(65), "a timeout");
-    assert_eq!(kazoo.ask(&format!("resign {path}")).unwrap(), "resigned");
-    let out = elect("10s");
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args = ["elect", "--layout", "kazoo", "--id", "d1"];
+    waits_for_kazoo(&mut kazoo, &args, &path, "resign", "resigned");
     remove(&admin(), &[&path, &base]);
 }
 
@@ -281,9 +227,8 @@ fn dlock_elect_layout_kazoo_waits_for_a_kazoo_leader() {
 /// one space left to them (its in-use counter counts dlock's cars only).
 #[test]
 fn parking_lot_layout_kazoo_leaves_kazoos_space_alone() {
-    let base = unique();
-    let (lot, probe) = (format!("{base}/lot"), format!("{base}/in-use"));
-    let mut kazoo = KazooProbe::start(&shared_zk().connect_string()).unwrap();
+    let (base, lot, mut kazoo) = kazoo_at("lot");
+    let probe = format!("{base}/in-use");
     let answer = kazoo.ask(&format!("semaphore {lot} 2 10000")).unwrap();
     assert!(answer.starts_with("acquired"), "{answer}");
     let ours = dlock()

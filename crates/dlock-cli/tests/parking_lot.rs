@@ -1,34 +1,12 @@
 //! The parking-lot demo, run as the real binary on the embedded store.
 
 use std::collections::HashMap;
-use std::process::Command;
+mod common;
+use common::{assert_each_fails_naming, run_alone as dlock};
 
-fn dlock(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_dlock"))
-        .args(args)
-        .env_remove("DLOCK_ENDPOINT")
-        .output()
-        .expect("run dlock")
-}
-
-/// Parses the one summary line into key=value pairs.
+/// The summary line of a run that went to its end, as key=value pairs.
 fn summary(out: &std::process::Output) -> HashMap<String, String> {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines.len(), 1, "exactly one summary line, got {stdout:?}");
-    let mut words = lines[0].split(' ');
-    assert_eq!(words.next(), Some("parking-lot"));
-    words
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').expect("key=value");
-            (k.to_string(), v.to_string())
-        })
-        .collect()
+    common::summary(out, "parking-lot")
 }
 
 fn assert_full_and_safe(s: &HashMap<String, String>, cars: u32, spaces: u32, rounds: u32) {
@@ -83,21 +61,12 @@ fn the_flags_are_honoured() {
 
 #[test]
 fn bad_input_is_named_in_one_line() {
-    for (args, needle) in [
+    assert_each_fails_naming(&[
         (
-            vec!["demo", "parking-lot", "--path", "relative"],
+            "demo parking-lot --path relative",
             "invalid path \"relative\"",
         ),
-        (vec!["demo", "parking-lot", "--spaces", "0"], "--spaces"),
-        (
-            vec!["demo", "parking-lot", "--semaphore", "v3"],
-            "--semaphore",
-        ),
-    ] {
-        let out = dlock(&args);
-        assert!(!out.status.success(), "{args:?} should fail");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains(needle), "{args:?}: {stderr}");
-        assert!(out.stdout.is_empty());
-    }
+        ("demo parking-lot --spaces 0", "--spaces"),
+        ("demo parking-lot --semaphore v3", "--semaphore"),
+    ]);
 }

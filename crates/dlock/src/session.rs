@@ -341,6 +341,25 @@ impl Session {
         Ok((children, armed(watch)))
     }
 
+    /// The name of the client that owns the node at `path`, if it is not
+    /// dlock — on a backend whose sessions carry names (Consul, where
+    /// `consul lock` and Consul's Go `api` name theirs); `None` for an
+    /// unowned node, one of dlock's, or another backend
+    /// ([`Store::foreign_owner`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// let session = dlock::connect("embedded").await?;
+    /// let mutex = dlock::Mutex::new(&session, "/doc/owner")?;
+    /// let guard = mutex.acquire().await?;
+    /// assert_eq!(session.foreign_owner(guard.node()).await?, None);
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn foreign_owner(&self, path: &str) -> Result<Option<String>> {
+        self.read(path, |s| s.foreign_owner(path)).await
+    }
+
     /// A read of `path`, checked, and retried while the connection drops.
     async fn read<'a, T, Fut>(&'a self, path: &str, op: impl Fn(&'a dyn Store) -> Fut) -> Result<T>
     where

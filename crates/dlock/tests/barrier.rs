@@ -4,14 +4,32 @@
 
 mod common;
 
+use std::future::Future;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use common::{await_children, await_gone, Harness};
 use dlock::{Barrier, DoubleBarrier, Error};
+use tokio::task::JoinHandle;
 
 const WITHIN: Duration = Duration::from_secs(20);
 const SHORT: Duration = Duration::from_millis(200);
+
+/// `tasks` all still wait (else they got `early`); once `release` is done,
+/// each ends well within [`WITHIN`]. Returns what `release` and then each
+/// task got.
+async fn held_until<T>(
+    tasks: Vec<JoinHandle<dlock::Result<T>>>,
+    early: &str,
+    release: impl Future<Output = dlock::Result<T>>,
+) -> Result<Vec<T>> {
+    ensure!(tasks.iter().all(|t| !t.is_finished()), "{early}");
+    let mut got = vec![release.await?];
+    for task in tasks {
+        got.push(tokio::time::timeout(WITHIN, task).await???);
+    }
+    Ok(got)
+}
 
 /// `DistributedBarrier`: one persistent node at the path, with the default
 /// data; setting twice and removing twice are no-ops.
@@ -46,14 +64,7 @@ async fn waiters_go_when_the_barrier_is_removed(h: &Harness) -> Result<()> {
         ensure!(err == Error::Timeout(SHORT), "{err}");
         waiters.push(tokio::spawn(async move { other.wait_on_barrier().await }));
     }
-    ensure!(
-        waiters.iter().all(|w| !w.is_finished()),
-        "passed a set barrier"
-    );
-    barrier.remove_barrier().await?;
-    for w in waiters {
-        tokio::time::timeout(WITHIN, w).await???;
-    }
+    held_until(waiters, "passed a set barrier", barrier.remove_barrier()).await?;
     Ok(())
 }
 
@@ -104,12 +115,8 @@ async fn members_enter_together_and_leave_together(h: &Harness) -> Result<()> {
         entering.push(tokio::spawn(async move { b.enter().await }));
     }
     await_children(&watcher, &dir, 2, WITHIN).await?;
-    ensure!(entering.iter().all(|e| !e.is_finished()), "in before 3");
     let third = DoubleBarrier::new(&h.session().await, &dir, 3)?;
-    let mut members = vec![third.enter().await?];
-    for e in entering {
-        members.push(tokio::time::timeout(WITHIN, e).await???);
-    }
+    let mut members = held_until(entering, "in before 3", third.enter()).await?;
     let last = members.pop().context("three members")?;
     let mut leaving = Vec::new();
     for m in members {
@@ -117,14 +124,7 @@ async fn members_enter_together_and_leave_together(h: &Harness) -> Result<()> {
     }
     // Two members gone, `ready` and the last member remain.
     await_children(&watcher, &dir, 2, WITHIN).await?;
-    ensure!(
-        leaving.iter().all(|l| !l.is_finished()),
-        "out before the last"
-    );
-    last.leave().await?;
-    for l in leaving {
-        tokio::time::timeout(WITHIN, l).await???;
-    }
+    held_until(leaving, "out before the last", last.leave()).await?;
     Ok(())
 }
 
@@ -187,14 +187,7 @@ async fn bad_arguments_are_refused(h: &Harness) -> Result<()> {
     Ok(())
 }
 
-per_backend!({
-    embedded => crate::common::embedded(),
-    zookeeper => crate::common::zookeeper(),
-    #[cfg(feature = "etcd")]
-    etcd => crate::common::etcd(),
-    #[cfg(feature = "consul")]
-    consul => crate::common::consul(),
-} {
+per_backend!(every_backend {
     barrier_node_is_curators,
     waiters_go_when_the_barrier_is_removed,
     double_barrier_nodes_are_curators,

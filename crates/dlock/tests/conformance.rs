@@ -6,7 +6,10 @@ mod common;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{await_gone, ephemeral, hand_over, is_node_event, persistent, sequential, Harness};
+use common::{
+    await_gone, ephemeral, hand_over, is_node_event, persistent, persistent_only, sequential,
+    Harness,
+};
 use dlock::store::{
     sort_sequenced, Child, CreateMode, CreateOptions, Op, OpResult, SessionState, WatchEvent,
 };
@@ -176,6 +179,23 @@ async fn native_session_ids_name_the_owner(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// dlock's own nodes, owned or not, have no foreign owner — seen from
+/// another session too; a missing node has none either. (A foreign owner
+/// exists on Consul, for keys of `consul lock`: `consul_interop` in the
+/// CLI's tests.)
+async fn dlocks_own_nodes_have_no_foreign_owner(h: &Harness) -> Result<()> {
+    let (a, b) = (h.session().await, h.session().await);
+    let owned = a.create(&h.path("/owned"), b"", ephemeral()).await?;
+    let plain = a.create(&h.path("/plain"), b"", persistent()).await?;
+    for p in [&owned.path, &plain.path] {
+        ensure!(a.foreign_owner(p).await?.is_none(), "{p}");
+        ensure!(b.foreign_owner(p).await?.is_none(), "{p}");
+        a.delete(p, None).await?;
+    }
+    ensure!(b.foreign_owner(&owned.path).await?.is_none());
+    Ok(())
+}
+
 async fn errors_name_the_node(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let p = h.path("/err");
@@ -200,11 +220,7 @@ async fn errors_name_the_node(h: &Harness) -> Result<()> {
         "{err}"
     );
     let err = s
-        .create(
-            &h.path("/no/parent"),
-            b"",
-            CreateOptions::new(CreateMode::Persistent),
-        )
+        .create(&h.path("/no/parent"), b"", persistent_only())
         .await
         .unwrap_err();
     ensure!(matches!(err, Error::NoNode { .. }), "{err}");
@@ -212,7 +228,9 @@ async fn errors_name_the_node(h: &Harness) -> Result<()> {
     ensure!(matches!(err, Error::InvalidPath { .. }), "{err}");
     s.delete(&format!("{p}/child"), None).await?;
     // `p` is a container: the reaper may take it first (ZooKeeper's runs
-    // every few milliseconds in the tests).
+    // every few milliseconds in the tests; on etcd and Consul parents are
+    // implicit and vanish with their last child, see
+    // `etcd_backend.rs`'s `errors_name_the_node_with_implicit_parents`).
     match s.delete(&p, None).await {
         Ok(()) | Err(Error::NoNode { .. }) => Ok(()),
         Err(e) => Err(e.into()),
@@ -257,35 +275,57 @@ async fn multi_is_all_or_nothing(h: &Harness) -> Result<()> {
     let base = h.path("/m");
     s.create(&base, b"", persistent()).await?;
     let a = format!("{base}/a");
-    let ops = [
-        Op::Create {
-            path: a.clone(),
-            data: b"1".to_vec(),
-            mode: CreateMode::Persistent,
-        },
-        Op::SetData {
-            path: base.clone(),
-            data: b"x".to_vec(),
-            version: None,
-        },
-        Op::Check {
-            path: format!("{base}/absent"),
-            version: None,
-        },
-    ];
-    let err = s.multi(&ops).await.unwrap_err();
-    let Error::MultiFailed { index, source } = err else {
-        anyhow::bail!("unexpected {err}")
-    };
-    ensure!(
-        index == 2 && matches!(*source, Error::NoNode { .. }),
-        "index {index}: {source}"
-    );
-    ensure!(s.exists(&a).await?.is_none(), "the create was rolled back");
-    ensure!(
-        s.get_data(&base).await?.0.is_empty(),
-        "the set was rolled back"
-    );
+    // A failing check rolls back everything before it and names its index
+    // and its reason.
+    let absent = format!("{base}/absent");
+    for (check, failure) in [
+        (
+            Op::Check {
+                path: absent.clone(),
+                version: None,
+            },
+            Error::NoNode { path: absent },
+        ),
+        (
+            Op::Check {
+                path: base.clone(),
+                version: Some(5),
+            },
+            Error::BadVersion { path: base.clone() },
+        ),
+    ] {
+        let ops = [
+            Op::Create {
+                path: a.clone(),
+                data: b"1".to_vec(),
+                mode: CreateMode::Persistent,
+            },
+            Op::SetData {
+                path: base.clone(),
+                data: b"x".to_vec(),
+                version: None,
+            },
+            check,
+            Op::Delete {
+                path: a.clone(),
+                version: None,
+            },
+        ];
+        let err = s.multi(&ops).await.unwrap_err();
+        ensure!(
+            err == Error::MultiFailed {
+                index: 2,
+                source: Box::new(failure)
+            },
+            "{err}"
+        );
+        ensure!(s.exists(&a).await?.is_none(), "the create was rolled back");
+        let (data, stat) = s.get_data(&base).await?;
+        ensure!(
+            data.is_empty() && stat.version == 0,
+            "the set was rolled back"
+        );
+    }
     // A passing check lets the rest through.
     let ok = [
         Op::Check {
@@ -664,7 +704,9 @@ per_backend!(every_backend {
     a_node_named_after_a_siblings_sequence_takes_its_place,
     tagged_nodes_keep_versions_for_compare_and_set,
     native_session_ids_name_the_owner,
+    dlocks_own_nodes_have_no_foreign_owner,
     an_ended_sessions_node_name_is_free_at_once,
+    errors_name_the_node,
 });
 
 // ZooKeeper-style stores only; etcd differs (see `dlock::store::etcd`):
@@ -672,15 +714,9 @@ per_backend!(every_backend {
 //   numbering (`%010d` of the parent's creations, cversion): etcd has no
 //   per-directory counter; its queues order by create revision and the
 //   10-digit suffix is only unique, not counted.
-// - `errors_name_the_node` ends by deleting a parent made by
-//   `create_parents` after its last child: on etcd parents are implicit
-//   and vanish with their last child (a container reaped at once), so that
-//   delete is `NoNode`. The same errors are checked in
-//   `etcd_backend.rs` (`errors_name_the_node_with_implicit_parents`).
 per_backend!({
     embedded_numbering => crate::common::embedded(),
     zookeeper_numbering => crate::common::zookeeper(),
 } {
     sequential_names_count_the_parents_creations,
-    errors_name_the_node,
 });

@@ -111,6 +111,8 @@ async fn inspect_reads_consuls_layouts(h: &Harness) -> Result<()> {
     let seen = dlock::inspect(&s, &h.path("/il")).await?;
     ensure!(seen.recipe == dlock::RecipeKind::Mutex, "{:?}", seen.recipe);
     ensure!(seen.participants.len() == 1 && seen.participants[0].node == lock.node());
+    // dlock's own holders of Consul's layouts are not Consul's clients.
+    ensure!(seen.participants[0].foreign.is_none(), "{seen:?}");
     lock.release().await?;
     let sem = KvSemaphore::new(&s, &h.path("/is"), 2)?.with_layout(Layout::Consul);
     let lease = sem.acquire().await?;
@@ -122,18 +124,12 @@ async fn inspect_reads_consuls_layouts(h: &Harness) -> Result<()> {
     );
     ensure!(seen.participants.len() == 1, "{:?}", seen.participants);
     ensure!(seen.participants[0].role == dlock::Role::Holder);
+    ensure!(seen.participants[0].foreign.is_none(), "{seen:?}");
     lease.release().await?;
     Ok(())
 }
 
-per_backend!({
-    embedded => crate::common::embedded(),
-    zookeeper => crate::common::zookeeper(),
-    #[cfg(feature = "etcd")]
-    etcd => crate::common::etcd(),
-    #[cfg(feature = "consul")]
-    consul => crate::common::consul(),
-} {
+per_backend!(every_backend {
     consul_lock_excludes_and_hands_over,
     consul_lock_takes_over_a_released_key,
     kv_semaphore_consul_layout_keeps_the_limit,

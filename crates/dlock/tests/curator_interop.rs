@@ -13,7 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use common::{await_children, Harness};
+use common::{
+    await_children, dlock_excludes_peer, peer_excludes_dlock, sold_exactly_the_stock, zk_hosts,
+    Harness,
+};
 use dlock::store::{CreateMode, CreateOptions};
 use dlock::{
     AtomicCounter, Barrier, DoubleBarrier, Error, Lockable, Mutex, PromotedToLock, ReadWriteLock,
@@ -22,39 +25,20 @@ use dlock::{
 
 type Probe = dlock_testkit::CuratorProbe;
 
-fn zk(h: &Harness) -> String {
-    match &h.backend {
-        common::Backend::ZooKeeper(hosts) => hosts.clone(),
-        _ => unreachable!("interop runs on ZooKeeper"),
-    }
-}
-
 /// While Curator holds an InterProcessMutex, dlock's Mutex cannot have the
 /// lock; once Curator releases, dlock gets it.
 async fn curator_holder_excludes_dlock(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/interop/m1");
-    let mut curator = Probe::start(&zk(h))?;
+    let mut curator = Probe::start(&zk_hosts(h))?;
     let answer = curator.ask(&format!("mutex {path} 10000"))?;
     ensure!(
         answer.starts_with(&format!("acquired {path}/_c_")) && answer.contains("-lock-"),
         "{answer}"
     );
     let mutex = Mutex::new(&s, &path)?;
-    ensure!(
-        mutex.try_acquire().await?.is_none(),
-        "dlock got a lock Curator holds"
-    );
-    let err = mutex
-        .acquire_timeout(Duration::from_millis(300))
-        .await
-        .unwrap_err();
-    ensure!(matches!(err, Error::Timeout(_)), "{err}");
-    let waiting = tokio::spawn({
-        let mutex = mutex.clone();
-        async move { mutex.acquire().await }
-    });
-    await_children(&s, &path, 2, Duration::from_secs(10)).await?;
+    let within = Duration::from_secs(10);
+    let waiting = peer_excludes_dlock(&s, &mutex, &path, "Curator", within).await?;
     ensure!(curator.ask(&format!("release {path}"))? == "released");
     let g = tokio::time::timeout(Duration::from_secs(10), waiting).await???;
     g.release().await?;
@@ -66,14 +50,10 @@ async fn curator_holder_excludes_dlock(h: &Harness) -> Result<()> {
 async fn dlock_holder_excludes_curator(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/interop/m2");
-    let mut curator = Probe::start(&zk(h))?;
+    let mut curator = Probe::start(&zk_hosts(h))?;
     let g = Mutex::new(&s, &path)?.acquire().await?;
-    ensure!(curator.ask(&format!("mutex {path} 300"))? == "timeout");
-    curator.send(&format!("mutex {path} -1"))?;
-    await_children(&s, &path, 2, Duration::from_secs(10)).await?;
-    g.release().await?;
-    let answer = curator.next_line(Duration::from_secs(10))?;
-    ensure!(answer.starts_with("acquired"), "{answer}");
+    let lock = |timeout: &str| format!("mutex {path} {timeout}");
+    dlock_excludes_peer(&s, g, &mut curator, lock, &path, Duration::from_secs(10)).await?;
     ensure!(curator.ask(&format!("release {path}"))? == "released");
     Ok(())
 }
@@ -83,7 +63,7 @@ async fn dlock_holder_excludes_curator(h: &Harness) -> Result<()> {
 async fn an_expired_dlock_holder_hands_over_to_curator(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/interop/m3");
-    let mut curator = Probe::start(&zk(h))?;
+    let mut curator = Probe::start(&zk_hosts(h))?;
     let g = Mutex::new(&s, &path)?.acquire().await?;
     curator.send(&format!("mutex {path} -1"))?;
     await_children(&s, &path, 2, Duration::from_secs(10)).await?;
@@ -104,7 +84,7 @@ async fn an_expired_dlock_holder_hands_over_to_curator(h: &Harness) -> Result<()
 async fn read_write_halves_interoperate(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/interop/rw");
-    let mut curator = Probe::start(&zk(h))?;
+    let mut curator = Probe::start(&zk_hosts(h))?;
     let answer = curator.ask(&format!("write {path} 10000"))?;
     ensure!(answer.contains("__WRIT__"), "{answer}");
     let rw = ReadWriteLock::new(&s, &path)?;
@@ -132,7 +112,7 @@ async fn read_write_halves_interoperate(h: &Harness) -> Result<()> {
 /// dlock holder.
 async fn revocation_crosses_implementations(h: &Harness) -> Result<()> {
     let s = h.session().await;
-    let mut curator = Probe::start(&zk(h))?;
+    let mut curator = Probe::start(&zk_hosts(h))?;
     // dlock revokes a Curator holder.
     let path = h.path("/interop/rev1");
     let answer = curator.ask(&format!("revocable {path} 10000"))?;
@@ -209,7 +189,7 @@ async fn mixed_buyers_sell_exactly_the_stock(h: &Harness, kind: &str) -> Result<
         .args([
             "buy",
             "--connect",
-            &zk(h),
+            &zk_hosts(h),
             "--path",
             &lock_path,
             "--stock",
@@ -267,17 +247,15 @@ async fn mixed_buyers_sell_exactly_the_stock(h: &Harness, kind: &str) -> Result<
         .and_then(|n| n.parse().ok())
         .with_context(|| format!("unexpected Curator output {line:?}"))?;
     let dlock_sold = sold.load(Ordering::SeqCst);
-    ensure!(
-        dlock_sold + curator_sold == stock_total,
-        "dlock sold {dlock_sold}, Curator {curator_sold}, of {stock_total}"
-    );
-    ensure!(
-        dlock_sold > 0 && curator_sold > 0,
-        "both sides sold: dlock {dlock_sold}, Curator {curator_sold}"
-    );
-    ensure!(admin.get_data(&stock_path).await?.0 == b"0");
-    admin.delete(&stock_path, None).await?;
-    Ok(())
+    sold_exactly_the_stock(
+        &admin,
+        &stock_path,
+        stock_total,
+        dlock_sold,
+        "Curator",
+        curator_sold,
+    )
+    .await
 }
 
 async fn mixed_mutex_buyers_sell_exactly_the_stock(h: &Harness) -> Result<()> {
@@ -297,7 +275,7 @@ async fn mixed_semaphore_mutex_buyers_sell_exactly_the_stock(h: &Harness) -> Res
 async fn barriers_cross_implementations(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/interop/barrier");
-    let mut curator = Probe::start(&zk(h))?;
+    let mut curator = Probe::start(&zk_hosts(h))?;
     let barrier = Barrier::new(&s, &path)?;
 
     ensure!(curator.ask(&format!("barrier-set {path}"))? == "set");
@@ -327,7 +305,7 @@ async fn double_barrier_members_mix(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/interop/double");
     let within = Duration::from_secs(20);
-    let mut curator = Probe::start(&zk(h))?;
+    let mut curator = Probe::start(&zk_hosts(h))?;
     curator.send(&format!("dbenter c1 {path} 4"))?;
     curator.send(&format!("dbenter c2 {path} 4"))?;
     let barrier = DoubleBarrier::new(&s, &path, 4)?;
@@ -396,7 +374,7 @@ async fn group_members_see_each_other(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/interop/group");
     let within = Duration::from_secs(20);
-    let mut curator = Probe::start(&zk(h))?;
+    let mut curator = Probe::start(&zk_hosts(h))?;
     let ours = GroupMember::new(&s, &path, "d")?.with_payload(b"dp".to_vec());
     ours.start().await?;
     let mut seen = ours.events();
@@ -448,7 +426,7 @@ async fn curator_sees_a_dlock_member_leave(h: &Harness) -> Result<()> {
     use dlock::GroupMember;
     let s = h.session().await;
     let path = h.path("/interop/group-leave");
-    let mut curator = Probe::start(&zk(h))?;
+    let mut curator = Probe::start(&zk_hosts(h))?;
     ensure!(curator.ask(&format!("member-join {path} c cp"))? == "joined c");
     let ours = GroupMember::new(&s, &path, "d")?.with_payload(b"dp".to_vec());
     ours.start().await?;
@@ -480,7 +458,7 @@ async fn an_observer_follows_curator_and_dlock_leaders(h: &Harness) -> Result<()
     let observer = dlock::observe(&h.session().await, &path).await?;
     let mut leaders = observer.leader_changes();
     ensure!(next_leader(&mut leaders, within).await?.is_none());
-    let mut curator = Probe::start(&zk(h))?;
+    let mut curator = Probe::start(&zk_hosts(h))?;
     ensure!(curator.ask(&format!("latch-start {path} c1"))? == "started c1");
     ensure!(next_leader(&mut leaders, within).await?.as_deref() == Some("c1"));
     let ours = dlock::LeaderLatch::new(&s, &path)?.with_id("d1");
@@ -504,7 +482,7 @@ async fn counters_cross_implementations(h: &Harness) -> Result<()> {
     let path = h.path("/interop/counter");
     let lock_path = h.path("/interop/counter-lock");
     let within = Duration::from_secs(60);
-    let mut curator = Probe::start(&zk(h))?;
+    let mut curator = Probe::start(&zk_hosts(h))?;
     let counter = AtomicCounter::new(&s, &path)?;
 
     ensure!(curator.ask(&format!("counter-add {path} 5"))? == "added ok 0 5");
@@ -578,7 +556,7 @@ async fn shared_values_cross_implementations(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/interop/value");
     let within = Duration::from_secs(20);
-    let mut curator = Probe::start(&zk(h))?;
+    let mut curator = Probe::start(&zk_hosts(h))?;
     // Curator's start creates the node with the seed, its set writes it
     // again: version 1.
     ensure!(curator.ask(&format!("value-set {path} 00ff10"))? == "value-set 1");

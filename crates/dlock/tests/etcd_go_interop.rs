@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{await_children, Harness};
+use common::{await_children, queued, sold_exactly_the_stock, Harness};
 use dlock::recipes::leader_latch::LeaderLatch;
 use dlock::recipes::leader_selector::LeaderSelector;
 use dlock::store::{CreateMode, CreateOptions};
@@ -158,6 +158,56 @@ fn field(stdout: &[u8], name: &str) -> Result<u64> {
         .with_context(|| format!("no {name}= in {line:?}"))
 }
 
+/// Starts a Go sale (`go` with `args`, three clients, on `path` and the
+/// `stock` node holding `total`) and waits until it has sold once.
+async fn go_sellers(
+    mut go: Command,
+    args: &[&str],
+    path: &str,
+    stock: &str,
+    admin: &Session,
+    total: u64,
+) -> Result<Child> {
+    let sellers = go
+        .args(args)
+        .args(["--endpoints", &etcd_endpoint(), "--clients", "3"])
+        .args(["--path", path, "--stock-key", stock])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    await_first_sale(admin, stock, total).await?;
+    Ok(sellers)
+}
+
+/// Every dlock seller and the Go program (`go`, named `who`) of a sale end
+/// well; returns what the Go program printed.
+async fn sale_ends(
+    sellers: Vec<tokio::task::JoinHandle<Result<()>>>,
+    go: Child,
+    who: &str,
+) -> Result<Vec<u8>> {
+    for seller in sellers {
+        tokio::time::timeout(SALE_WITHIN, seller).await???;
+    }
+    let out = tokio::time::timeout(SALE_WITHIN, go.wait_with_output()).await??;
+    ensure!(out.status.success(), "{who} failed");
+    Ok(out.stdout)
+}
+
+/// dlock's sellers (`sold`) and the Go ones (their `sold=` field in
+/// `go_said`) sold exactly the stock ([`sold_exactly_the_stock`]).
+async fn go_and_dlock_sold_the_stock(
+    admin: &Session,
+    stock: &str,
+    total: u64,
+    sold: &AtomicU64,
+    go_said: &[u8],
+) -> Result<()> {
+    let go_sold = field(go_said, "sold")?;
+    let dlock_sold = sold.load(Ordering::SeqCst);
+    sold_exactly_the_stock(admin, stock, total, dlock_sold, "Go", go_sold).await
+}
+
 /// Go `concurrency.Mutex` buyers (`shared/peers/etcd-go` `peerbench buy`)
 /// and dlock mutex buyers on one lock prefix and stock key: together they
 /// sell exactly the stock.
@@ -166,14 +216,8 @@ async fn go_and_dlock_mutex_buyers_sell_exactly_the_stock(h: &Harness) -> Result
     let (lock, stock) = (h.path("/shop/lock"), h.path("/shop/stock"));
     let admin = h.session().await;
     put_stock(&admin, &stock, total).await?;
-    let peerbench = dlock_testkit::etcd_go_peerbench()?;
-    let go = Command::new(peerbench)
-        .args(["buy", "--endpoints", &etcd_endpoint(), "--clients", "3"])
-        .args(["--path", &lock, "--stock-key", &stock])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    await_first_sale(&admin, &stock, total).await?;
+    let peerbench = Command::new(dlock_testkit::etcd_go_peerbench()?);
+    let go = go_sellers(peerbench, &["buy"], &lock, &stock, &admin, total).await?;
     let sold = Arc::new(AtomicU64::new(0));
     let mut buyers = Vec::new();
     for _ in 0..3 {
@@ -191,24 +235,8 @@ async fn go_and_dlock_mutex_buyers_sell_exactly_the_stock(h: &Harness) -> Result
             }
         }));
     }
-    for b in buyers {
-        tokio::time::timeout(SALE_WITHIN, b).await???;
-    }
-    let out = tokio::time::timeout(SALE_WITHIN, go.wait_with_output()).await??;
-    ensure!(out.status.success(), "the Go buyers failed");
-    let go_sold = field(&out.stdout, "sold")?;
-    let dlock_sold = sold.load(Ordering::SeqCst);
-    ensure!(
-        dlock_sold + go_sold == total,
-        "dlock sold {dlock_sold}, Go {go_sold}, of {total}"
-    );
-    ensure!(
-        dlock_sold > 0 && go_sold > 0,
-        "dlock {dlock_sold}, Go {go_sold}"
-    );
-    ensure!(admin.get_data(&stock).await?.0 == b"0");
-    admin.delete(&stock, None).await?;
-    Ok(())
+    let go_said = sale_ends(buyers, go, "the Go buyers").await?;
+    go_and_dlock_sold_the_stock(&admin, &stock, total, &sold, &go_said).await
 }
 
 /// Go `concurrency.Election` candidates (`electsale`: campaign, sell one,
@@ -221,14 +249,8 @@ async fn go_and_dlock_election_candidates_lead_one_at_a_time(h: &Harness) -> Res
     let (election, stock) = (h.path("/election"), h.path("/stock"));
     let admin = h.session().await;
     put_stock(&admin, &stock, total).await?;
-    let electsale = dlock_testkit::etcd_go_electsale()?;
-    let go = Command::new(electsale)
-        .args(["--endpoints", &etcd_endpoint(), "--clients", "3"])
-        .args(["--path", &election, "--stock-key", &stock])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    await_first_sale(&admin, &stock, total).await?;
+    let electsale = Command::new(dlock_testkit::etcd_go_electsale()?);
+    let go = go_sellers(electsale, &[], &election, &stock, &admin, total).await?;
     let sold = Arc::new(AtomicU64::new(0));
     // dlock leaders inside a term now, across both kinds of candidate, and
     // how often a term began while another was on.
@@ -292,30 +314,14 @@ async fn go_and_dlock_election_candidates_lead_one_at_a_time(h: &Harness) -> Res
             }
         }));
     }
-    for c in candidates {
-        tokio::time::timeout(SALE_WITHIN, c).await???;
-    }
-    let out = tokio::time::timeout(SALE_WITHIN, go.wait_with_output()).await??;
-    ensure!(out.status.success(), "the Go candidates failed");
+    let go_said = sale_ends(candidates, go, "the Go candidates").await?;
     ensure!(
-        field(&out.stdout, "violations")? == 0,
+        field(&go_said, "violations")? == 0,
         "two Go leaders at once"
     );
     let overlaps = overlaps.load(Ordering::SeqCst);
     ensure!(overlaps == 0, "{overlaps} times two dlock leaders at once");
-    let go_sold = field(&out.stdout, "sold")?;
-    let dlock_sold = sold.load(Ordering::SeqCst);
-    ensure!(
-        dlock_sold + go_sold == total,
-        "dlock leaders sold {dlock_sold}, Go leaders {go_sold}, of {total}"
-    );
-    ensure!(
-        dlock_sold > 0 && go_sold > 0,
-        "dlock {dlock_sold}, Go {go_sold}"
-    );
-    ensure!(admin.get_data(&stock).await?.0 == b"0");
-    admin.delete(&stock, None).await?;
-    Ok(())
+    go_and_dlock_sold_the_stock(&admin, &stock, total, &sold, &go_said).await
 }
 
 /// A dlock leader is the leader Go observes (`etcdctl elect -l`, Go's
@@ -406,8 +412,7 @@ async fn etcdctl_lock_and_dlock_mutex_exclude_each_other(h: &Harness) -> Result<
 
     // dlock waits for Go, and sees Go's token as etcd does.
     let waiter = mutex.clone();
-    let waiting = tokio::spawn(async move { waiter.acquire().await });
-    await_children(&s, &lock, 2, WITHIN).await?;
+    let waiting = queued(&s, &lock, 2, WITHIN, async move { waiter.acquire().await }).await?;
     let seen = inspect(&s, &lock).await?;
     ensure!(seen.participants[0].node == go_key && seen.participants[0].token == go_token);
     ensure!(seen.participants[0].role == Role::Holder, "{seen:?}");
@@ -469,11 +474,9 @@ async fn a_go_mutex_holder_is_a_writer_to_dlock_readers(h: &Harness) -> Result<(
     let rw = ReadWriteLock::new(&s, &path)?;
     ensure!(rw.try_read().await?.is_none(), "read while Go holds");
     let reader = rw.clone();
-    let reading = tokio::spawn(async move { reader.read().await });
-    await_children(&s, &path, 2, WITHIN).await?;
+    let reading = queued(&s, &path, 2, WITHIN, async move { reader.read().await }).await?;
     let writer = ReadWriteLock::new(&s, &path)?;
-    let writing = tokio::spawn(async move { writer.write().await });
-    await_children(&s, &path, 3, WITHIN).await?;
+    let writing = queued(&s, &path, 3, WITHIN, async move { writer.write().await }).await?;
     let (r, w, go_) = (Some(Access::Read), Some(Access::Write), true);
     ensure!(
         queue_at(&s, &path).await?
@@ -512,8 +515,7 @@ async fn dlock_readers_and_writers_exclude_a_go_mutex(h: &Harness) -> Result<()>
     let mut go = Etcdctl::spawn(&["lock", &path])?;
     await_children(&s, &path, 2, WITHIN).await?;
     let later = ReadWriteLock::new(&s, &path)?;
-    let reading = tokio::spawn(async move { later.read().await });
-    await_children(&s, &path, 3, WITHIN).await?;
+    let reading = queued(&s, &path, 3, WITHIN, async move { later.read().await }).await?;
     let (r, w) = (Some(Access::Read), Some(Access::Write));
     ensure!(
         queue_at(&s, &path).await?

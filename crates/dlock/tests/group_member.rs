@@ -9,10 +9,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use common::{await_gone, persistent, Harness};
+use common::{await_gone, persistent, persistent_only, Harness};
 use dlock::recipes::group_member::{member_events, watch_group};
-use dlock::store::{CreateMode, CreateOptions};
-use dlock::{CacheEvent, ChildrenCache, Error, GroupMember, MemberEvent};
+use dlock::{CacheEvent, ChildrenCache, Error, GroupMember, MemberEvent, Session};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 
@@ -24,6 +23,63 @@ async fn next<T>(events: &mut BoxStream<'static, T>) -> Result<T> {
         .await
         .context("no event in time")?
         .context("the stream ended")
+}
+
+/// The next event of a member stream is `expected`.
+async fn sees(seen: &mut BoxStream<'static, MemberEvent>, expected: MemberEvent) -> Result<()> {
+    let event = next(seen)
+        .await
+        .with_context(|| format!("waiting for {expected:?}"))?;
+    ensure!(event == expected, "{event:?}, not {expected:?}");
+    Ok(())
+}
+
+fn joined(id: &str, payload: &[u8]) -> MemberEvent {
+    MemberEvent::Joined {
+        id: id.into(),
+        payload: payload.to_vec(),
+    }
+}
+
+fn updated(id: &str, payload: &[u8]) -> MemberEvent {
+    MemberEvent::Updated {
+        id: id.into(),
+        payload: payload.to_vec(),
+    }
+}
+
+fn left(id: &str) -> MemberEvent {
+    MemberEvent::Left { id: id.into() }
+}
+
+/// Member "a" of `dir` on `sa` (started, carrying `payload` if given), and
+/// its group as `sb` watches it, with the member events `sb` sees.
+async fn member_a_watched(
+    sa: &Session,
+    sb: &Session,
+    dir: &str,
+    payload: Option<&[u8]>,
+) -> Result<(GroupMember, ChildrenCache, BoxStream<'static, MemberEvent>)> {
+    let mut a = GroupMember::new(sa, dir, "a")?;
+    if let Some(payload) = payload {
+        a = a.with_payload(payload.to_vec());
+    }
+    a.start().await?;
+    let group = watch_group(sb, dir).await?;
+    let seen = member_events(group.events());
+    Ok((a, group, seen))
+}
+
+/// `node` is back, owned by `session`'s new incarnation rather than by the
+/// session `old` it had before.
+async fn owned_anew(observer: &Session, node: &str, session: &Session, old: i64) -> Result<()> {
+    let (_, stat) = observer.get_data(node).await?;
+    ensure!(
+        stat.ephemeral_owner != old && stat.ephemeral_owner == session.session_id(),
+        "{node} is owned by {:#x}",
+        stat.ephemeral_owner
+    );
+    Ok(())
 }
 
 fn members(pairs: &[(&str, &[u8])]) -> BTreeMap<String, Vec<u8>> {
@@ -70,31 +126,14 @@ async fn join_update_leave_are_seen_by_others(h: &Harness) -> Result<()> {
     let a = GroupMember::new(&sa, &dir, "a")?.with_payload(b"pa".to_vec());
     a.start().await?;
     ensure!(a.current_members() == members(&[("a", b"pa"), ("b", b"pb")]));
-    let event = next(&mut seen).await?;
-    ensure!(
-        event
-            == MemberEvent::Joined {
-                id: "a".into(),
-                payload: b"pa".to_vec()
-            },
-        "{event:?}"
-    );
+    sees(&mut seen, joined("a", b"pa")).await?;
     ensure!(b.current_members() == members(&[("a", b"pa"), ("b", b"pb")]));
 
     a.set_payload(b"pa2".to_vec()).await?;
-    let event = next(&mut seen).await?;
-    ensure!(
-        event
-            == MemberEvent::Updated {
-                id: "a".into(),
-                payload: b"pa2".to_vec()
-            },
-        "{event:?}"
-    );
+    sees(&mut seen, updated("a", b"pa2")).await?;
 
     a.close().await?;
-    let event = next(&mut seen).await?;
-    ensure!(event == MemberEvent::Left { id: "a".into() }, "{event:?}");
+    sees(&mut seen, left("a")).await?;
     ensure!(b.current_members() == members(&[("b", b"pb")]));
     b.close().await?;
     ensure!(
@@ -108,14 +147,10 @@ async fn join_update_leave_are_seen_by_others(h: &Harness) -> Result<()> {
 async fn a_member_whose_session_ends_disappears(h: &Harness) -> Result<()> {
     let (sa, sb) = (h.session().await, h.session().await);
     let dir = h.path("/g/dies");
-    let a = GroupMember::new(&sa, &dir, "a")?;
-    a.start().await?;
-    let group = watch_group(&sb, &dir).await?;
+    let (a, group, mut seen) = member_a_watched(&sa, &sb, &dir, None).await?;
     ensure!(dlock::recipes::group_member::members_of(&group).contains_key("a"));
-    let mut seen = member_events(group.events());
     sa.close().await;
-    let event = next(&mut seen).await?;
-    ensure!(event == MemberEvent::Left { id: "a".into() }, "{event:?}");
+    sees(&mut seen, left("a")).await?;
     ensure!(dlock::recipes::group_member::members_of(&group).is_empty());
     group.close().await;
     a.close().await?; // its session is gone: nothing to do, no error
@@ -128,25 +163,12 @@ async fn a_member_whose_session_ends_disappears(h: &Harness) -> Result<()> {
 async fn a_member_comes_back_after_its_session_expires(h: &Harness) -> Result<()> {
     let (sa, sb) = (h.session().await, h.session().await);
     let dir = h.path("/g/expires");
-    let a = GroupMember::new(&sa, &dir, "a")?.with_payload(b"pa".to_vec());
-    a.start().await?;
-    let group = watch_group(&sb, &dir).await?;
-    let mut seen = member_events(group.events());
+    let (a, group, mut seen) = member_a_watched(&sa, &sb, &dir, Some(b"pa")).await?;
     let old = sa.session_id();
     sa.faults().context("faults")?.expire().await?;
-    let event = next(&mut seen).await.context("left")?;
-    ensure!(event == MemberEvent::Left { id: "a".into() }, "{event:?}");
-    let event = next(&mut seen).await.context("back")?;
-    ensure!(
-        event
-            == MemberEvent::Joined {
-                id: "a".into(),
-                payload: b"pa".to_vec()
-            },
-        "{event:?}"
-    );
-    let (_, stat) = sb.get_data(&format!("{dir}/a")).await?;
-    ensure!(stat.ephemeral_owner != old && stat.ephemeral_owner == sa.session_id());
+    sees(&mut seen, left("a")).await?;
+    sees(&mut seen, joined("a", b"pa")).await?;
+    owned_anew(&sb, &format!("{dir}/a"), &sa, old).await?;
     group.close().await;
     a.close().await?;
     Ok(())
@@ -163,16 +185,8 @@ async fn a_deleted_member_node_comes_back(h: &Harness) -> Result<()> {
     let group = watch_group(&sb, &dir).await?;
     let mut seen = member_events(group.events());
     sb.delete(&format!("{dir}/a"), None).await?;
-    ensure!(next(&mut seen).await? == MemberEvent::Left { id: "a".into() });
-    let event = next(&mut seen).await?;
-    ensure!(
-        event
-            == MemberEvent::Joined {
-                id: "a".into(),
-                payload: b"latest".to_vec()
-            },
-        "{event:?}"
-    );
+    sees(&mut seen, left("a")).await?;
+    sees(&mut seen, joined("a", b"latest")).await?;
     group.close().await;
     a.close().await?;
     await_gone(&sb, &format!("{dir}/a"), WITHIN).await?;
@@ -246,11 +260,7 @@ async fn the_cache_catches_up_after_a_session_blip(h: &Harness) -> Result<()> {
         .await?;
     other.delete(&format!("{dir}/goes"), None).await?;
     other
-        .create(
-            &format!("{dir}/new"),
-            b"n",
-            CreateOptions::new(CreateMode::Persistent),
-        )
+        .create(&format!("{dir}/new"), b"n", persistent_only())
         .await?;
     let mut got = Vec::new();
     while got.len() < 3 {
@@ -363,15 +373,9 @@ async fn the_cache_catches_up_after_a_cut(h: &Harness) -> Result<()> {
     got.sort_by(|x, y| x.id().cmp(y.id()));
     ensure!(
         got == [
-            MemberEvent::Updated {
-                id: "a".into(),
-                payload: b"a2".to_vec()
-            },
-            MemberEvent::Left { id: "b".into() },
-            MemberEvent::Joined {
-                id: "c".into(),
-                payload: sb.options().default_data.clone()
-            },
+            updated("a", b"a2"),
+            left("b"),
+            joined("c", &sb.options().default_data),
         ],
         "{got:?}"
     );
@@ -389,10 +393,7 @@ async fn a_member_comes_back_after_a_session_loss(h: &Harness) -> Result<()> {
     let (proxy, sa) = through_proxy(h, h.timeout()).await?;
     let sb = h.session().await;
     let dir = h.path("/g/loss");
-    let a = GroupMember::new(&sa, &dir, "a")?.with_payload(b"pa".to_vec());
-    a.start().await?;
-    let group = watch_group(&sb, &dir).await?;
-    let mut seen = member_events(group.events());
+    let (a, group, mut seen) = member_a_watched(&sa, &sb, &dir, Some(b"pa")).await?;
     let old = sa.session_id();
     let mut status = sa.watch_status();
     proxy.cut();
@@ -402,20 +403,10 @@ async fn a_member_comes_back_after_a_session_loss(h: &Harness) -> Result<()> {
     )
     .await
     .context("the session outlived the cut")??;
-    let event = next(&mut seen).await.context("left")?;
-    ensure!(event == MemberEvent::Left { id: "a".into() }, "{event:?}");
+    sees(&mut seen, left("a")).await?;
     proxy.restore();
-    let event = next(&mut seen).await.context("back")?;
-    ensure!(
-        event
-            == MemberEvent::Joined {
-                id: "a".into(),
-                payload: b"pa".to_vec()
-            },
-        "{event:?}"
-    );
-    let (_, stat) = sb.get_data(&format!("{dir}/a")).await?;
-    ensure!(stat.ephemeral_owner != old && stat.ephemeral_owner == sa.session_id());
+    sees(&mut seen, joined("a", b"pa")).await?;
+    owned_anew(&sb, &format!("{dir}/a"), &sa, old).await?;
     group.close().await;
     a.close().await?;
     sa.close().await;
@@ -427,12 +418,9 @@ async fn a_member_comes_back_after_a_session_loss(h: &Harness) -> Result<()> {
 async fn dropping_a_member_leaves(h: &Harness) -> Result<()> {
     let (sa, sb) = (h.session().await, h.session().await);
     let dir = h.path("/g/drop");
-    let a = GroupMember::new(&sa, &dir, "a")?;
-    a.start().await?;
-    let group = watch_group(&sb, &dir).await?;
-    let mut seen = member_events(group.events());
+    let (a, group, mut seen) = member_a_watched(&sa, &sb, &dir, None).await?;
     drop(a);
-    ensure!(next(&mut seen).await? == MemberEvent::Left { id: "a".into() });
+    sees(&mut seen, left("a")).await?;
     group.close().await;
     Ok(())
 }

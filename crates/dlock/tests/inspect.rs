@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use common::{await_children, persistent, Harness};
+use common::{await_children, persistent, queued, Harness};
 use dlock::{inspect, Access, Contender, Inspection, RecipeKind, Role};
 
 const WITHIN: Duration = Duration::from_secs(20);
@@ -64,8 +64,7 @@ async fn a_read_write_lock_tells_readers_from_writers(h: &Harness) -> Result<()>
     let r1 = dlock::ReadWriteLock::new(&a, &path)?.read().await?;
     let r2 = dlock::ReadWriteLock::new(&b, &path)?.read().await?;
     let writer = dlock::ReadWriteLock::new(&c, &path)?;
-    let waiting = tokio::spawn(async move { writer.write().await });
-    await_children(&a, &path, 3, WITHIN).await?;
+    let waiting = queued(&a, &path, 3, WITHIN, async move { writer.write().await }).await?;
     let seen = inspect(&a, &path).await?;
     ensure!(seen.recipe == RecipeKind::ReadWriteLock, "{seen:?}");
     ensure!(roles(&seen) == [Role::Holder, Role::Holder, Role::Waiter]);
@@ -86,11 +85,15 @@ async fn a_semaphore_lists_leases_then_acquirers(h: &Harness) -> Result<()> {
     let (a, b, c) = (h.session().await, h.session().await, h.session().await);
     let lease = dlock::Semaphore::new(&a, &path, 1)?.acquire_one().await?;
     let second = dlock::Semaphore::new(&b, &path, 1)?;
-    let second = tokio::spawn(async move { second.acquire_one().await });
-    await_children(&a, &format!("{path}/leases"), 2, WITHIN).await?;
+    let second = queued(&a, &format!("{path}/leases"), 2, WITHIN, async move {
+        second.acquire_one().await
+    })
+    .await?;
     let third = dlock::Semaphore::new(&c, &path, 1)?;
-    let third = tokio::spawn(async move { third.acquire_one().await });
-    await_children(&a, &format!("{path}/locks"), 2, WITHIN).await?;
+    let third = queued(&a, &format!("{path}/locks"), 2, WITHIN, async move {
+        third.acquire_one().await
+    })
+    .await?;
     let seen = inspect(&a, &path).await?;
     ensure!(seen.recipe == RecipeKind::Semaphore, "{seen:?}");
     ensure!(
@@ -265,8 +268,7 @@ mod etcd_go {
         // A dlock mutex on the same path waits for it: on etcd both order
         // by create revision.
         let waiter = dlock::Mutex::new(&s, &path)?;
-        let waiting = tokio::spawn(async move { waiter.acquire().await });
-        await_children(&s, &path, 2, WITHIN).await?;
+        let waiting = queued(&s, &path, 2, WITHIN, async move { waiter.acquire().await }).await?;
         let seen = inspect(&s, &path).await?;
         ensure!(seen.recipe == RecipeKind::Mutex, "{seen:?}");
         ensure!(roles(&seen) == [Role::Holder, Role::Waiter], "{seen:?}");

@@ -12,20 +12,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{await_children, persistent, Harness};
+use common::{
+    await_children, dlock_excludes_peer, peer_excludes_dlock, persistent, zk_hosts, Harness,
+};
 use dlock::{Error, Layout, LeaderSelector, Mutex, RecipeKind, Role, Semaphore, Session};
 
 type Probe = dlock_testkit::KazooProbe;
 
 /// How long a handover may take: a watch firing and a round trip or two.
 const WITHIN: Duration = Duration::from_secs(10);
-
-fn zk(h: &Harness) -> String {
-    match &h.backend {
-        common::Backend::ZooKeeper(hosts) => hosts.clone(),
-        _ => unreachable!("kazoo runs on ZooKeeper"),
-    }
-}
 
 /// Whether `node` is named as kazoo names lock nodes.
 fn is_kazoo_name(node: &str) -> bool {
@@ -45,25 +40,12 @@ fn is_kazoo_name(node: &str) -> bool {
 async fn a_kazoo_holder_excludes_dlock(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/kazoo/m1");
-    let mut kazoo = Probe::start(&zk(h))?;
+    let mut kazoo = Probe::start(&zk_hosts(h))?;
     let answer = kazoo.ask(&format!("lock {path} 10000"))?;
     let node = answer.strip_prefix("acquired ").context("acquired")?;
     ensure!(is_kazoo_name(node), "{answer}");
     let mutex = Mutex::new(&s, &path)?;
-    ensure!(
-        mutex.try_acquire().await?.is_none(),
-        "dlock got a lock kazoo holds"
-    );
-    let err = mutex
-        .acquire_timeout(Duration::from_millis(300))
-        .await
-        .unwrap_err();
-    ensure!(matches!(err, Error::Timeout(_)), "{err}");
-    let waiting = tokio::spawn({
-        let mutex = mutex.clone();
-        async move { mutex.acquire().await }
-    });
-    await_children(&s, &path, 2, WITHIN).await?;
+    let waiting = peer_excludes_dlock(&s, &mutex, &path, "kazoo", WITHIN).await?;
     // dlock lists kazoo's holder first, itself waiting.
     let listed = mutex.participants().await?;
     ensure!(listed.len() == 2 && listed[0].holds && listed[0].node == node);
@@ -84,7 +66,7 @@ async fn a_kazoo_holder_excludes_dlock(h: &Harness) -> Result<()> {
 async fn a_kazoo_reader_excludes_dlock(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/kazoo/read");
-    let mut kazoo = Probe::start(&zk(h))?;
+    let mut kazoo = Probe::start(&zk_hosts(h))?;
     let answer = kazoo.ask(&format!("read {path} 10000"))?;
     ensure!(answer.contains("__rlock__"), "{answer}");
     for layout in [Layout::Curator, Layout::Kazoo] {
@@ -107,14 +89,10 @@ async fn a_kazoo_reader_excludes_dlock(h: &Harness) -> Result<()> {
 async fn a_dlock_holder_excludes_kazoo_with_curator_patterns(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/kazoo/m2");
-    let mut kazoo = Probe::start(&zk(h))?;
+    let mut kazoo = Probe::start(&zk_hosts(h))?;
     let g = Mutex::new(&s, &path)?.acquire().await?;
-    ensure!(kazoo.ask(&format!("lock {path} 300 -lock-"))? == "timeout");
-    kazoo.send(&format!("lock {path} -1 -lock-"))?;
-    await_children(&s, &path, 2, WITHIN).await?;
-    g.release().await?;
-    let answer = kazoo.next_line(WITHIN)?;
-    ensure!(answer.starts_with("acquired"), "{answer}");
+    let lock = |timeout: &str| format!("lock {path} {timeout} -lock-");
+    dlock_excludes_peer(&s, g, &mut kazoo, lock, &path, WITHIN).await?;
     ensure!(kazoo.ask(&format!("release {path}"))? == "released");
     Ok(())
 }
@@ -124,16 +102,12 @@ async fn a_dlock_holder_excludes_kazoo_with_curator_patterns(h: &Harness) -> Res
 async fn in_kazoo_layout_plain_kazoo_and_dlock_exclude_each_other(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/kazoo/m3");
-    let mut kazoo = Probe::start(&zk(h))?;
+    let mut kazoo = Probe::start(&zk_hosts(h))?;
     let mutex = Mutex::new(&s, &path)?.with_layout(Layout::Kazoo)?;
     let g = mutex.acquire().await?;
     ensure!(is_kazoo_name(g.node()), "{}", g.node());
-    ensure!(kazoo.ask(&format!("lock {path} 300"))? == "timeout");
-    kazoo.send(&format!("lock {path} -1"))?;
-    await_children(&s, &path, 2, WITHIN).await?;
-    g.release().await?;
-    let answer = kazoo.next_line(WITHIN)?;
-    ensure!(answer.starts_with("acquired"), "{answer}");
+    let lock = |timeout: &str| format!("lock {path} {timeout}");
+    dlock_excludes_peer(&s, g, &mut kazoo, lock, &path, WITHIN).await?;
     ensure!(
         mutex.try_acquire().await?.is_none(),
         "dlock got a lock kazoo holds"
@@ -203,7 +177,7 @@ async fn mixed_sale(h: &Harness, layout: Layout, patterns: &str) -> Result<()> {
         // is made beforehand, persistent (see the layout contract).
         s.create(&lock, b"", persistent()).await?;
     }
-    let mut kazoo = Probe::start(&zk(h))?;
+    let mut kazoo = Probe::start(&zk_hosts(h))?;
     ensure!(kazoo.ask(&format!("buy {lock} {stock} 3 {patterns}"))? == "buying");
     let ours = dlock_buyers(h, &lock, &stock, 3, layout).await?;
     let answer = kazoo.next_line(Duration::from_secs(120))?;
@@ -238,7 +212,7 @@ async fn a_mixed_sale_with_curator_patterns_sells_exactly_the_stock(h: &Harness)
 async fn one_leader_across_kazoo_and_dlock(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/kazoo/election");
-    let mut kazoo = Probe::start(&zk(h))?;
+    let mut kazoo = Probe::start(&zk_hosts(h))?;
     ensure!(kazoo.ask(&format!("elect {path} k1"))? == "candidate");
     ensure!(kazoo.next_line(WITHIN)? == "leader k1");
     let (tx, mut terms) = tokio::sync::mpsc::unbounded_channel();
@@ -289,8 +263,8 @@ async fn one_leader_across_kazoo_and_dlock(h: &Harness) -> Result<()> {
 async fn kazoo_and_dlock_semaphores_share_one_limit(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/kazoo/sem");
-    let mut kazoo = Probe::start(&zk(h))?;
-    let mut second = Probe::start(&zk(h))?;
+    let mut kazoo = Probe::start(&zk_hosts(h))?;
+    let mut second = Probe::start(&zk_hosts(h))?;
     let answer = kazoo.ask(&format!("semaphore {path} 2 10000"))?;
     ensure!(answer.starts_with(&format!("acquired {path}/")), "{answer}");
     let sem = Semaphore::new(&s, &path, 2)?.with_layout(Layout::Kazoo)?;

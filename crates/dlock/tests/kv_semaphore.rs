@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{await_children, persistent, Harness};
+use common::{await_children, persistent, queued, sorted_names, Harness};
 use dlock::recipes::kv_semaphore::{holder_id, KvLease, KvSemaphore, Record, RECORD};
 use dlock::{Error, Session};
 
@@ -21,17 +21,6 @@ async fn record(session: &Session, path: &str) -> Result<Option<Record>> {
         Err(Error::NoNode { .. }) => Ok(None),
         Err(e) => Err(e.into()),
     }
-}
-
-async fn names(session: &Session, path: &str) -> Result<Vec<String>> {
-    let mut names: Vec<String> = session
-        .children(path)
-        .await?
-        .into_iter()
-        .map(|c| c.name)
-        .collect();
-    names.sort();
-    Ok(names)
 }
 
 /// The layout: an ephemeral entry named after the session, and the JSON
@@ -122,12 +111,19 @@ async fn a_release_admits_a_waiter(h: &Harness) -> Result<()> {
     ensure!(c.try_acquire().await?.is_none());
     ensure!(c.acquire_timeout(SHORT).await.unwrap_err() == Error::Timeout(SHORT));
     ensure!(
-        names(&sa, &path).await?.len() == 3,
+        sorted_names(&sa, &path).await?.len() == 3,
         "no entry left by the failed tries"
     );
     let waiting = c.clone();
-    let waiter = tokio::spawn(async move { waiting.acquire().await });
-    await_children(&sa, &path, 4, WITHIN).await?; // .lock + 3 entries
+    // .lock + 3 entries
+    let waiter = queued(
+        &sa,
+        &path,
+        4,
+        WITHIN,
+        async move { waiting.acquire().await },
+    )
+    .await?;
     ensure!(!waiter.is_finished());
     a.release().await?;
     let c_lease = tokio::time::timeout(WITHIN, waiter).await???;
@@ -148,8 +144,7 @@ async fn an_expired_holder_is_pruned(h: &Harness) -> Result<()> {
     let (s1, s2) = (h.session().await, h.session().await);
     let dead = KvSemaphore::new(&s1, &path, 1)?.acquire().await?;
     let sem2 = KvSemaphore::new(&s2, &path, 1)?;
-    let waiter = tokio::spawn(async move { sem2.acquire().await });
-    await_children(&s2, &path, 3, WITHIN).await?;
+    let waiter = queued(&s2, &path, 3, WITHIN, async move { sem2.acquire().await }).await?;
     s1.faults().context("faults")?.expire().await?;
     let lease = tokio::time::timeout(WITHIN, waiter).await???;
     ensure!(dead.is_lost());
@@ -210,7 +205,7 @@ async fn a_limit_mismatch_is_an_error(h: &Harness) -> Result<()> {
             && text.contains("contender 3"),
         "{text}"
     );
-    ensure!(names(&s1, &path).await? == [RECORD.to_string(), lease.holder().to_string()]);
+    ensure!(sorted_names(&s1, &path).await? == [RECORD.to_string(), lease.holder().to_string()]);
     let err = KvSemaphore::new(&s2, &path, 0).unwrap_err();
     ensure!(matches!(err, Error::InvalidArgument(_)), "{err}");
     lease.release().await?;
@@ -245,8 +240,14 @@ async fn cancellation_and_drop_leave_nothing(h: &Harness) -> Result<()> {
     let held: KvLease = sem1.acquire().await?;
     let sem2 = KvSemaphore::new(&s2, &path, 1)?;
     let waiting = sem2.clone();
-    let waiter = tokio::spawn(async move { waiting.acquire().await });
-    await_children(&s1, &path, 3, WITHIN).await?;
+    let waiter = queued(
+        &s1,
+        &path,
+        3,
+        WITHIN,
+        async move { waiting.acquire().await },
+    )
+    .await?;
     waiter.abort();
     let _ = waiter.await;
     await_children(&s1, &path, 2, WITHIN).await?;

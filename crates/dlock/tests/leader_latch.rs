@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use common::{await_children, Harness};
+use common::{await_children, await_state, ended_as_the_policy_says, sorted_names, Harness};
 use dlock::recipes::error_policy::ErrorPolicy;
 use dlock::recipes::leader_latch::{
     CloseMode, LatchState, LeaderLatch, Leadership, LeadershipEvent,
@@ -63,17 +63,6 @@ async fn until(latches: &[&LeaderLatch], cond: impl Fn() -> bool) -> Result<()> 
 
 fn leaders(latches: &[&LeaderLatch]) -> usize {
     latches.iter().filter(|l| l.has_leadership()).count()
-}
-
-/// Waits until the session is in `state`.
-async fn await_state(session: &Session, state: SessionState) -> Result<()> {
-    timeout(
-        WITHIN,
-        session.watch_status().wait_for(|s| s.state == state),
-    )
-    .await
-    .with_context(|| format!("the session never got {state:?}"))??;
-    Ok(())
 }
 
 /// Starts latches one after another, each after the previous one's node
@@ -308,7 +297,7 @@ async fn starts_without_a_connection(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/one/two/me");
     s.faults().context("faults")?.suspend(h.timeout() / 2);
-    await_state(&s, SessionState::Suspended).await?;
+    await_state(&s, SessionState::Suspended, WITHIN).await?;
     let latch = LeaderLatch::new(&s, &path)?;
     let events = latch.subscribe();
     latch.start()?;
@@ -393,24 +382,13 @@ async fn error_policies_decide_when_leadership_ends(h: &Harness) -> Result<()> {
         ));
         let id = s.session_id();
         s.faults().context("faults")?.suspend(h.timeout() * 2);
-        await_state(&s, SessionState::Suspended).await?;
+        await_state(&s, SessionState::Suspended, WITHIN).await?;
         let event = next_event(&mut events).await?;
         ensure!(
             matches!(event, LeadershipEvent::NotLeader { .. }),
             "{policy:?}: {event:?}"
         );
-        let (state, same) = (s.state(), s.session_id() == id);
-        match policy {
-            ErrorPolicy::Standard => ensure!(
-                state == SessionState::Suspended && same,
-                "Standard: leadership ends with the suspension, before the loss ({state:?})"
-            ),
-            ErrorPolicy::Session => ensure!(
-                state != SessionState::Suspended || !same,
-                "Session: leadership lasts until the session is lost ({state:?})"
-            ),
-        }
-        timeout(WITHIN, s.lost(id)).await?;
+        ended_as_the_policy_says(&s, id, policy, WITHIN).await?;
         latch.close().await?;
     }
     Ok(())
@@ -433,8 +411,8 @@ async fn a_short_outage_keeps_the_node(h: &Harness) -> Result<()> {
         ));
         let children = sorted_names(&s, &path).await?;
         s.faults().context("faults")?.suspend(h.timeout() / 2);
-        await_state(&s, SessionState::Suspended).await?;
-        await_state(&s, SessionState::Reconnected).await?;
+        await_state(&s, SessionState::Suspended, WITHIN).await?;
+        await_state(&s, SessionState::Reconnected, WITHIN).await?;
         match policy {
             ErrorPolicy::Session => {
                 let heard = timeout(QUIET, events.recv()).await;
@@ -469,17 +447,6 @@ async fn a_short_outage_keeps_the_node(h: &Harness) -> Result<()> {
         latch.close().await?;
     }
     Ok(())
-}
-
-async fn sorted_names(s: &Session, path: &str) -> Result<Vec<String>> {
-    let mut names: Vec<String> = s
-        .children(path)
-        .await?
-        .into_iter()
-        .map(|c| c.name)
-        .collect();
-    names.sort();
-    Ok(names)
 }
 
 /// Curator `testSessionInterruptionDoNotCauseBrainSplit` (CURATOR-696): the

@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use common::{await_children, Harness};
+use common::{await_children, await_state, ended_as_the_policy_says, queued, Harness};
 use dlock::recipes::error_policy::ErrorPolicy;
 use dlock::recipes::leader_selector::{LeaderSelector, Leadership};
-use dlock::{Error, Mutex, Session, SessionState};
+use dlock::{Error, Mutex, SessionState};
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 
@@ -52,16 +52,6 @@ async fn next(rx: &mut mpsc::UnboundedReceiver<(Seen, Leadership)>) -> Result<(S
         .await
         .context("nothing seen")?
         .context("channel closed")
-}
-
-async fn await_state(session: &Session, state: SessionState) -> Result<()> {
-    timeout(
-        WITHIN,
-        session.watch_status().wait_for(|s| s.state == state),
-    )
-    .await
-    .with_context(|| format!("the session never got {state:?}"))??;
-    Ok(())
 }
 
 /// Waits until the selector's leadership is `leading`.
@@ -103,8 +93,7 @@ async fn layout_is_a_mutex_with_the_id(h: &Harness) -> Result<()> {
         mutex.try_acquire().await?.is_none(),
         "the selector holds the lock"
     );
-    let waiting = tokio::spawn(async move { mutex.acquire().await });
-    await_children(&s, &path, 2, WITHIN).await?;
+    let waiting = queued(&s, &path, 2, WITHIN, async move { mutex.acquire().await }).await?;
     selector.close().await?;
     let guard = timeout(WITHIN, waiting).await???;
     ensure!(guard.token() > term.epoch());
@@ -456,20 +445,9 @@ async fn error_policies_decide_when_the_leader_is_cancelled(h: &Harness) -> Resu
         };
         let id = s.session_id();
         s.faults().context("faults")?.suspend(h.timeout() * 2);
-        await_state(&s, SessionState::Suspended).await?;
+        await_state(&s, SessionState::Suspended, WITHIN).await?;
         ensure!(next(&mut rx).await?.0 == Seen::Cancelled(0));
-        let (state, same) = (s.state(), s.session_id() == id);
-        match policy {
-            ErrorPolicy::Standard => ensure!(
-                state == SessionState::Suspended && same,
-                "Standard: {state:?}"
-            ),
-            ErrorPolicy::Session => ensure!(
-                state != SessionState::Suspended || !same,
-                "Session: {state:?}"
-            ),
-        }
-        timeout(WITHIN, s.lost(id)).await?;
+        ended_as_the_policy_says(&s, id, policy, WITHIN).await?;
         selector.close().await?;
     }
     Ok(())
@@ -486,10 +464,10 @@ async fn an_interrupt_during_an_outage_still_releases(h: &Harness) -> Result<()>
     selector.start()?;
     let (_, term) = next(&mut rx).await?;
     s.faults().context("faults")?.suspend(h.timeout() / 2);
-    await_state(&s, SessionState::Suspended).await?;
+    await_state(&s, SessionState::Suspended, WITHIN).await?;
     ensure!(selector.interrupt_leadership());
     await_leading(&selector, false).await?;
-    await_state(&s, SessionState::Reconnected).await?;
+    await_state(&s, SessionState::Reconnected, WITHIN).await?;
     s.background_idle().await;
     await_children(&s, &path, 0, WITHIN).await?;
     ensure!(term.is_cancelled());

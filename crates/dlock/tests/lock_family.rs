@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use async_trait::async_trait;
-use common::{await_children, Harness};
+use common::{await_children, queued, Harness};
 use dlock::{Error, Hold, Lockable, MultiLock, Mutex, ReadWriteLock};
 
 const WITHIN: Duration = Duration::from_secs(20);
@@ -246,8 +246,7 @@ async fn a_revocable_waiter_is_told_too(h: &Harness) -> Result<()> {
     let waiter = Mutex::new(&s, &path)?.revocable(move |node| {
         let _ = tx.send(node.to_string());
     });
-    let waiting = tokio::spawn(async move { waiter.acquire().await });
-    await_children(&s, &path, 2, WITHIN).await?;
+    let waiting = queued(&s, &path, 2, WITHIN, async move { waiter.acquire().await }).await?;
     let queue = Mutex::new(&s, &path)?.participants().await?;
     dlock::revoke(&s, &queue[1].node).await?;
     ensure!(
@@ -269,8 +268,7 @@ async fn mutex_participants_in_queue_order(h: &Harness) -> Result<()> {
         .acquire()
         .await?;
     let m2 = Mutex::new(&s2, &path)?.with_data(b"two".to_vec());
-    let waiting = tokio::spawn(async move { m2.acquire().await });
-    await_children(&s1, &path, 2, WITHIN).await?;
+    let waiting = queued(&s1, &path, 2, WITHIN, async move { m2.acquire().await }).await?;
     let all = Mutex::new(&s1, &path)?.participants().await?;
     ensure!(all.len() == 2);
     ensure!(
@@ -320,8 +318,10 @@ async fn a_killed_multi_lock_holder_hands_over(h: &Harness) -> Result<()> {
     let (s1, s2) = (h.session().await, h.session().await);
     let g1 = two_locks(h, &s1)?.acquire().await?;
     let m2 = two_locks(h, &s2)?;
-    let waiting = tokio::spawn(async move { m2.acquire().await });
-    await_children(&s2, &h.path("/locks/our-lock-1"), 2, WITHIN).await?;
+    let waiting = queued(&s2, &h.path("/locks/our-lock-1"), 2, WITHIN, async move {
+        m2.acquire().await
+    })
+    .await?;
     s1.faults().expect("faults").expire().await?;
     let g2 = tokio::time::timeout(WITHIN, waiting).await???;
     let err = g1.release().await.unwrap_err();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use common::{await_children, await_gone, persistent, Harness};
+use common::{await_children, persistent, queued, reaped_after_lock_rounds, Harness};
 use dlock::store::{sequence_key, Op, SessionState};
 use dlock::{Error, Mutex};
 use tokio::sync::Mutex as AsyncMutex;
@@ -161,8 +161,7 @@ async fn two_clients_take_turns(h: &Harness) -> Result<()> {
     let path = h.path("/locks/our-lock");
     let (m1, m2) = (Mutex::new(&s1, &path)?, Mutex::new(&s2, &path)?);
     let g1 = m1.acquire().await?;
-    let waiter = tokio::spawn(async move { m2.acquire().await });
-    await_children(&s1, &path, 2, WITHIN).await?;
+    let waiter = queued(&s1, &path, 2, WITHIN, async move { m2.acquire().await }).await?;
     ensure!(!waiter.is_finished(), "the second client waits");
     let first_token = g1.token();
     g1.release().await?;
@@ -183,8 +182,7 @@ async fn a_killed_holder_hands_over_and_learns_it(h: &Harness) -> Result<()> {
     let path = h.path("/locks/our-lock");
     let g1 = Mutex::new(&s1, &path)?.acquire().await?;
     let m2 = Mutex::new(&s2, &path)?;
-    let waiter = tokio::spawn(async move { m2.acquire().await });
-    await_children(&s2, &path, 2, WITHIN).await?;
+    let waiter = queued(&s2, &path, 2, WITHIN, async move { m2.acquire().await }).await?;
     s1.faults().expect("faults").expire().await?;
     tokio::time::timeout(WITHIN, g1.lost()).await?;
     ensure!(g1.is_lost());
@@ -211,8 +209,7 @@ async fn a_silent_holder_loses_the_lock_after_its_timeout(h: &Harness) -> Result
     let path = h.path("/locks/silent");
     let g1 = Mutex::new(&s1, &path)?.acquire().await?;
     let m2 = Mutex::new(&s2, &path)?;
-    let waiter = tokio::spawn(async move { m2.acquire().await });
-    await_children(&s2, &path, 2, WITHIN).await?;
+    let waiter = queued(&s2, &path, 2, WITHIN, async move { m2.acquire().await }).await?;
     let started = tokio::time::Instant::now();
     s1.faults().expect("faults").suspend(h.timeout() * 3);
     tokio::time::timeout(Duration::from_secs(1), async {
@@ -240,21 +237,8 @@ async fn a_silent_holder_loses_the_lock_after_its_timeout(h: &Harness) -> Result
 /// instances, the lock directories are reaped.
 async fn lock_directories_are_reaped(h: &Harness) -> Result<()> {
     let s = h.session().await;
-    let mut tasks = Vec::new();
-    for _ in 0..10 {
-        let m = Mutex::new(&s, &h.path("/locks/our-lock"))?;
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..3 {
-                m.acquire().await?.release().await?;
-            }
-            anyhow::Ok(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    await_gone(&s, &h.path("/locks"), WITHIN).await?;
-    Ok(())
+    let lock = || Mutex::new(&s, &h.path("/locks/our-lock"));
+    reaped_after_lock_rounds(&s, 10, lock, &h.path("/locks"), WITHIN).await
 }
 
 /// A timed-out or cancelled acquire leaves no node behind.
@@ -273,8 +257,7 @@ async fn timeouts_and_cancellation_leave_nothing(h: &Harness) -> Result<()> {
         "the timed-out node was removed"
     );
     let m2 = m.clone();
-    let waiting = tokio::spawn(async move { m2.acquire().await });
-    await_children(&s, &path, 2, WITHIN).await?;
+    let waiting = queued(&s, &path, 2, WITHIN, async move { m2.acquire().await }).await?;
     waiting.abort();
     let _ = waiting.await;
     await_children(&s, &path, 1, WITHIN).await?;

@@ -105,6 +105,11 @@ async fn a_selectors_leader_is_observed(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// The data of `sem`'s holders, in queue order.
+async fn holders_data(sem: &Semaphore) -> Result<Vec<Vec<u8>>> {
+    Ok(sem.holders().await?.into_iter().map(|p| p.data).collect())
+}
+
 /// A semaphore tells its free permits and its holders without acquiring;
 /// an acquirer waiting for a lease is no holder.
 async fn semaphore_permits_and_holders(h: &Harness) -> Result<()> {
@@ -122,12 +127,7 @@ async fn semaphore_permits_and_holders(h: &Harness) -> Result<()> {
     // The waiter's lease node is there, but it does not hold.
     await_children(looker.session(), &format!("{path}/leases"), 3, WITHIN).await?;
     ensure!(looker.available_permits().await? == 0);
-    let holders: Vec<Vec<u8>> = looker
-        .holders()
-        .await?
-        .into_iter()
-        .map(|p| p.data)
-        .collect();
+    let holders = holders_data(&looker).await?;
     ensure!(holders == [b"a".to_vec(), b"b".to_vec()], "{holders:?}");
     ensure!(
         looker
@@ -140,12 +140,7 @@ async fn semaphore_permits_and_holders(h: &Harness) -> Result<()> {
 
     la.release().await?;
     let lc = tokio::time::timeout(WITHIN, waiting).await???;
-    let holders: Vec<Vec<u8>> = looker
-        .holders()
-        .await?
-        .into_iter()
-        .map(|p| p.data)
-        .collect();
+    let holders = holders_data(&looker).await?;
     ensure!(holders == [b"b".to_vec(), b"c".to_vec()], "{holders:?}");
     lb.release().await?;
     lc.release().await?;

@@ -15,8 +15,11 @@ use anyhow::{ensure, Context, Result};
 use common::{await_children, Harness};
 use dlock::recipes::leader_latch::LeaderLatch;
 use dlock::store::{CreateMode, CreateOptions, Op};
-use dlock::{Acquisition, Error, KvSemaphore, Layout, Mutex, ReadWriteLock, Semaphore, Session};
+use dlock::{
+    Acquisition, Error, Hold, KvSemaphore, Layout, Mutex, ReadWriteLock, Semaphore, Session,
+};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 /// The stated bound: from the revocation (or the limit) to the holder's
 /// lost signal, and to the next waiter holding. One watch event and one
@@ -82,6 +85,43 @@ async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> Resul
         .with_context(|| format!("{what} did not happen within {HANDOVER:?}"))
 }
 
+/// What every hold taken away while a waiter queues ends with: the holder
+/// learns it at once ([`shows_taken_away`]), the waiter gets in within the
+/// bound, the taken hold's release reports the loss. Returns the waiter's
+/// hold.
+async fn hands_over<N: Hold + 'static>(
+    taken: impl Hold,
+    waiting: JoinHandle<dlock::Result<N>>,
+    resource: &str,
+    holder: &Session,
+) -> Result<N> {
+    shows_taken_away(taken.acquisition(), resource, holder).await?;
+    let next = within("the waiter's acquire", waiting).await???;
+    ensure!(
+        next.token() > taken.token(),
+        "the next hold is fenced above the taken one"
+    );
+    let released = Box::new(taken).release().await;
+    ensure!(
+        matches!(released, Err(Error::Lost { .. })),
+        "a taken hold's release reports the loss: {released:?}"
+    );
+    Ok(next)
+}
+
+/// An operator deletes `node` by force once `queue` lists `queued` nodes
+/// (the holder's and the waiter's).
+async fn revoke_once_queued(
+    operator: &Session,
+    queue: &str,
+    queued: usize,
+    node: &str,
+) -> Result<()> {
+    await_children(operator, queue, queued, HANDOVER).await?;
+    dlock::revoke_forced(operator, node).await?;
+    Ok(())
+}
+
 /// CURATOR-150: an operator deletes a mutex holder's node.
 async fn a_mutex_holder_revoked_by_force(h: &Harness) -> Result<()> {
     let (holder, waiter, operator) = (h.session().await, h.session().await, h.session().await);
@@ -91,16 +131,11 @@ async fn a_mutex_holder_revoked_by_force(h: &Harness) -> Result<()> {
     guarded_write_lands(&guard, &resource).await?;
     let next = Mutex::new(&waiter, &path)?;
     let waiting = tokio::spawn(async move { next.acquire().await });
-    await_children(&operator, &path, 2, HANDOVER).await?;
-    dlock::revoke_forced(&operator, guard.node()).await?;
-    shows_taken_away(&guard, &resource, &holder).await?;
-    let next = within("the next waiter's acquire", waiting).await???;
-    ensure!(next.token() > guard.token());
-    ensure!(
-        matches!(guard.release().await, Err(Error::Lost { .. })),
-        "a revoked hold's release reports the loss"
-    );
-    next.release().await?;
+    revoke_once_queued(&operator, &path, 2, guard.node()).await?;
+    hands_over(guard, waiting, &resource, &holder)
+        .await?
+        .release()
+        .await?;
     holder.delete(&resource, None).await?;
     Ok(())
 }
@@ -113,12 +148,11 @@ async fn a_writer_revoked_by_force(h: &Harness) -> Result<()> {
     let writing = ReadWriteLock::new(&holder, &path)?.write().await?;
     let lock = ReadWriteLock::new(&reader, &path)?;
     let waiting = tokio::spawn(async move { lock.read().await });
-    await_children(&operator, &path, 2, HANDOVER).await?;
-    dlock::revoke_forced(&operator, writing.node()).await?;
-    shows_taken_away(&writing, &resource, &holder).await?;
-    let reading = within("the reader's acquire", waiting).await???;
-    let _ = writing.release().await;
-    reading.release().await?;
+    revoke_once_queued(&operator, &path, 2, writing.node()).await?;
+    hands_over(writing, waiting, &resource, &holder)
+        .await?
+        .release()
+        .await?;
     holder.delete(&resource, None).await?;
     Ok(())
 }
@@ -132,12 +166,11 @@ async fn a_semaphore_lease_revoked_by_force(h: &Harness) -> Result<()> {
     guarded_write_lands(&lease, &resource).await?;
     let sem = Semaphore::new(&waiter, &path, 1)?;
     let waiting = tokio::spawn(async move { sem.acquire_one().await });
-    await_children(&operator, &format!("{path}/leases"), 2, HANDOVER).await?;
-    dlock::revoke_forced(&operator, lease.node()).await?;
-    shows_taken_away(&lease, &resource, &holder).await?;
-    let next = within("the waiting acquirer's lease", waiting).await???;
-    ensure!(matches!(lease.release().await, Err(Error::Lost { .. })));
-    next.release().await?;
+    revoke_once_queued(&operator, &format!("{path}/leases"), 2, lease.node()).await?;
+    hands_over(lease, waiting, &resource, &holder)
+        .await?
+        .release()
+        .await?;
     holder.delete(&resource, None).await?;
     Ok(())
 }
@@ -155,16 +188,13 @@ async fn a_kv_lease_revoked_by_force(h: &Harness) -> Result<()> {
         let next = KvSemaphore::new(&waiter, &path, 1)?.with_layout(layout);
         let waiting = tokio::spawn(async move { next.acquire().await });
         // The record and both entries.
-        await_children(&operator, &path, 3, HANDOVER).await?;
-        dlock::revoke_forced(&operator, lease.node()).await?;
-        shows_taken_away(&lease, &resource, &holder).await?;
-        let next = within("the waiting contender's slot", waiting).await???;
+        revoke_once_queued(&operator, &path, 3, lease.node()).await?;
+        let next = hands_over(lease, waiting, &resource, &holder).await?;
         let holders = KvSemaphore::new(&operator, &path, 1)?
             .with_layout(layout)
             .holders()
             .await?;
         ensure!(holders == [next.holder()], "{layout}: {holders:?}");
-        ensure!(matches!(lease.release().await, Err(Error::Lost { .. })));
         next.release().await?;
         holder.delete(&resource, None).await?;
     }
@@ -201,14 +231,12 @@ async fn a_mutex_hold_past_its_maximum(h: &Harness) -> Result<()> {
     guarded_write_lands(&guard, &resource).await?;
     let next = Mutex::new(&waiter, &path)?;
     let waiting = tokio::spawn(async move { next.acquire().await });
-    shows_taken_away(&guard, &resource, &holder).await?;
+    let next = hands_over(guard, waiting, &resource, &holder).await?;
     ensure!(
         acquired.elapsed() >= MAX_HOLD,
         "ended before its maximum: {:?}",
         acquired.elapsed()
     );
-    let next = within("the waiter's acquire", waiting).await???;
-    ensure!(matches!(guard.release().await, Err(Error::Lost { .. })));
     next.release().await?;
     holder.delete(&resource, None).await?;
     Ok(())
@@ -236,43 +264,57 @@ async fn a_hold_released_in_time_stands_the_limit_down(h: &Harness) -> Result<()
     Ok(())
 }
 
-/// Redisson's PermitExpirableSemaphore: an expired permit goes to the
-/// waiting acquirer at once.
-async fn an_expired_semaphore_permit(h: &Harness) -> Result<()> {
+/// An expired permit goes to the waiting acquirer at once: `permit`
+/// acquires one on a session, limited to `max_hold` if given.
+async fn an_expired_permit_goes_to_the_waiter<N, Permit>(
+    h: &Harness,
+    permit: impl Fn(Session, Option<Duration>) -> Permit,
+) -> Result<()>
+where
+    N: Hold + 'static,
+    Permit: std::future::Future<Output = dlock::Result<N>> + Send + 'static,
+{
     let (holder, waiter) = (h.session().await, h.session().await);
     let resource = fenced_resource(h, &holder).await?;
-    let path = h.path("/sem/expiring");
-    let lease = Semaphore::new(&holder, &path, 1)?
-        .with_max_hold(MAX_HOLD)
-        .acquire_one()
-        .await?;
-    let sem = Semaphore::new(&waiter, &path, 1)?;
-    let waiting = tokio::spawn(async move { sem.acquire_one().await });
-    shows_taken_away(&lease, &resource, &holder).await?;
-    let next = within("the waiting acquirer's lease", waiting).await???;
-    ensure!(matches!(lease.release().await, Err(Error::Lost { .. })));
-    next.release().await?;
+    let lease = permit(holder.clone(), Some(MAX_HOLD)).await?;
+    let waiting = tokio::spawn(permit(waiter, None));
+    let next = hands_over(lease, waiting, &resource, &holder).await?;
+    Box::new(next).release().await?;
     holder.delete(&resource, None).await?;
     Ok(())
 }
 
+/// Redisson's PermitExpirableSemaphore: an expired permit goes to the
+/// waiting acquirer at once.
+async fn an_expired_semaphore_permit(h: &Harness) -> Result<()> {
+    let path = h.path("/sem/expiring");
+    an_expired_permit_goes_to_the_waiter(h, |session, max_hold| {
+        let sem = Semaphore::new(&session, &path, 1);
+        async move {
+            let sem = match max_hold {
+                Some(limit) => sem?.with_max_hold(limit),
+                None => sem?,
+            };
+            sem.acquire_one().await
+        }
+    })
+    .await
+}
+
 /// An expired KvSemaphore slot: the entry goes, the waiter prunes it.
 async fn an_expired_kv_permit(h: &Harness) -> Result<()> {
-    let (holder, waiter) = (h.session().await, h.session().await);
-    let resource = fenced_resource(h, &holder).await?;
     let path = h.path("/kv/expiring");
-    let lease = KvSemaphore::new(&holder, &path, 1)?
-        .with_max_hold(MAX_HOLD)
-        .acquire()
-        .await?;
-    let sem = KvSemaphore::new(&waiter, &path, 1)?;
-    let waiting = tokio::spawn(async move { sem.acquire().await });
-    shows_taken_away(&lease, &resource, &holder).await?;
-    let next = within("the waiting contender's slot", waiting).await???;
-    ensure!(matches!(lease.release().await, Err(Error::Lost { .. })));
-    next.release().await?;
-    holder.delete(&resource, None).await?;
-    Ok(())
+    an_expired_permit_goes_to_the_waiter(h, |session, max_hold| {
+        let sem = KvSemaphore::new(&session, &path, 1);
+        async move {
+            let sem = match max_hold {
+                Some(limit) => sem?.with_max_hold(limit),
+                None => sem?,
+            };
+            sem.acquire().await
+        }
+    })
+    .await
 }
 
 /// CURATOR-650: revocation requests reach semaphore lease holders, and

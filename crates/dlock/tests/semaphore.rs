@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{await_children, await_gone, Harness};
+use common::{await_children, queued, reaped_after_lock_rounds, Harness};
 use dlock::recipes::semaphore::{Lease, Semaphore};
 use dlock::recipes::semaphore_mutex::SemaphoreMutex;
 use dlock::recipes::shared_count::SharedCount;
@@ -124,8 +124,10 @@ async fn raising_the_count_wakes_the_waiter(h: &Harness) -> Result<()> {
     let sem = Semaphore::with_count(&s, &path, count.clone())?;
     let first = sem.acquire_one().await?;
     let waiting = sem.clone();
-    let second = tokio::spawn(async move { waiting.acquire_one().await });
-    await_children(&s, &format!("{path}/leases"), 2, WITHIN).await?;
+    let second = queued(&s, &format!("{path}/leases"), 2, WITHIN, async move {
+        waiting.acquire_one().await
+    })
+    .await?;
     ensure!(!second.is_finished(), "the second acquire blocks");
     ensure!(count.try_set(&count.versioned(), 2).await?);
     let second = tokio::time::timeout(Duration::from_secs(5), second)
@@ -413,8 +415,10 @@ async fn a_deleted_waiting_lease_is_retried(h: &Harness) -> Result<()> {
         .collect();
     ensure!(before.len() == 1);
     let waiting = sem.clone();
-    let second = tokio::spawn(async move { waiting.acquire_timeout(1, WITHIN * 2).await });
-    await_children(&s, &leases_dir, 2, WITHIN).await?;
+    let second = queued(&s, &leases_dir, 2, WITHIN, async move {
+        waiting.acquire_timeout(1, WITHIN * 2).await
+    })
+    .await?;
     let new_node = s
         .children(&leases_dir)
         .await?
@@ -450,8 +454,10 @@ async fn a_cancelled_acquire_leaves_nothing(h: &Harness) -> Result<()> {
         Semaphore::new(&s, &path, 1)?,
     );
     let lease = s1.acquire_timeout(1, WITHIN).await?;
-    let handle = tokio::spawn(async move { s2.acquire(1).await });
-    await_children(&s, &format!("{path}/leases"), 2, WITHIN).await?;
+    let handle = queued(&s, &format!("{path}/leases"), 2, WITHIN, async move {
+        s2.acquire(1).await
+    })
+    .await?;
     handle.abort();
     ensure!(handle.await.unwrap_err().is_cancelled());
     await_children(&s, &format!("{path}/leases"), 1, WITHIN).await?;
@@ -497,8 +503,10 @@ async fn acquisitions_go_on_after_a_lost_session(h: &Harness) -> Result<()> {
     let held = Semaphore::new(&s1, &path, 1)?.acquire_one().await?;
     let sem2 = Semaphore::new(&s2, &path, 1)?;
     let waiting = sem2.clone();
-    let waiter = tokio::spawn(async move { waiting.acquire_one().await });
-    await_children(&s1, &leases_dir, 2, WITHIN).await?;
+    let waiter = queued(&s1, &leases_dir, 2, WITHIN, async move {
+        waiting.acquire_one().await
+    })
+    .await?;
     let old = s2.session_id();
     s2.faults().context("faults")?.suspend(h.timeout() * 2);
     tokio::time::timeout(WITHIN, s2.lost(old)).await?;
@@ -622,8 +630,10 @@ async fn the_semaphore_mutex_alternates_between_clients(h: &Harness) -> Result<(
         SemaphoreMutex::new(&s2, &path)?,
     );
     let g1 = m1.acquire().await?;
-    let waiter = tokio::spawn(async move { m2.acquire().await });
-    await_children(&s1, &format!("{path}/leases"), 2, WITHIN).await?;
+    let waiter = queued(&s1, &format!("{path}/leases"), 2, WITHIN, async move {
+        m2.acquire().await
+    })
+    .await?;
     ensure!(!waiter.is_finished(), "the second client waits");
     let first_token = g1.token();
     g1.release().await?;
@@ -642,8 +652,10 @@ async fn a_killed_semaphore_mutex_holder_hands_over(h: &Harness) -> Result<()> {
     let path = h.path("/locks/our-lock");
     let g1 = SemaphoreMutex::new(&s1, &path)?.acquire().await?;
     let m2 = SemaphoreMutex::new(&s2, &path)?;
-    let waiter = tokio::spawn(async move { m2.acquire().await });
-    await_children(&s2, &format!("{path}/leases"), 2, WITHIN).await?;
+    let waiter = queued(&s2, &format!("{path}/leases"), 2, WITHIN, async move {
+        m2.acquire().await
+    })
+    .await?;
     s1.faults().context("faults")?.expire().await?;
     let g2 = tokio::time::timeout(WITHIN, waiter).await???;
     ensure!(g1.is_lost() && !g2.is_lost());
@@ -656,21 +668,8 @@ async fn a_killed_semaphore_mutex_holder_hands_over(h: &Harness) -> Result<()> {
 /// the directories are reaped.
 async fn semaphore_directories_are_reaped(h: &Harness) -> Result<()> {
     let s = h.session().await;
-    let mut tasks = Vec::new();
-    for _ in 0..5 {
-        let lock = SemaphoreMutex::new(&s, &h.path("/locks/our-lock"))?;
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..3 {
-                lock.acquire().await?.release().await?;
-            }
-            anyhow::Ok(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    await_gone(&s, &h.path("/locks"), WITHIN).await?;
-    Ok(())
+    let lock = || SemaphoreMutex::new(&s, &h.path("/locks/our-lock"));
+    reaped_after_lock_rounds(&s, 5, lock, &h.path("/locks"), WITHIN).await
 }
 
 per_backend!(every_backend {

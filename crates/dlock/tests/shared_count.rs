@@ -38,6 +38,41 @@ async fn remove(session: &Session, path: &str) -> Result<()> {
     }
 }
 
+/// Two clients' counts of one node, each on its own session, started in
+/// order (so the first one's seed is the node's).
+struct TwoClients {
+    path: String,
+    sessions: [Session; 2],
+    counts: [SharedCount; 2],
+}
+
+impl TwoClients {
+    async fn start(h: &Harness, seeds: [i32; 2]) -> Result<Self> {
+        let path = h.path("/count");
+        let sessions = [h.session().await, h.session().await];
+        let counts = [
+            SharedCount::new(&sessions[0], &path, seeds[0])?,
+            SharedCount::new(&sessions[1], &path, seeds[1])?,
+        ];
+        for count in &counts {
+            count.start().await?;
+        }
+        Ok(TwoClients {
+            path,
+            sessions,
+            counts,
+        })
+    }
+
+    /// Closes both counts and removes the node.
+    async fn finish(self) -> Result<()> {
+        for count in &self.counts {
+            count.close().await;
+        }
+        remove(&self.sessions[0], &self.path).await
+    }
+}
+
 /// Curator's bytes: a persistent node holding a 4-byte big-endian i32.
 async fn the_node_is_curators(h: &Harness) -> Result<()> {
     let s = h.session().await;
@@ -146,12 +181,8 @@ async fn versioned_sets_follow_the_version(h: &Harness) -> Result<()> {
 /// Curator `testMultiClientVersioned`: a stale versioned value of one client
 /// fails after another client's write; after the refresh it succeeds.
 async fn a_stale_version_fails_across_clients(h: &Harness) -> Result<()> {
-    let path = h.path("/count");
-    let (s1, s2) = (h.session().await, h.session().await);
-    let count1 = SharedCount::new(&s1, &path, 10)?;
-    let count2 = SharedCount::new(&s2, &path, 20)?;
-    count1.start().await?;
-    count2.start().await?;
+    let clients = TwoClients::start(h, [10, 20]).await?;
+    let [count1, count2] = &clients.counts;
     let mut changes1 = count1.changes();
     let listener1 = tokio::spawn(async move {
         let mut seen = Vec::new();
@@ -169,13 +200,13 @@ async fn a_stale_version_fails_across_clients(h: &Harness) -> Result<()> {
     tokio::time::timeout(WITHIN, rx2.wait_for(|v| v.version == 1)).await??;
     ensure!(count2.versioned() == VersionedValue::new(1, 10));
     ensure!(count2.try_set(&count2.versioned(), 20).await?);
-    await_value(&count1, 20).await?;
+    await_value(count1, 20).await?;
     let stale1 = count1.versioned();
     ensure!(count2.try_set(&count2.versioned(), 30).await?);
     ensure!(!count1.try_set(&stale1, 40).await?, "stale");
     ensure!(count1.get() == 30, "refreshed");
     ensure!(count1.try_set(&count1.versioned(), 40).await?);
-    await_value(&count2, 40).await?;
+    await_value(count2, 40).await?;
     // count1's listener saw the changes in order, ending with its own
     // write. (Quick changes may reach it as one, the last: how many it saw
     // depends on when its task ran.)
@@ -186,40 +217,29 @@ async fn a_stale_version_fails_across_clients(h: &Harness) -> Result<()> {
             && seen.last() == Some(&40),
         "{seen:?}"
     );
-    count1.close().await;
-    count2.close().await;
-    remove(&s1, &path).await
+    clients.finish().await
 }
 
 /// Curator `testMultiClientDifferentSeed`: the first creator's seed wins.
 async fn the_first_seed_wins(h: &Harness) -> Result<()> {
-    let path = h.path("/count");
-    let (s1, s2) = (h.session().await, h.session().await);
-    let count1 = SharedCount::new(&s1, &path, 10)?;
-    let count2 = SharedCount::new(&s2, &path, 20)?;
-    count1.start().await?;
-    count2.start().await?;
+    let clients = TwoClients::start(h, [10, 20]).await?;
+    let [count1, count2] = &clients.counts;
     ensure!(
         count1.get() == 10 && count2.get() == 10,
         "{} {}",
         count1.get(),
         count2.get()
     );
-    count1.close().await;
-    count2.close().await;
-    remove(&s1, &path).await
+    clients.finish().await
 }
 
 /// Curator `testDisconnectReconnectWithMultipleClients`: a count whose
 /// session was disconnected while another client wrote still converges to
 /// the latest value after each reconnection (the re-read on `Reconnected`).
 async fn a_reconnected_count_catches_up(h: &Harness) -> Result<()> {
-    let path = h.path("/count");
-    let (s1, s2) = (h.session().await, h.session().await);
-    let reader = SharedCount::new(&s1, &path, 0)?;
-    let writer = SharedCount::new(&s2, &path, 0)?;
-    reader.start().await?;
-    writer.start().await?;
+    let clients = TwoClients::start(h, [0, 0]).await?;
+    let [reader, writer] = &clients.counts;
+    let s1 = &clients.sessions[0];
     let faults = s1.faults().context("faults")?;
     for i in 1..=5 {
         // By the change count, which only grows: a short suspension may be
@@ -237,11 +257,9 @@ async fn a_reconnected_count_catches_up(h: &Harness) -> Result<()> {
         )
         .await
         .context("never reconnected")??;
-        await_value(&reader, i).await?;
+        await_value(reader, i).await?;
     }
-    reader.close().await;
-    writer.close().await;
-    remove(&s1, &path).await
+    clients.finish().await
 }
 
 /// Data that is not a count is a typed error, never a panic; a started

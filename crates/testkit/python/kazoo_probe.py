@@ -50,29 +50,30 @@ class Probe(object):
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
 
+    def hold(self, path, recipe, ms):
+        """Acquires `recipe` (a kazoo Lock or Semaphore) within `ms` (forever
+        if negative) and keeps it, to be released by `path`. Whether it got
+        it."""
+        timeout = None if ms < 0 else ms / 1000.0
+        try:
+            got = recipe.acquire(timeout=timeout)
+        except LockTimeout:
+            got = False
+        if got:
+            self.held[path] = recipe
+        return got
+
     def lock(self, path, ms, patterns, kind="Lock"):
         make = getattr(self.client, kind)
         lock = make(path, "kazoo-probe", extra_lock_patterns=patterns)
-        timeout = None if ms < 0 else ms / 1000.0
-        try:
-            got = lock.acquire(timeout=timeout)
-        except LockTimeout:
-            got = False
-        if not got:
+        if not self.hold(path, lock, ms):
             return "timeout"
-        self.held[path] = lock
         return "acquired %s/%s" % (path, lock.node)
 
     def semaphore(self, path, max_leases, ms):
         sem = self.client.Semaphore(path, "kazoo-probe", max_leases=max_leases)
-        timeout = None if ms < 0 else ms / 1000.0
-        try:
-            got = sem.acquire(timeout=timeout)
-        except LockTimeout:
-            got = False
-        if not got:
+        if not self.hold(path, sem, ms):
             return "timeout"
-        self.held[path] = sem
         return "acquired %s" % sem.create_path
 
     def release(self, path):

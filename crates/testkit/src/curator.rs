@@ -108,15 +108,4 @@ impl CuratorProbe {
     }
 }
 
-impl std::ops::Deref for CuratorProbe {
-    type Target = LineProbe;
-    fn deref(&self) -> &LineProbe {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for CuratorProbe {
-    fn deref_mut(&mut self) -> &mut LineProbe {
-        &mut self.0
-    }
-}
+crate::line_probe::drives_through_line_probe!(CuratorProbe);

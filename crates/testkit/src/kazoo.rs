@@ -43,15 +43,4 @@ impl KazooProbe {
     }
 }
 
-impl std::ops::Deref for KazooProbe {
-    type Target = LineProbe;
-    fn deref(&self) -> &LineProbe {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for KazooProbe {
-    fn deref_mut(&mut self) -> &mut LineProbe {
-        &mut self.0
-    }
-}
+crate::line_probe::drives_through_line_probe!(KazooProbe);

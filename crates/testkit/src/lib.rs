@@ -89,7 +89,7 @@ pub use curator::{classpath as curator_classpath, CuratorProbe};
 pub use etcd::{shared_etcd, try_shared_etcd, EtcdCluster, EtcdOptions, EtcdServer, EtcdTls};
 pub use go::{etcd_go_electsale, etcd_go_peerbench};
 pub use kazoo::{python as kazoo_python, KazooProbe};
-pub use line_probe::LineProbe;
+pub use line_probe::{line_channel, LineProbe};
 pub use port::free_port;
 pub use process::all_threads_stopped;
 pub use proxy::TcpProxy;

@@ -2,7 +2,7 @@
 //! answering one line each on stdout: the shape of the Curator (Java) and
 //! kazoo (Python) probes.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -37,15 +37,7 @@ impl LineProbe {
             .spawn()
             .with_context(|| format!("start the {peer} probe ({command:?})"))?;
         let stdin = child.stdin.take().expect("piped");
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
+        let lines = line_channel(child.stdout.take().expect("piped"));
         let mut probe = LineProbe {
             peer,
             quit_grace,
@@ -88,6 +80,30 @@ impl LineProbe {
     }
 }
 
+/// The lines `output` gives (a child's stdout, say), as they come, read
+/// on a thread of their own; the channel ends with the output.
+///
+/// ```
+/// let echo = std::process::Command::new("echo")
+///     .arg("hello")
+///     .stdout(std::process::Stdio::piped())
+///     .spawn()
+///     .unwrap();
+/// let lines = dlock_testkit::line_channel(echo.stdout.unwrap());
+/// assert_eq!(lines.recv().unwrap(), "hello");
+/// ```
+pub fn line_channel(output: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(output).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    lines
+}
+
 impl Drop for LineProbe {
     fn drop(&mut self) {
         let _ = self.send("quit");
@@ -111,3 +127,23 @@ impl Drop for LineProbe {
         }
     }
 }
+
+/// A probe type that wraps a [`LineProbe`] (`struct Probe(LineProbe)`) is
+/// driven through it: `Deref` and `DerefMut` to the `LineProbe`.
+macro_rules! drives_through_line_probe {
+    ($probe:ty) => {
+        impl std::ops::Deref for $probe {
+            type Target = $crate::line_probe::LineProbe;
+            fn deref(&self) -> &$crate::line_probe::LineProbe {
+                &self.0
+            }
+        }
+
+        impl std::ops::DerefMut for $probe {
+            fn deref_mut(&mut self) -> &mut $crate::line_probe::LineProbe {
+                &mut self.0
+            }
+        }
+    };
+}
+pub(crate) use drives_through_line_probe;

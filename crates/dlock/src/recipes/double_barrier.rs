@@ -25,11 +25,10 @@
 //! leaving waits until no member is left, where a Curator member that is
 //! not the lowest may end once one other member is left.
 
-use std::ops::Deref;
 use std::time::Duration;
 
 use super::deadline::Deadline;
-use super::guard::Acquisition;
+use super::guard::{deref_hold, Acquisition};
 use super::queue::{HeldNode, PendingNode};
 use crate::error::{Error, Result};
 use crate::path;
@@ -303,15 +302,11 @@ impl BarrierMember {
     }
 }
 
-/// A member is an [`Acquisition`]: its node's creation is its fencing
-/// token, and it is lost with its session.
-impl Deref for BarrierMember {
-    type Target = Acquisition;
-
-    fn deref(&self) -> &Acquisition {
-        &self.acquisition
-    }
-}
+deref_hold!(
+    /// A member is an [`Acquisition`]: its node's creation is its fencing
+    /// token, and it is lost with its session.
+    BarrierMember => acquisition: Acquisition
+);
 
 impl Drop for BarrierMember {
     fn drop(&mut self) {

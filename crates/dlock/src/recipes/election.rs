@@ -15,13 +15,12 @@
 //! [`LeaderSelector`]: super::leader_selector::LeaderSelector
 
 use std::fmt;
-use std::ops::Deref;
 use std::sync::{Arc, Mutex as StdMutex};
 
 use tokio::sync::{broadcast, watch};
 
 use super::error_policy::ErrorPolicy;
-use super::guard::Acquisition;
+use super::guard::{deref_hold, Acquisition};
 use super::lifecycle::{lock, Lifecycle, State};
 use super::queue::{FirstN, HeldNode, WaitQueue};
 use crate::error::{Error, Result};
@@ -87,16 +86,12 @@ pub struct Leadership {
     ended: watch::Receiver<bool>,
 }
 
-/// The term's acquisition: its leader node, lost signal and guarded writes
-/// (which land only while our leader node exists — that is, while nobody
-/// else can lead).
-impl Deref for Leadership {
-    type Target = Acquisition;
-
-    fn deref(&self) -> &Acquisition {
-        &self.acquisition
-    }
-}
+deref_hold!(
+    /// The term's acquisition: its leader node, lost signal and guarded writes
+    /// (which land only while our leader node exists — that is, while nobody
+    /// else can lead).
+    Leadership => acquisition: Acquisition
+);
 
 impl Leadership {
     pub(crate) fn new(node: Arc<HeldNode>, ended: watch::Receiver<bool>) -> Self {

@@ -5,13 +5,29 @@
 //! [`Leadership`](crate::Leadership) are built on it: each dereferences to
 //! its acquisition and adds only how it is released.
 
-use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::queue::HeldNode;
 use crate::error::{Error, Result};
 use crate::store::{FencingToken, Op, OpResult, SessionId, SessionState};
+
+/// `impl Deref` of a hold type to what carries its acquisition (`$field`,
+/// an [`Acquisition`] or a guard built on one): how every hold offers the
+/// one hold type's token, signals and guarded writes as its own.
+macro_rules! deref_hold {
+    ($(#[$doc:meta])* $hold:ty => $($field:ident).+ : $target:ty) => {
+        $(#[$doc])*
+        impl std::ops::Deref for $hold {
+            type Target = $target;
+
+            fn deref(&self) -> &$target {
+                &self.$($field).+
+            }
+        }
+    };
+}
+pub(crate) use deref_hold;
 
 /// One acquisition of a lock, lease, slot or leadership: what every hold
 /// offers. Every guard dereferences to one, so these methods are called on
@@ -196,13 +212,7 @@ struct Held {
     holds: AtomicUsize,
 }
 
-impl Deref for LockGuard {
-    type Target = Acquisition;
-
-    fn deref(&self) -> &Acquisition {
-        &self.held.acquisition
-    }
-}
+deref_hold!(LockGuard => held.acquisition: Acquisition);
 
 impl LockGuard {
     pub(crate) fn new(node: Arc<HeldNode>) -> Self {

@@ -13,7 +13,14 @@
 //!   contender keys `<prefix>/<session UUID>` acquired by their session, and
 //!   the record `<prefix>/.lock` = `{"Limit":N,"Holders":{"<UUID>":true}}`,
 //!   all tagged [`CONSUL_SEMAPHORE_FLAGS`], the record updated by
-//!   compare-and-set.
+//!   compare-and-set. A holder is alive while its contender key is owned by
+//!   a session (Consul's sessions may leave the key behind without a
+//!   session, so a listed name is not enough: each key's owner is read); on
+//!   Consul, dlock and `consul lock -n N` on one prefix then never hold more
+//!   than N slots together. Unlike `api.Semaphore`, a contender that loses a
+//!   compare-and-set race looks again at once (Consul's sleeps 5 s,
+//!   hashicorp/consul#2767) and waits on watches of the record and the keys
+//!   (blocking queries on Consul), never by polling.
 //!
 //! Consul's tools refuse keys without their flag values
 //! (`ErrLockConflict`, `ErrSemaphoreConflict`), so these nodes are created

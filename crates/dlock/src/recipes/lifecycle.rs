@@ -151,6 +151,43 @@ impl Lifecycle {
         Ok(())
     }
 
+    /// Ends a start [`begin`](Self::begin) began: on `begun` (what the
+    /// start read or made first), runs `task` as the background task —
+    /// stopped again if closed meanwhile; on a failure, takes the begin
+    /// back so that starting may be tried again.
+    pub fn launch<T, F>(&self, begun: Result<T>, task: impl FnOnce(T) -> F) -> Result<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        match begun {
+            Ok(value) => self.attach(tokio::spawn(task(value))).map_err(|task| {
+                task.abort();
+                Error::Closed
+            }),
+            Err(e) => {
+                self.unbegin();
+                Err(e)
+            }
+        }
+    }
+
+    /// Closed (see [`force_close`](Self::force_close)), its task aborted —
+    /// for a drop, which cannot wait.
+    pub fn abort(&self) {
+        if let Some(task) = self.force_close() {
+            task.abort();
+        }
+    }
+
+    /// Closed, its task aborted and waited for: nothing runs when it
+    /// returns. Idempotent.
+    pub async fn stop(&self) {
+        if let Some(task) = self.force_close() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
     /// Started → closed, handing back the task to stop.
     ///
     /// # Errors

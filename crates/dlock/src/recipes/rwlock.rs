@@ -15,14 +15,13 @@
 //! writers queue with it, and Go waits for every dlock node ahead of its
 //! own.
 
-use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::deadline::Deadline;
 use super::etcd_go;
-use super::guard::LockGuard;
+use super::guard::{deref_hold, LockGuard};
 use super::queue::{position, FirstN, HeldNode, Participant, Predicate, Verdict, WaitQueue};
 use crate::error::{Error, Result};
 use crate::session::Session;
@@ -281,13 +280,7 @@ pub struct WriteGuard {
     lock: ReadWriteLock,
 }
 
-impl Deref for WriteGuard {
-    type Target = LockGuard;
-
-    fn deref(&self) -> &LockGuard {
-        &self.guard
-    }
-}
+deref_hold!(WriteGuard => guard: LockGuard);
 
 impl WriteGuard {
     /// Takes the read lock while holding the write lock, at once: the first
@@ -344,13 +337,7 @@ pub struct ReadGuard {
     _hold: ReadHold,
 }
 
-impl Deref for ReadGuard {
-    type Target = LockGuard;
-
-    fn deref(&self) -> &LockGuard {
-        &self.guard
-    }
-}
+deref_hold!(ReadGuard => guard: LockGuard);
 
 impl ReadGuard {
     /// Acquires the read lock again without a round trip.

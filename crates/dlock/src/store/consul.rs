@@ -122,6 +122,18 @@
 //!   is tried again. At most 64 transaction operations (about 21 ops).
 //! - Watches are blocking queries on the watched key, or on the prefix of
 //!   the watched node's children (see the module `watch`).
+//! - **Every read is `?consistent`** (key reads, listings, transactions,
+//!   blocking queries). In Consul's default mode a server that has just
+//!   become leader answers from its state before it has applied what the
+//!   old leader committed, so a read right after a leader change can miss
+//!   a node that exists or show one already deleted. Found by the leader-
+//!   kill fault tests: a create retried after a lost reply looked for its
+//!   node, missed it, and made a second one, which then held the
+//!   semaphore's internal lock for its live session forever; and a leader
+//!   selector adopted its already-released node as a new one and led with
+//!   an old epoch. A consistent read waits until the leader has caught up
+//!   and confirms its leadership with a quorum (one heartbeat round to the
+//!   other servers; nothing on a single server).
 //!
 //! # Faults
 //!
@@ -354,7 +366,7 @@ impl ConsulStore {
             .http
             .send(
                 Method::GET,
-                &format!("/v1/kv/{}?recurse", encode_key(key)),
+                &format!("/v1/kv/{}?recurse&consistent", encode_key(key)),
                 None,
                 self.op_timeout(),
             )
@@ -373,7 +385,7 @@ impl ConsulStore {
             .http
             .send(
                 Method::GET,
-                &format!("/v1/kv/{}", encode_key(&key)),
+                &format!("/v1/kv/{}?consistent", encode_key(&key)),
                 None,
                 self.op_timeout(),
             )
@@ -423,7 +435,12 @@ impl ConsulStore {
             .map_err(|e| Error::Backend(format!("cannot encode a transaction: {e}")))?;
         let resp = self
             .http
-            .send(Method::PUT, "/v1/txn", Some(body), self.op_timeout())
+            .send(
+                Method::PUT,
+                "/v1/txn?consistent",
+                Some(body),
+                self.op_timeout(),
+            )
             .await?;
         match resp.status {
             200 => {
@@ -879,6 +896,38 @@ impl Store for ConsulStore {
             })
         });
         Ok((children, w))
+    }
+
+    async fn foreign_owner(&self, path: &str) -> Result<Option<String>> {
+        self.keeper.current().await?;
+        let Some(uuid) = self.entry(path).await?.and_then(|e| e.session) else {
+            return Ok(None);
+        };
+        let resp = self
+            .http
+            .send(
+                Method::GET,
+                &format!("/v1/session/info/{}", encode_key(&uuid)),
+                None,
+                self.op_timeout(),
+            )
+            .await?;
+        if resp.status != 200 {
+            return Err(self.refused(&resp, path));
+        }
+        #[derive(Deserialize)]
+        struct Info {
+            #[serde(rename = "Name", default)]
+            name: String,
+        }
+        // An empty list: the session ended since the read, and its key
+        // with it (`Behavior=delete`).
+        let name = resp
+            .json::<Vec<Info>>("a session read")?
+            .into_iter()
+            .next()
+            .map(|info| info.name);
+        Ok(name.filter(|name| name != keeper::SESSION_NAME))
     }
 
     async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {

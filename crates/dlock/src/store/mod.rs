@@ -589,6 +589,19 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         read_and_watch_child(self, dir, child).await
     }
 
+    /// Who owns the node at `path`, if that is a client other than dlock:
+    /// the name its session gave itself, on a backend whose sessions carry
+    /// names (Consul: `consul lock` names its session "Consul lock for
+    /// '<command>' at '<prefix>'"; dlock names its own "dlock"). `None` for
+    /// a node no session owns, a node of dlock's, or a backend without
+    /// session names (ZooKeeper, etcd, embedded: there nodes say who wrote
+    /// them, if anything does, by their names). `inspect` uses it to name
+    /// the holders of Consul's own layouts that dlock did not write.
+    async fn foreign_owner(&self, path: &str) -> Result<Option<String>> {
+        let _ = path;
+        Ok(None)
+    }
+
     /// Applies all operations atomically, or none; the error names the first
     /// failing operation ([`Error::MultiFailed`](crate::Error::MultiFailed)).
     async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>>;

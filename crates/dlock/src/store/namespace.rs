@@ -181,6 +181,11 @@ impl<S: Store> Store for Namespaced<S> {
         result.map_err(|e| self.error(e))
     }
 
+    async fn foreign_owner(&self, path: &str) -> Result<Option<String>> {
+        let result = self.inner.foreign_owner(&self.inside(path)).await;
+        result.map_err(|e| self.error(e))
+    }
+
     async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
         let ops: Vec<Op> = ops.iter().map(|op| self.op(op)).collect();
         match self.inner.multi(&ops).await {

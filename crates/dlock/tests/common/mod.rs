@@ -5,12 +5,17 @@
 //! removes the empty container skeleton.
 #![allow(dead_code)]
 
+use std::future::Future;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use dlock::store::embedded::{EmbeddedOptions, EmbeddedServer};
-use dlock::store::{Child, CreateMode, CreateOptions, Created, WatchEvent};
-use dlock::{Session, SessionOptions};
+use dlock::store::{
+    Child, CreateMode, CreateOptions, Created, SessionId, SessionState, WatchEvent,
+};
+use dlock::{ErrorPolicy, Lockable, Mutex, MutexGuard, Session, SessionOptions};
+use dlock_testkit::LineProbe;
+use tokio::task::JoinHandle;
 
 /// Which store a test runs against.
 #[derive(Clone)]
@@ -249,9 +254,187 @@ pub async fn await_children(
     .with_context(|| format!("{path} did not reach {n} children within {within:?}"))?
 }
 
+/// Waits (on the session's status channel) until `session` is in `state`.
+pub async fn await_state(session: &Session, state: SessionState, within: Duration) -> Result<()> {
+    tokio::time::timeout(
+        within,
+        session.watch_status().wait_for(|s| s.state == state),
+    )
+    .await
+    .with_context(|| format!("no {state:?} within {within:?}; now {:?}", session.status()))??;
+    Ok(())
+}
+
+/// The names of `path`'s children, sorted.
+pub async fn sorted_names(session: &Session, path: &str) -> Result<Vec<String>> {
+    let mut names: Vec<String> = session
+        .children(path)
+        .await?
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Curator's error policies, once a term ended while `session` (whose id
+/// was `id`) is suspended for longer than its timeout: under `Standard` it
+/// ended with the suspension, the same session still suspended; under
+/// `Session` only with the session's loss. Then waits for that loss.
+pub async fn ended_as_the_policy_says(
+    session: &Session,
+    id: SessionId,
+    policy: ErrorPolicy,
+    within: Duration,
+) -> Result<()> {
+    let (state, same) = (session.state(), session.session_id() == id);
+    match policy {
+        ErrorPolicy::Standard => ensure!(
+            state == SessionState::Suspended && same,
+            "Standard: the term ends with the suspension, before the loss ({state:?})"
+        ),
+        ErrorPolicy::Session => ensure!(
+            state != SessionState::Suspended || !same,
+            "Session: the term lasts until the session is lost ({state:?})"
+        ),
+    }
+    tokio::time::timeout(within, session.lost(id))
+        .await
+        .context("the session was never lost")?;
+    Ok(())
+}
+
+/// The ZooKeeper hosts of a harness the peer interop tests run on.
+pub fn zk_hosts(h: &Harness) -> String {
+    match &h.backend {
+        Backend::ZooKeeper(hosts) => hosts.clone(),
+        _ => unreachable!("ZooKeeper peers run on ZooKeeper"),
+    }
+}
+
+/// A `peer` holds the lock at `path`: `mutex` (a dlock `Mutex` on it) can
+/// have it neither by a try nor within a short timeout, and queues behind
+/// it. Returns the waiting acquire once both nodes are listed.
+pub async fn peer_excludes_dlock(
+    s: &Session,
+    mutex: &Mutex,
+    path: &str,
+    peer: &str,
+    within: Duration,
+) -> Result<JoinHandle<dlock::Result<MutexGuard>>> {
+    ensure!(
+        mutex.try_acquire().await?.is_none(),
+        "dlock got a lock {peer} holds"
+    );
+    let err = mutex
+        .acquire_timeout(Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    ensure!(matches!(err, dlock::Error::Timeout(_)), "{err}");
+    let waiting = tokio::spawn({
+        let mutex = mutex.clone();
+        async move { mutex.acquire().await }
+    });
+    await_children(s, path, 2, within).await?;
+    Ok(waiting)
+}
+
+/// dlock holds the lock at `path` (`held`): a peer's lock command
+/// (`lock(timeout_ms)`) times out after 300 ms; one that waits (`-1`)
+/// queues behind and acquires once `held` is released.
+pub async fn dlock_excludes_peer(
+    s: &Session,
+    held: MutexGuard,
+    peer: &mut LineProbe,
+    lock: impl Fn(&str) -> String,
+    path: &str,
+    within: Duration,
+) -> Result<()> {
+    ensure!(peer.ask(&lock("300"))? == "timeout");
+    peer.send(&lock("-1"))?;
+    await_children(s, path, 2, within).await?;
+    held.release().await?;
+    let answer = peer.next_line(within)?;
+    ensure!(answer.starts_with("acquired"), "{answer}");
+    Ok(())
+}
+
+/// The end of a mixed sale: dlock's sellers (`dlock_sold`) and the
+/// `peer`'s (`peer_sold`) sold exactly the `total` stock, each side some
+/// of it; the emptied stock node is removed.
+pub async fn sold_exactly_the_stock(
+    admin: &Session,
+    stock: &str,
+    total: u64,
+    dlock_sold: u64,
+    peer: &str,
+    peer_sold: u64,
+) -> Result<()> {
+    ensure!(
+        dlock_sold + peer_sold == total,
+        "dlock sold {dlock_sold}, {peer} {peer_sold}, of {total}"
+    );
+    ensure!(
+        dlock_sold > 0 && peer_sold > 0,
+        "both sides sold: dlock {dlock_sold}, {peer} {peer_sold}"
+    );
+    ensure!(admin.get_data(stock).await?.0 == b"0");
+    admin.delete(stock, None).await?;
+    Ok(())
+}
+
+/// Starts `acquire` in the background and returns its task once `queue`
+/// lists `nodes` nodes: the acquirer queued (behind a holder, say).
+pub async fn queued<T: Send + 'static>(
+    observer: &Session,
+    queue: &str,
+    nodes: usize,
+    within: Duration,
+    acquire: impl Future<Output = dlock::Result<T>> + Send + 'static,
+) -> Result<JoinHandle<dlock::Result<T>>> {
+    let waiting = tokio::spawn(acquire);
+    await_children(observer, queue, nodes, within).await?;
+    Ok(waiting)
+}
+
+/// Curator's `testContainerCleanup`: `clients` fresh locks (made by
+/// `lock`, each in its own task) are acquired and released three times
+/// each; then the directory `dir` is reaped.
+pub async fn reaped_after_lock_rounds<L: Lockable + 'static>(
+    s: &Session,
+    clients: usize,
+    lock: impl Fn() -> dlock::Result<L>,
+    dir: &str,
+    within: Duration,
+) -> Result<()> {
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let lock = lock()?;
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..3 {
+                let hold = lock
+                    .lock_for(None)
+                    .await?
+                    .context("held, without a timeout")?;
+                hold.release().await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    await_gone(s, dir, within).await
+}
+
 /// Persistent node options with parents.
 pub fn persistent() -> CreateOptions {
     CreateOptions::new(CreateMode::Persistent).with_parents()
+}
+
+/// Persistent node options without parents: the parent must exist.
+pub fn persistent_only() -> CreateOptions {
+    CreateOptions::new(CreateMode::Persistent)
 }
 
 /// Ephemeral node options with parents.

@@ -32,6 +32,13 @@
 //! shows as a [`RecipeKind::Semaphore`]: those leases hold, and the
 //! acquirers queued at `<path>-__lock__` wait.
 //!
+//! On Consul, the keys of Consul's own lock and semaphore layouts
+//! (`<prefix>/.lock` held by a session; `<prefix>/<session>` contenders)
+//! are the same whether dlock ([`Layout::Consul`](crate::Layout::Consul))
+//! or `consul lock` wrote them; the owning session's name tells them apart
+//! (dlock's are named "dlock"), and holders of Consul's own clients are
+//! marked [`Foreign::Consul`] — one read of the session per such key.
+//!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
 //! use dlock::{inspect, RecipeKind, Role};
@@ -210,9 +217,16 @@ fn contender(p: Participant) -> Contender {
     }
 }
 
-/// A contender read from its node alone (a KV semaphore entry, the key of
-/// Consul's `api.Lock`): no read-write half, no foreign marker.
-fn plain_contender(role: Role, node: String, data: Vec<u8>, stat: &Stat) -> Contender {
+/// A contender read from its node (a KV semaphore entry, the key of
+/// Consul's `api.Lock`), written by the `foreign` client if any; no
+/// read-write half.
+fn key_contender(
+    role: Role,
+    node: String,
+    data: Vec<u8>,
+    stat: &Stat,
+    foreign: Option<Foreign>,
+) -> Contender {
     Contender {
         role,
         token: stat.token(),
@@ -220,7 +234,7 @@ fn plain_contender(role: Role, node: String, data: Vec<u8>, stat: &Stat) -> Cont
         node,
         data,
         access: None,
-        foreign: None,
+        foreign,
     }
 }
 
@@ -330,12 +344,24 @@ async fn dot_lock_at(
     let node = path::join(path, kv_semaphore::RECORD);
     match session.get_data(&node).await {
         Ok((data, stat)) if stat.ephemeral_owner != 0 => {
-            Ok(Err(plain_contender(Role::Holder, node, data, &stat)))
+            let foreign = consul_client(session, &node).await?;
+            Ok(Err(key_contender(Role::Holder, node, data, &stat, foreign)))
         }
         Ok((data, _)) if kv_semaphore::Record::parse_consul(&node, &data).is_ok() => {
             Ok(Ok(crate::Layout::Consul))
         }
         Ok(_) | Err(Error::NoNode { .. }) => Ok(Ok(crate::Layout::Curator)),
+        Err(e) => Err(e),
+    }
+}
+
+/// [`Foreign::Consul`] if a key of Consul's layouts at `node` is held by
+/// one of Consul's own clients rather than by dlock.
+async fn consul_client(session: &Session, node: &str) -> Result<Option<Foreign>> {
+    match session.foreign_owner(node).await {
+        Ok(owner) => Ok(owner.map(|_| Foreign::Consul)),
+        // Released since it was read.
+        Err(Error::NoNode { .. }) => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -377,12 +403,16 @@ async fn kv_semaphore_at(
             Err(e) => return Err(e),
         };
         let admitted = holders.iter().position(|h| *h == child.name);
+        let foreign = match layout {
+            crate::Layout::Consul => consul_client(session, &node).await?,
+            _ => None,
+        };
         let role = if admitted.is_some() {
             Role::Holder
         } else {
             Role::Waiter
         };
-        all.push((admitted, plain_contender(role, node, data, &stat)));
+        all.push((admitted, key_contender(role, node, data, &stat, foreign)));
     }
     // Holders (Some) by admission, then waiters (None) by arrival.
     all.sort_by_key(|(admitted, c)| (admitted.is_none(), *admitted, c.token));

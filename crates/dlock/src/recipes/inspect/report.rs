@@ -108,6 +108,7 @@ impl Access {
 /// ```
 /// assert_eq!(dlock::Foreign::EtcdGo.as_str(), "etcd-go");
 /// assert_eq!(dlock::Foreign::Kazoo.as_str(), "kazoo");
+/// assert_eq!(dlock::Foreign::Consul.as_str(), "consul");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -120,6 +121,12 @@ pub enum Foreign {
     /// dlock's own in [`Layout::Kazoo`](crate::Layout::Kazoo), which writes
     /// the same nodes.
     Kazoo,
+    /// Consul's own clients (`consul lock`, `consul lock -n N`, the Go
+    /// `api.Lock` and `api.Semaphore`): a key of Consul's lock or
+    /// semaphore layout held by a session dlock did not open — told apart
+    /// by the session's name, since dlock in
+    /// [`Layout::Consul`](crate::Layout::Consul) writes the same keys.
+    Consul,
 }
 
 impl Foreign {
@@ -128,6 +135,7 @@ impl Foreign {
         match self {
             Foreign::EtcdGo => "etcd-go",
             Foreign::Kazoo => "kazoo",
+            Foreign::Consul => "consul",
         }
     }
 }

@@ -1,10 +1,8 @@
 //! [`KvLease`]: a slot of a [`KvSemaphore`](super::KvSemaphore).
 
-use std::ops::Deref;
-
-use super::place::{leave_in_background, prune_in_background, Place};
+use super::place::Place;
 use crate::error::Result;
-use crate::recipes::guard::Acquisition;
+use crate::recipes::guard::{deref_hold, Acquisition};
 
 /// A slot of a [`KvSemaphore`](super::KvSemaphore): an owned object, free to move between
 /// tasks. Give it back with [`release`](Self::release); dropping it gives it
@@ -13,35 +11,22 @@ use crate::recipes::guard::Acquisition;
 #[derive(Debug)]
 #[must_use = "dropping the lease gives it back"]
 pub struct KvLease {
-    acquisition: Acquisition,
-    place: Place,
-    id: String,
-    released: bool,
+    pub(super) acquisition: Acquisition,
+    pub(super) place: Place,
+    pub(super) id: String,
+    pub(super) released: bool,
 }
 
-/// The slot's acquisition. Its [`token`](Acquisition::token) is the
-/// transaction id of the record write that admitted us, larger than that
-/// of every earlier admission (and every earlier write) in the store; its
-/// node is our contender entry, and guarded writes land only while the
-/// entry (so the slot) is still ours.
-impl Deref for KvLease {
-    type Target = Acquisition;
-
-    fn deref(&self) -> &Acquisition {
-        &self.acquisition
-    }
-}
+deref_hold!(
+    /// The slot's acquisition. Its [`token`](Acquisition::token) is the
+    /// transaction id of the record write that admitted us, larger than that
+    /// of every earlier admission (and every earlier write) in the store; its
+    /// node is our contender entry, and guarded writes land only while the
+    /// entry (so the slot) is still ours.
+    KvLease => acquisition: Acquisition
+);
 
 impl KvLease {
-    pub(super) fn new(acquisition: Acquisition, place: Place, id: String) -> Self {
-        KvLease {
-            acquisition,
-            place,
-            id,
-            released: false,
-        }
-    }
-
     /// Our holder id (the session id in hex), as listed in the record.
     pub fn holder(&self) -> &str {
         &self.id
@@ -59,11 +44,8 @@ impl KvLease {
         let lost = self.is_lost();
         // A slot taken away has no entry left (revoked by force, or
         // deleted by the limit): only the record is to be tidied.
-        let left = if taken {
-            self.place.prune().await
-        } else {
-            self.place.leave(&self.id, self.node()).await
-        };
+        let ours = (!taken).then(|| (self.id.as_str(), self.node()));
+        let left = self.place.leave(ours).await;
         self.released = true;
         left?;
         if lost {
@@ -77,11 +59,9 @@ impl KvLease {
 impl Drop for KvLease {
     fn drop(&mut self) {
         if !self.released {
-            if self.held_node().let_go().taken() {
-                prune_in_background(&self.place);
-            } else {
-                leave_in_background(&self.place, self.id.clone(), self.node().to_string());
-            }
+            let taken = self.held_node().let_go().taken();
+            let ours = (!taken).then(|| (self.id.clone(), self.node().to_string()));
+            self.place.leave_in_background(ours);
         }
     }
 }

@@ -21,26 +21,14 @@
 //! # Consul's layout
 //!
 //! With [`KvSemaphore::with_layout`]`(`[`Layout::Consul`]`)` the nodes are
-//! exactly those of Consul's `api.Semaphore` (`consul lock -n N <path>`; a
-//! compatibility contract, see [`layout`](crate::recipes::layout)): entries
-//! named after the store's native session id
-//! ([`Session::native_session_id`]: the Consul session UUID), the record
-//! `{"Limit":N,"Holders":{"<UUID>":true}}`, every node tagged
-//! [`CONSUL_SEMAPHORE_FLAGS`](crate::recipes::layout::CONSUL_SEMAPHORE_FLAGS).
-//! A holder is alive while its entry is owned by a session (Consul's
-//! sessions may leave the key behind without a session, so a listed name
-//! is not enough: each entry's owner is read). On Consul, dlock and
-//! `consul lock -n N` on one path then never hold more than N slots
-//! together. Unlike `api.Semaphore`, a contender that loses a
-//! compare-and-set race looks again at once (Consul's sleeps 5 s,
-//! hashicorp/consul#2767) and waits on watches of the record and entries
-//! (blocking queries on Consul), never by polling.
-//!
-//! dlock's own layout stays the default on every backend, Consul
-//! included: dlock clients of earlier versions on Consul use it, and a
-//! contender in one layout does not see the other's holders — a default
-//! that changed with the backend would break that exclusion (and recipes
-//! never choose by backend).
+//! exactly those of Consul's `api.Semaphore` (`consul lock -n N <path>`),
+//! entries named after [`Session::native_session_id`] (the Consul session
+//! UUID): the compatibility contract is stated with Consul's other layout
+//! in [`layout`](crate::recipes::layout). dlock's own layout stays the
+//! default on every backend, Consul included: dlock clients of earlier
+//! versions on Consul use it, and a contender in one layout does not see
+//! the other's holders — a default that changed with the backend would
+//! break that exclusion (and recipes never choose by backend).
 //!
 //! Every contender states the limit; a record with a different limit is a
 //! configuration error and fails with [`Error::InvalidArgument`] naming both.

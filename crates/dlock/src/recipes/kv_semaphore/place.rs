@@ -208,20 +208,17 @@ impl Place {
 
     /// Removes holder `id` from the record by compare-and-set, pruning dead
     /// holders too, and deletes the record if nobody is left; then deletes
-    /// the entry at `entry`.
-    pub(super) async fn leave(&self, id: &str, entry: &str) -> Result<()> {
+    /// our entry at `path`. `None` (an entry taken away) prunes the dead
+    /// only, removing nobody else: the session may have entered again since.
+    pub(super) async fn leave(&self, ours: Option<(&str, &str)>) -> Result<()> {
+        let Some((id, entry)) = ours else {
+            return self.leave_record("").await;
+        };
         let left = self.leave_record(id).await;
         // The entry goes even if the record could not be updated: then the
         // others prune us from it.
         let deleted = self.session.delete_guaranteed(entry).await;
         left.and(deleted)
-    }
-
-    /// Prunes dead holders from the record (deleting it if none is left),
-    /// removing nobody else: what a holder whose entry was taken away
-    /// does on release — its session may have entered again since.
-    pub(super) async fn prune(&self) -> Result<()> {
-        self.leave_record("").await
     }
 
     async fn leave_record(&self, id: &str) -> Result<()> {
@@ -286,7 +283,7 @@ impl Entry {
     /// Removes the entry (and our place in the record) now.
     pub(super) async fn delete(mut self) -> Result<()> {
         // Disarmed only once done: if cancelled meanwhile, Drop finishes it.
-        let left = self.place.leave(&self.id, &self.path).await;
+        let left = self.place.leave(Some((&self.id, &self.path))).await;
         self.armed = false;
         left
     }
@@ -294,21 +291,15 @@ impl Entry {
     pub(super) fn into_lease(mut self, token: FencingToken) -> KvLease {
         self.armed = false;
         let created = self.created.take().expect("an entry");
-        let node = HeldNode::new(
-            &self.place.session,
-            &self.place.dir,
-            "semaphore lease",
-            created,
-        );
-        if let Some(max_hold) = self.place.max_hold {
-            node.limit(max_hold);
+        let place = &self.place;
+        let node = HeldNode::new(&place.session, &place.dir, "semaphore lease", created)
+            .limited(place.max_hold);
+        KvLease {
+            acquisition: Acquisition::with_token(node, token),
+            place: place.clone(),
+            id: std::mem::take(&mut self.id),
+            released: false,
         }
-        let acquisition = Acquisition::with_token(node, token);
-        KvLease::new(
-            acquisition,
-            self.place.clone(),
-            std::mem::take(&mut self.id),
-        )
     }
 }
 
@@ -319,7 +310,7 @@ impl Drop for Entry {
         }
         let (id, path) = (std::mem::take(&mut self.id), std::mem::take(&mut self.path));
         if self.created.is_some() {
-            leave_in_background(&self.place, id, path);
+            self.place.leave_in_background(Some((id, path)));
         } else {
             let (place, token) = (self.place.clone(), std::mem::take(&mut self.token));
             let what = format!("removing the semaphore entry {path}");
@@ -330,16 +321,21 @@ impl Drop for Entry {
     }
 }
 
-pub(super) fn prune_in_background(place: &Place) {
-    let place2 = place.clone();
-    let what = format!("pruning the semaphore record {}", place.record);
-    in_background(place, what, async move { place2.prune().await });
-}
-
-pub(super) fn leave_in_background(place: &Place, id: String, entry: String) {
-    let place2 = place.clone();
-    let what = format!("giving back the semaphore slot of {entry}");
-    in_background(place, what, async move { place2.leave(&id, &entry).await });
+impl Place {
+    /// [`leave`](Self::leave) in the background.
+    pub(super) fn leave_in_background(&self, ours: Option<(String, String)>) {
+        let what = match &ours {
+            Some((_, entry)) => format!("giving back the semaphore slot of {entry}"),
+            None => format!("pruning the semaphore record {}", self.record),
+        };
+        let place = self.clone();
+        in_background(self, what, async move {
+            let ours = ours
+                .as_ref()
+                .map(|(id, entry)| (id.as_str(), entry.as_str()));
+            place.leave(ours).await
+        });
+    }
 }
 
 /// Runs a clean-up in the background; a closed session took its nodes

@@ -244,11 +244,14 @@ impl HeldNode {
         }
     }
 
-    /// Ends the hold after `max_hold`, from a task of its own (so even if
-    /// the holder's task is stuck): deletes the node, which fires the lost
-    /// signal and lets the next waiter in. Stands down if the hold ends
-    /// first.
-    pub fn limit(self: &Arc<Self>, max_hold: Duration) {
+    /// With a `max_hold`, ends the hold after it, from a task of its own
+    /// (so even if the holder's task is stuck): deletes the node, which
+    /// fires the lost signal and lets the next waiter in. Stands down if
+    /// the hold ends first.
+    pub fn limited(self: Arc<Self>, max_hold: Option<Duration>) -> Arc<Self> {
+        let Some(max_hold) = max_hold else {
+            return self;
+        };
         let node = self.clone();
         self.session.spawn_background(async move {
             let at_limit = tokio::time::sleep_until(node.acquired_at + max_hold);
@@ -265,6 +268,7 @@ impl HeldNode {
                 tracing::warn!(node = %node.created.path, error = %e, "releasing a hold past its maximum failed");
             }
         });
+        self
     }
 
     pub fn lost_error(&self) -> Error {

@@ -1,10 +1,9 @@
 //! [`Lease`]: one lease of a [`Semaphore`](super::Semaphore).
 
-use std::ops::Deref;
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::recipes::guard::Acquisition;
+use crate::recipes::guard::{deref_hold, Acquisition};
 use crate::recipes::queue::HeldNode;
 
 /// One lease of a [`Semaphore`](super::Semaphore) (Curator's `Lease`): an
@@ -31,13 +30,7 @@ pub struct Lease {
     released: bool,
 }
 
-impl Deref for Lease {
-    type Target = Acquisition;
-
-    fn deref(&self) -> &Acquisition {
-        &self.acquisition
-    }
-}
+deref_hold!(Lease => acquisition: Acquisition);
 
 impl Lease {
     pub(super) fn new(node: Arc<HeldNode>, data: Vec<u8>) -> Self {

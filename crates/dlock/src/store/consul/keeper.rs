@@ -219,11 +219,16 @@ async fn create(http: &Http, ttl: Duration, lock_delay: Duration) -> Result<Stri
     })
 }
 
+/// The name dlock gives its Consul sessions: what tells its keys from those
+/// of Consul's own clients (`consul lock`, the Go `api` package), which
+/// name theirs otherwise.
+pub(super) const SESSION_NAME: &str = "dlock";
+
 /// A session create's body: TTL, delete its keys when it ends, the lock
 /// delay, no health checks (only the TTL decides).
 fn create_body(ttl: Duration, lock_delay: Duration) -> Vec<u8> {
     serde_json::json!({
-        "Name": "dlock",
+        "Name": SESSION_NAME,
         "TTL": format!("{}s", ttl.as_secs()),
         "Behavior": "delete",
         "LockDelay": format!("{}s", lock_delay.as_secs()),

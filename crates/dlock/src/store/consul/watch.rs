@@ -83,9 +83,9 @@ async fn run(http: &Http, kind: &Kind) -> WatchEvent {
 /// index to block on next.
 async fn probe(http: &Http, kind: &Kind, index: u64) -> Result<(Option<WatchEvent>, u64), ()> {
     let blocking = if index > 0 {
-        format!("index={index}&wait={}s", WAIT.as_secs())
+        format!("consistent&index={index}&wait={}s", WAIT.as_secs())
     } else {
-        String::new()
+        "consistent".to_string()
     };
     let timeout = WAIT + WAIT / 16 + Duration::from_secs(5);
     let get = |key: &str, recurse: bool| {
@@ -155,7 +155,7 @@ async fn probe(http: &Http, kind: &Kind, index: u64) -> Result<(Option<WatchEven
                     let own = http
                         .send(
                             Method::GET,
-                            &format!("/v1/kv/{}", encode_key(key)),
+                            &format!("/v1/kv/{}?consistent", encode_key(key)),
                             None,
                             timeout,
                         )

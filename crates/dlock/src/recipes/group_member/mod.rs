@@ -23,136 +23,23 @@
 //! updates and departures as they happen. [`watch_group`] gives the same
 //! view without joining.
 
+mod events;
+mod keeper;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex as StdMutex};
 
-use futures::stream::{BoxStream, StreamExt};
+use futures::stream::BoxStream;
 
-use super::children_cache::{CacheEvent, ChildrenCache};
-use super::lifecycle::{lock, Backoff, Lifecycle, State};
+pub use self::events::{member_events, members_of, watch_group, MemberEvent};
+use self::keeper::{ensure_node, keep_node};
+use super::children_cache::ChildrenCache;
+use super::lifecycle::{lock, Lifecycle, State};
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
-use crate::store::{CreateMode, CreateOptions, SessionState, Watch, WatchEvent};
-
-/// A change of a group's membership.
-///
-/// ```
-/// use dlock::recipes::group_member::MemberEvent;
-/// let joined = MemberEvent::Joined { id: "a".into(), payload: b"10.0.0.1".to_vec() };
-/// assert_eq!(joined.id(), "a");
-/// assert_eq!(MemberEvent::Left { id: "a".into() }.id(), "a");
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MemberEvent {
-    /// A member joined, with its payload.
-    Joined {
-        /// The member's id.
-        id: String,
-        /// Its payload.
-        payload: Vec<u8>,
-    },
-    /// A member changed its payload.
-    Updated {
-        /// The member's id.
-        id: String,
-        /// Its new payload.
-        payload: Vec<u8>,
-    },
-    /// A member left (or its session ended).
-    Left {
-        /// The member's id.
-        id: String,
-    },
-}
-
-impl MemberEvent {
-    /// The member the event is about.
-    ///
-    /// ```
-    /// use dlock::recipes::group_member::MemberEvent;
-    /// assert_eq!(MemberEvent::Updated { id: "m".into(), payload: vec![] }.id(), "m");
-    /// ```
-    pub fn id(&self) -> &str {
-        match self {
-            MemberEvent::Joined { id, .. }
-            | MemberEvent::Updated { id, .. }
-            | MemberEvent::Left { id } => id,
-        }
-    }
-
-    fn from_cache(event: CacheEvent) -> Self {
-        match event {
-            CacheEvent::Added(c) => MemberEvent::Joined {
-                id: c.name,
-                payload: c.data,
-            },
-            CacheEvent::Updated { new, .. } => MemberEvent::Updated {
-                id: new.name,
-                payload: new.data,
-            },
-            CacheEvent::Removed(c) => MemberEvent::Left { id: c.name },
-        }
-    }
-}
-
-/// A group's members without joining it: the cache of its membership path,
-/// started. Close it with [`ChildrenCache::close`] (or drop it).
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
-/// use dlock::recipes::group_member::{members_of, watch_group, GroupMember};
-/// let (a, b) = (dlock::connect("embedded").await?, dlock::connect("embedded").await?);
-/// let member = GroupMember::new(&a, "/doc/watch-group", "a")?.with_payload(b"x".to_vec());
-/// member.start().await?;
-/// let group = watch_group(&b, "/doc/watch-group").await?; // a complete copy once started
-/// assert_eq!(members_of(&group)["a"], b"x");
-/// member.close().await?;
-/// # group.close().await; Ok(()) }
-/// ```
-pub async fn watch_group(session: &Session, membership_path: &str) -> Result<ChildrenCache> {
-    let cache = ChildrenCache::new(session, membership_path)?;
-    cache.start().await?;
-    Ok(cache)
-}
-
-/// The members a group's cache (from [`watch_group`]) has seen: id →
-/// payload.
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
-/// # use dlock::recipes::group_member::{members_of, watch_group};
-/// # let session = dlock::connect("embedded").await?;
-/// let group = watch_group(&session, "/doc/members-of").await?;
-/// assert!(members_of(&group).is_empty());
-/// # group.close().await; Ok(()) }
-/// ```
-pub fn members_of(cache: &ChildrenCache) -> BTreeMap<String, Vec<u8>> {
-    cache
-        .snapshot()
-        .into_iter()
-        .map(|(id, child)| (id, child.data))
-        .collect()
-}
-
-/// A group's membership changes as [`MemberEvent`]s, from a cache's events.
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
-/// # use dlock::recipes::group_member::{member_events, watch_group, GroupMember, MemberEvent};
-/// # use futures::StreamExt;
-/// # let (a, b) = (dlock::connect("embedded").await?, dlock::connect("embedded").await?);
-/// let group = watch_group(&b, "/doc/member-events").await?;
-/// let mut events = member_events(group.events());
-/// let member = GroupMember::new(&a, "/doc/member-events", "a")?;
-/// member.start().await?;
-/// assert_eq!(events.next().await.unwrap().id(), "a");
-/// # member.close().await?; group.close().await; Ok(()) }
-/// ```
-pub fn member_events(events: BoxStream<'static, CacheEvent>) -> BoxStream<'static, MemberEvent> {
-    events.map(MemberEvent::from_cache).boxed()
-}
+use crate::store::SessionState;
 
 /// One member of a group (Curator's `GroupMember`): see the [module
 /// docs](self) for the layout.
@@ -204,9 +91,7 @@ struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         let started = self.lifecycle.state() == State::Started;
-        if let Some(task) = self.lifecycle.force_close() {
-            task.abort();
-        }
+        self.lifecycle.abort();
         if started {
             // Leave in the background, deleting the node only if it is ours.
             let (session, node) = (self.session.clone(), self.node.clone());
@@ -356,27 +241,16 @@ impl GroupMember {
             Ok::<_, Error>(watch)
         }
         .await;
-        match joined {
-            Ok(watch) => {
-                let task = tokio::spawn(keep_node(
-                    inner.session.clone(),
-                    inner.node.clone(),
-                    inner.payload.clone(),
-                    watch,
-                ));
-                inner.lifecycle.attach(task).map_err(|task| {
-                    task.abort();
-                    Error::Closed
-                })
-            }
-            Err(e) => {
-                inner.lifecycle.unbegin();
-                if inner.session.state() != SessionState::Closed {
-                    let _ = self.delete_our_node().await;
-                }
-                Err(e)
-            }
+        let join_failed = joined.is_err();
+        let (session, node) = (inner.session.clone(), inner.node.clone());
+        let payload = inner.payload.clone();
+        let started = inner
+            .lifecycle
+            .launch(joined, |watch| keep_node(session, node, payload, watch));
+        if join_failed && inner.session.state() != SessionState::Closed {
+            let _ = self.delete_our_node().await;
         }
+        started
     }
 
     /// Changes the member's payload (Curator's `setThisData`): written to
@@ -462,10 +336,7 @@ impl GroupMember {
     /// ```
     pub async fn close(&self) -> Result<()> {
         let was = self.inner.lifecycle.state();
-        if let Some(task) = self.inner.lifecycle.force_close() {
-            task.abort();
-            let _ = task.await;
-        }
+        self.inner.lifecycle.stop().await;
         self.inner.cache.close().await;
         match was {
             State::Started => self.delete_our_node().await,
@@ -484,74 +355,6 @@ impl GroupMember {
             }
             Ok(_) | Err(Error::Closed) => Ok(()),
             Err(e) => Err(e),
-        }
-    }
-}
-
-/// Makes sure the member's node exists, creating it with the payload if it
-/// does not, and returns a watch on it.
-async fn ensure_node(session: &Session, node: &str, payload: &StdMutex<Vec<u8>>) -> Result<Watch> {
-    let opts = CreateOptions::new(CreateMode::Ephemeral).with_parents();
-    loop {
-        let (stat, watch) = session.retrying(|| session.exists_watch(node)).await?;
-        if stat.is_some() {
-            return Ok(watch);
-        }
-        let data = lock(payload).clone();
-        // A NoNode is the container reaper removing an empty parent between
-        // its creation and ours.
-        let created = session
-            .retrying_reaped(|| session.retrying(|| session.create(node, &data, opts)))
-            .await;
-        match created {
-            Ok(_) => {
-                // The payload changed while we created: write the latest.
-                let latest = lock(payload).clone();
-                if latest != data {
-                    match session
-                        .retrying(|| session.set_data(node, &latest, None))
-                        .await
-                    {
-                        Ok(_) | Err(Error::NoNode { .. }) => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-            }
-            // Ours after a lost reply, or another member's of the same id:
-            // either way, watch it.
-            Err(Error::NodeExists { .. }) => {}
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Keeps the member's node (Curator's `PersistentNode`): after any event on
-/// it — its deletion, the session's loss or reconnection — makes sure it
-/// exists again. Ends when the session is closed (or the task is aborted).
-async fn keep_node(
-    session: Session,
-    node: String,
-    payload: Arc<StdMutex<Vec<u8>>>,
-    mut watch: Watch,
-) {
-    let mut backoff = Backoff::default();
-    loop {
-        if watch.changed().await == WatchEvent::Session(SessionState::Closed) {
-            return;
-        }
-        loop {
-            match ensure_node(&session, &node, &payload).await {
-                Ok(w) => {
-                    backoff.reset();
-                    watch = w;
-                    break;
-                }
-                Err(Error::Closed) => return,
-                Err(e) => {
-                    tracing::warn!(%node, error = %e, "group member: keeping the node failed");
-                    backoff.pause(&session, std::future::pending::<()>()).await;
-                }
-            }
         }
     }
 }

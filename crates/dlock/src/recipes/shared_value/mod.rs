@@ -21,81 +21,23 @@
 //!
 //! [`SharedCount`]: super::shared_count::SharedCount
 
+mod value;
+mod watcher;
+
 use std::fmt;
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 
 use futures::stream::{BoxStream, StreamExt};
 use tokio::sync::watch;
 
-use super::lifecycle::{lock, Backoff, Lifecycle};
+use self::value::Cache;
+pub use self::value::{ValueCodec, VersionedValue};
+use self::watcher::watch_loop;
+use super::lifecycle::Lifecycle;
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
-use crate::store::{CreateMode, CreateOptions, SessionState, Stat, Watch, WatchEvent};
-
-/// A value together with the node version it was read at (Curator's
-/// `VersionedValue`): what [`SharedValue::try_set`] compares against.
-///
-/// ```
-/// use dlock::recipes::shared_value::VersionedValue;
-/// let v = VersionedValue { version: 3, value: 42 };
-/// assert_eq!(v, VersionedValue::new(3, 42));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct VersionedValue<T> {
-    /// The node's data version the value was read at; −1 before the first
-    /// read.
-    pub version: i32,
-    /// The value.
-    pub value: T,
-}
-
-impl<T> VersionedValue<T> {
-    /// A value at a version.
-    ///
-    /// ```
-    /// use dlock::recipes::shared_value::VersionedValue;
-    /// assert_eq!(VersionedValue::new(0, b"x".to_vec()).version, 0);
-    /// ```
-    pub fn new(version: i32, value: T) -> Self {
-        VersionedValue { version, value }
-    }
-}
-
-/// The version of a value that was never read (Curator's
-/// `UNINITIALIZED_VERSION`).
-const UNINITIALIZED: i32 = -1;
-
-/// How a [`SharedValue`]'s type is stored in its node.
-///
-/// ```
-/// use dlock::recipes::shared_value::ValueCodec;
-/// assert_eq!(258i32.to_bytes(), [0, 0, 1, 2]);
-/// assert_eq!(i32::from_bytes("/c", &[0, 0, 1, 2]).unwrap(), 258);
-/// assert_eq!(<Vec<u8>>::from_bytes("/v", b"any").unwrap(), b"any");
-/// ```
-pub trait ValueCodec: Clone + PartialEq + fmt::Debug + Send + Sync + 'static {
-    /// What the recipe is called in messages ("shared value").
-    const KIND: &'static str;
-    /// The node data for this value.
-    fn to_bytes(&self) -> Vec<u8>;
-    /// The value stored at `path`, or [`Error::MalformedData`] naming the
-    /// path if the data is no such value.
-    fn from_bytes(path: &str, data: &[u8]) -> Result<Self>;
-}
-
-/// Bytes as they are: Curator's `SharedValue`.
-impl ValueCodec for Vec<u8> {
-    const KIND: &'static str = "shared value";
-
-    fn to_bytes(&self) -> Vec<u8> {
-        self.clone()
-    }
-
-    fn from_bytes(_path: &str, data: &[u8]) -> Result<Self> {
-        Ok(data.to_vec())
-    }
-}
+use crate::store::{CreateMode, CreateOptions, Watch};
 
 /// A shared value (Curator's `SharedValue`), typed by its codec: bytes by
 /// default; [`SharedCount`](super::shared_count::SharedCount) is the `i32`
@@ -143,56 +85,9 @@ struct Inner<T: ValueCodec> {
     lifecycle: Lifecycle,
 }
 
-/// The local copy, shared with the watcher task.
-struct Cache<T> {
-    /// The sender, dropped on close so that subscribers see the end.
-    state: StdMutex<CacheState<T>>,
-    /// For reading the current value without locking.
-    current: watch::Receiver<VersionedValue<T>>,
-}
-
-struct CacheState<T> {
-    tx: Option<watch::Sender<VersionedValue<T>>>,
-    /// Transaction id of the last data change applied: only newer data
-    /// replaces the copy (Curator 5.7 orders by mzxid, as the version can
-    /// wrap; CURATOR-688).
-    mzxid: i64,
-}
-
-impl<T> Cache<T> {
-    fn new(seed: T) -> Self {
-        let (tx, current) = watch::channel(VersionedValue::new(UNINITIALIZED, seed));
-        Cache {
-            state: StdMutex::new(CacheState {
-                tx: Some(tx),
-                mzxid: i64::MIN,
-            }),
-            current,
-        }
-    }
-
-    /// Applies a value read or written at `stat`, unless the copy is newer.
-    fn update(&self, stat: &Stat, value: T) {
-        let mut state = lock(&self.state);
-        if stat.mzxid <= state.mzxid {
-            return;
-        }
-        state.mzxid = stat.mzxid;
-        if let Some(tx) = &state.tx {
-            tx.send_replace(VersionedValue::new(stat.version, value));
-        }
-    }
-
-    fn close(&self) {
-        lock(&self.state).tx = None;
-    }
-}
-
 impl<T: ValueCodec> Drop for Inner<T> {
     fn drop(&mut self) {
-        if let Some(task) = self.lifecycle.force_close() {
-            task.abort();
-        }
+        self.lifecycle.abort();
     }
 }
 
@@ -277,25 +172,18 @@ impl<T: ValueCodec> SharedValue<T> {
     /// # session.delete("/doc/sv-start", None).await?; Ok(()) }
     /// ```
     pub async fn start(&self) -> Result<()> {
-        let lifecycle = &self.inner.lifecycle;
-        lifecycle.begin(&self.inner.path)?;
-        match self.start_inner().await {
-            Ok(watch) => {
-                let inner = &self.inner;
-                let (session, path) = (inner.session.clone(), inner.path.clone());
-                let task =
-                    tokio::spawn(watch_loop(session, path, inner.cache.clone(), Some(watch)));
-                // Closed while starting: the watcher must not outlive it.
-                lifecycle.attach(task).map_err(|task| {
-                    task.abort();
-                    Error::Closed
-                })
-            }
-            Err(e) => {
-                lifecycle.unbegin();
-                Err(e)
-            }
-        }
+        let inner = &self.inner;
+        inner.lifecycle.begin(&inner.path)?;
+        let first = self.start_inner().await;
+        let (session, path, cache) = (
+            inner.session.clone(),
+            inner.path.clone(),
+            inner.cache.clone(),
+        );
+        // Closed while starting: the watcher must not outlive it.
+        inner
+            .lifecycle
+            .launch(first, |watch| watch_loop(session, path, cache, Some(watch)))
     }
 
     async fn start_inner(&self) -> Result<Watch> {
@@ -333,12 +221,8 @@ impl<T: ValueCodec> SharedValue<T> {
     /// # session.delete("/doc/sv-close", None).await?; Ok(()) }
     /// ```
     pub async fn close(&self) {
-        let task = self.inner.lifecycle.force_close();
         self.inner.cache.close();
-        if let Some(task) = task {
-            task.abort();
-            let _ = task.await;
-        }
+        self.inner.lifecycle.stop().await;
     }
 
     fn ensure_started(&self) -> Result<()> {
@@ -519,52 +403,5 @@ impl<T: ValueCodec> SharedValue<T> {
             Some((value, rx))
         })
         .boxed()
-    }
-}
-
-/// Keeps the cache fresh: waits for the watch, re-reads (re-arming it) on
-/// every node or session event, and follows the node through deletion and
-/// re-creation. Ends when the session is closed (or the task is aborted).
-async fn watch_loop<T: ValueCodec>(
-    session: Session,
-    path: String,
-    cache: Arc<Cache<T>>,
-    mut watch: Option<Watch>,
-) {
-    let mut backoff = Backoff::default();
-    loop {
-        if let Some(w) = watch.take() {
-            if w.changed().await == WatchEvent::Session(SessionState::Closed) {
-                return;
-            }
-        }
-        match session.retrying(|| session.get_data_watch(&path)).await {
-            Ok((data, stat, w)) => {
-                backoff.reset();
-                match T::from_bytes(&path, &data) {
-                    Ok(value) => cache.update(&stat, value),
-                    Err(e) => {
-                        tracing::warn!(error = %e, kind = T::KIND, "keeping the last good value")
-                    }
-                }
-                watch = Some(w);
-            }
-            Err(Error::NoNode { .. }) => match session.exists_watch(&path).await {
-                // Deleted: wait until someone creates it again.
-                Ok((None, w)) => watch = Some(w),
-                // Created again meanwhile: read it at once.
-                Ok((Some(_), _)) => {}
-                Err(Error::Closed) => return,
-                Err(e) => {
-                    tracing::warn!(%path, error = %e, kind = T::KIND, "watching failed");
-                    backoff.pause(&session, std::future::pending::<()>()).await;
-                }
-            },
-            Err(Error::Closed) => return,
-            Err(e) => {
-                tracing::warn!(%path, error = %e, kind = T::KIND, "reading failed");
-                backoff.pause(&session, std::future::pending::<()>()).await;
-            }
-        }
     }
 }

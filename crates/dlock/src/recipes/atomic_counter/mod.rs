@@ -8,9 +8,10 @@
 //! containers, the node itself as a plain persistent node (Curator's
 //! `EnsureContainers` + `create()`). A missing node and empty data both
 //! read as 0; the first update creates the node. The promoted-to-lock mode
-//! takes a [`Mutex`] at the lock path: Curator's `InterProcessMutex` nodes
-//! (`<lock path>/_c_<uuid>-lock-<seq>`), so a Java `DistributedAtomicLong`
-//! promoted to the same lock path queues with dlock's.
+//! takes a [`Mutex`](crate::Mutex) at the lock path: Curator's
+//! `InterProcessMutex` nodes (`<lock path>/_c_<uuid>-lock-<seq>`), so a
+//! Java `DistributedAtomicLong` promoted to the same lock path queues with
+//! dlock's.
 //!
 //! Every update is Curator's `trySet`: read the value and its version
 //! (`getData`), compute the new value, write it with that version
@@ -34,187 +35,15 @@
 //! - a failed update reports the value it saw as its `post_value` (Curator
 //!   reports 0).
 
-use std::time::{Duration, Instant};
+mod tries;
+mod value;
 
-use super::mutex::Mutex;
+use std::time::Duration;
+
+pub use self::value::{decode, encode, AtomicStats, AtomicValue, PromotedToLock};
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::{RetryPolicy, Session};
-use crate::store::{CreateMode, CreateOptions, Stat};
-
-/// Encodes a counter value as Curator does: 8 bytes, big-endian.
-///
-/// ```
-/// use dlock::recipes::atomic_counter::{decode, encode};
-/// assert_eq!(encode(258), [0, 0, 0, 0, 0, 0, 1, 2]);
-/// assert_eq!(decode("/c", &encode(-7)).unwrap(), -7);
-/// ```
-pub fn encode(value: i64) -> [u8; 8] {
-    value.to_be_bytes()
-}
-
-/// Decodes a counter stored at `path`: empty data is 0 (as in Curator),
-/// 8 bytes are a big-endian `i64`, anything else is
-/// [`Error::MalformedData`] naming the path and the bytes.
-///
-/// ```
-/// use dlock::recipes::atomic_counter::decode;
-/// assert_eq!(decode("/c", b"").unwrap(), 0);
-/// let err = decode("/c", b"foo").unwrap_err();
-/// assert!(err.to_string().contains("8 bytes"), "{err}");
-/// ```
-pub fn decode(path: &str, data: &[u8]) -> Result<i64> {
-    if data.is_empty() {
-        return Ok(0);
-    }
-    let bytes: [u8; 8] = data.try_into().map_err(|_| Error::MalformedData {
-        path: path.to_string(),
-        reason: format!(
-            "an atomic counter is 8 bytes (a big-endian i64), found {} bytes: [{}]",
-            data.len(),
-            data.iter()
-                .take(16)
-                .map(|b| format!("{b:#04x}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    })?;
-    Ok(i64::from_be_bytes(bytes))
-}
-
-/// How an update went (Curator's `AtomicStats`): how many tries each
-/// phase took and how long.
-///
-/// ```
-/// let stats = dlock::AtomicStats::default();
-/// assert_eq!((stats.optimistic_tries, stats.promoted_lock_tries), (0, 0));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct AtomicStats {
-    /// Compare-and-set tries without the lock.
-    pub optimistic_tries: u32,
-    /// Compare-and-set tries while holding the promoted lock.
-    pub promoted_lock_tries: u32,
-    /// Time spent in the optimistic tries, backoff included.
-    pub optimistic_time: Duration,
-    /// Time spent in the promoted phase, waiting for the lock included.
-    pub promoted_time: Duration,
-}
-
-/// The result of an [`AtomicCounter`] operation (Curator's
-/// `AtomicValue<Long>`). Check [`succeeded`](Self::succeeded): an update
-/// that lost every try changed nothing.
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
-/// let session = dlock::connect("embedded").await?;
-/// let counter = dlock::AtomicCounter::new(&session, "/doc/atomic-value")?;
-/// let v = counter.add(5).await?;
-/// assert!(v.succeeded);
-/// assert_eq!((v.pre_value, v.post_value), (0, 5));
-/// assert_eq!(v.stats.optimistic_tries, 1);
-/// # session.delete("/doc/atomic-value", None).await?; Ok(()) }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AtomicValue {
-    /// Whether the operation took effect.
-    pub succeeded: bool,
-    /// The value before (0 for a missing node or empty data).
-    pub pre_value: i64,
-    /// The value after; if the operation failed, the value last seen.
-    pub post_value: i64,
-    /// How many tries it took, and how long.
-    pub stats: AtomicStats,
-}
-
-impl AtomicValue {
-    fn unset() -> Self {
-        AtomicValue {
-            succeeded: false,
-            pre_value: 0,
-            post_value: 0,
-            stats: AtomicStats::default(),
-        }
-    }
-}
-
-/// The lock an [`AtomicCounter`] falls back to when its optimistic tries
-/// fail (Curator's `PromotedToLock`): a [`Mutex`] at `lock_path`, waited
-/// for at most [`with_timeout`](Self::with_timeout) (default: as long as
-/// it takes), then tries per [`with_retry`](Self::with_retry) (default:
-/// one try, as Curator's builder).
-///
-/// ```
-/// use std::time::Duration;
-/// let promoted = dlock::PromotedToLock::new("/locks/counter")?
-///     .with_timeout(Duration::from_secs(5));
-/// assert_eq!(promoted.lock_path(), "/locks/counter");
-/// assert!(dlock::PromotedToLock::new("no-slash").is_err());
-/// # Ok::<(), dlock::Error>(())
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PromotedToLock {
-    lock_path: String,
-    timeout: Option<Duration>,
-    retry: RetryPolicy,
-}
-
-impl PromotedToLock {
-    /// Promotion to the mutex at `lock_path` (not the root).
-    ///
-    /// ```
-    /// assert!(dlock::PromotedToLock::new("/").is_err());
-    /// ```
-    pub fn new(lock_path: &str) -> Result<Self> {
-        path::validate_recipe(lock_path, "a promoted lock")?;
-        Ok(PromotedToLock {
-            lock_path: lock_path.to_string(),
-            timeout: None,
-            retry: RetryPolicy {
-                base_sleep: Duration::ZERO,
-                max_sleep: Duration::ZERO,
-                max_retries: 0,
-            },
-        })
-    }
-
-    /// Waits at most `timeout` for the lock; an update that does not get
-    /// it in time fails (not succeeded), as in Curator.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let p = dlock::PromotedToLock::new("/l")?.with_timeout(Duration::from_secs(1));
-    /// # Ok::<(), dlock::Error>(())
-    /// ```
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
-
-    /// How the tries under the lock are repeated when they lose (to
-    /// optimistic writers who do not take the lock).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let retry = dlock::RetryPolicy { base_sleep: Duration::from_millis(1), max_sleep: Duration::from_millis(10), max_retries: 100 };
-    /// let p = dlock::PromotedToLock::new("/l")?.with_retry(retry);
-    /// # Ok::<(), dlock::Error>(())
-    /// ```
-    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
-        self.retry = retry;
-        self
-    }
-
-    /// The lock's path.
-    ///
-    /// ```
-    /// assert_eq!(dlock::PromotedToLock::new("/l")?.lock_path(), "/l");
-    /// # Ok::<(), dlock::Error>(())
-    /// ```
-    pub fn lock_path(&self) -> &str {
-        &self.lock_path
-    }
-}
 
 /// A distributed 64-bit counter (Curator's `DistributedAtomicLong`): see
 /// the [module docs](self) for its node and algorithm.
@@ -389,12 +218,9 @@ impl AtomicCounter {
     /// # session.delete("/doc/counter-add", None).await?; Ok(()) }
     /// ```
     pub async fn add(&self, delta: i64) -> Result<AtomicValue> {
-        let path = &self.path;
         self.update(|pre| {
-            pre.checked_add(delta).ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "adding {delta} to {pre} at {path} overflows a 64-bit counter"
-                ))
+            self.no_overflow(pre.checked_add(delta), || {
+                format!("adding {delta} to {pre}")
             })
         })
         .await
@@ -410,13 +236,9 @@ impl AtomicCounter {
     /// # session.delete("/doc/counter-sub", None).await?; Ok(()) }
     /// ```
     pub async fn subtract(&self, delta: i64) -> Result<AtomicValue> {
-        let path = &self.path;
         self.update(|pre| {
-            pre.checked_sub(delta).ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "subtracting {delta} from {pre} at {path} overflows a 64-bit counter"
-                ))
-            })
+            let doing = || format!("subtracting {delta} from {pre}");
+            self.no_overflow(pre.checked_sub(delta), doing)
         })
         .await
     }
@@ -530,117 +352,6 @@ impl AtomicCounter {
         match self.session.retrying_reaped(create).await {
             Ok(_) => Ok(true),
             Err(Error::NodeExists { .. }) => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// The node: persistent, its ancestors containers.
-    fn node_options() -> CreateOptions {
-        CreateOptions::new(CreateMode::Persistent).with_parents()
-    }
-
-    /// The node's data and stat, `None` if it is missing.
-    async fn read_raw(&self) -> Result<Option<(Vec<u8>, Stat)>> {
-        let (session, path) = (&self.session, &self.path);
-        match session.retrying(|| session.get_data(path)).await {
-            Ok(found) => Ok(Some(found)),
-            Err(Error::NoNode { .. }) => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// The value and stat, `None` if the node is missing.
-    async fn read(&self) -> Result<Option<(i64, Stat)>> {
-        match self.read_raw().await? {
-            Some((data, stat)) => Ok(Some((decode(&self.path, &data)?, stat))),
-            None => Ok(None),
-        }
-    }
-
-    /// Curator's `trySet(MakeValue)`: optimistic tries, then the promoted
-    /// lock's.
-    async fn update(&self, make: impl Fn(i64) -> Result<i64>) -> Result<AtomicValue> {
-        let mut result = AtomicValue::unset();
-        let started = Instant::now();
-        let mut retry = 0;
-        loop {
-            result.stats.optimistic_tries += 1;
-            if self.try_once(&mut result, &make).await? {
-                break;
-            }
-            if retry >= self.retry.max_retries {
-                break;
-            }
-            tokio::time::sleep(self.retry.sleep_for(retry)).await;
-            retry += 1;
-        }
-        result.stats.optimistic_time = started.elapsed();
-        if let (false, Some(promoted)) = (result.succeeded, &self.promoted) {
-            let started = Instant::now();
-            let mutex = Mutex::new(&self.session, &promoted.lock_path)?;
-            let guard = match promoted.timeout {
-                Some(t) => match mutex.acquire_timeout(t).await {
-                    Ok(guard) => Some(guard),
-                    Err(Error::Timeout(_)) => None,
-                    Err(e) => return Err(e),
-                },
-                None => Some(mutex.acquire().await?),
-            };
-            if let Some(guard) = guard {
-                let mut retry = 0;
-                let tried = loop {
-                    result.stats.promoted_lock_tries += 1;
-                    match self.try_once(&mut result, &make).await {
-                        Ok(true) => break Ok(()),
-                        Ok(false) if retry < promoted.retry.max_retries => {
-                            tokio::time::sleep(promoted.retry.sleep_for(retry)).await;
-                            retry += 1;
-                        }
-                        Ok(false) => break Ok(()),
-                        Err(e) => break Err(e),
-                    }
-                };
-                let released = guard.release().await;
-                tried?;
-                released?;
-            }
-            result.stats.promoted_time = started.elapsed();
-        }
-        Ok(result)
-    }
-
-    /// One compare-and-set: read, compute, write with the version read (or
-    /// create). Whether it won; a lost race is `false`.
-    async fn try_once(
-        &self,
-        result: &mut AtomicValue,
-        make: &impl Fn(i64) -> Result<i64>,
-    ) -> Result<bool> {
-        let (session, path) = (&self.session, &self.path);
-        let read = self.read().await?;
-        result.pre_value = read.map_or(0, |(v, _)| v);
-        result.post_value = result.pre_value;
-        let value = make(result.pre_value)?;
-        let data = encode(value);
-        let written = match read {
-            Some((_, stat)) => session
-                .set_data(path, &data, Some(stat.version))
-                .await
-                .map(drop),
-            None => session
-                .create(path, &data, Self::node_options())
-                .await
-                .map(drop),
-        };
-        match written {
-            Ok(()) => {
-                result.succeeded = true;
-                result.post_value = value;
-                Ok(true)
-            }
-            Err(Error::BadVersion { .. } | Error::NodeExists { .. } | Error::NoNode { .. }) => {
-                Ok(false)
-            }
             Err(e) => Err(e),
         }
     }
