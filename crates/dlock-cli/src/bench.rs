@@ -1,6 +1,7 @@
 //! `dlock bench`: the peer harnesses' workloads (shared/peers), with their
 //! output line, so results compare side by side.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use dlock::store::{CreateMode, CreateOptions};
-use dlock::{Mutex, ReadWriteLock, Session};
+use dlock::{LockGuard, Mutex, ReadGuard, ReadWriteLock, Session, WriteGuard};
 
 use crate::Global;
 
@@ -112,33 +113,27 @@ pub async fn run(global: &Global, args: Bench) -> Result<()> {
     let deadline = started + Duration::from_secs_f64(args.seconds);
     let mut tasks = Vec::new();
     for (id, session) in sessions.iter().enumerate() {
-        let (session, path, shared) = (session.clone(), path.clone(), shared.clone());
+        let client = Client {
+            session: session.clone(),
+            path: path.clone(),
+            id,
+            deadline,
+            shared: shared.clone(),
+        };
         let (workload, write_every, inflight, leases) =
             (args.workload, args.write_every, args.inflight, args.leases);
         tasks.push(tokio::spawn(async move {
             match workload {
-                Workload::Mutex => mutex_loop(session, path, deadline, shared).await,
-                Workload::Rwlock => {
-                    rwlock_loop(session, path, id as u32, write_every, deadline, shared).await
-                }
-                Workload::Raw => raw_loop(session, path, id, inflight, deadline).await,
-                Workload::Semaphore => {
-                    semaphore_loop(session, path, leases, deadline, shared).await
-                }
-                Workload::Election => election_loop(session, path, id, deadline, shared).await,
+                Workload::Mutex => client.mutex().await,
+                Workload::Rwlock => client.rwlock(write_every).await,
+                Workload::Raw => client.raw(inflight).await,
+                Workload::Semaphore => client.semaphore(leases).await,
+                Workload::Election => client.election().await,
                 Workload::Counter | Workload::DoubleBarrier => unreachable!("run on their own"),
             }
         }));
     }
-    let mut latencies = Vec::new();
-    for task in tasks {
-        latencies.extend(task.await.context("a client panicked")??);
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    for s in &sessions {
-        s.close().await;
-    }
-    latencies.sort_unstable();
+    let (latencies, elapsed) = gather(tasks, started, &sessions).await?;
     let ops = latencies.len();
     let latency = if args.workload == Workload::Raw {
         "cycle"
@@ -146,14 +141,32 @@ pub async fn run(global: &Global, args: Bench) -> Result<()> {
         "acquire"
     };
     println!(
-        "peer=dlock recipe={name} clients={} seconds={elapsed:.2} ops={ops} ops_per_s={:.1} {latency}_p50_ms={:.3} {latency}_p99_ms={:.3} violations={}",
+        "peer=dlock recipe={name} clients={} seconds={elapsed:.2} ops={ops} ops_per_s={:.1} {} violations={}",
         args.clients,
         ops as f64 / elapsed,
-        percentile(&latencies, 0.50),
-        percentile(&latencies, 0.99),
+        percentiles(latency, &latencies),
         shared.violations.load(Ordering::SeqCst),
     );
     Ok(())
+}
+
+/// Every client's latencies, sorted, and the seconds from `started` until
+/// the last client finished; then the sessions are closed.
+async fn gather(
+    tasks: Vec<tokio::task::JoinHandle<Result<Vec<Duration>>>>,
+    started: Instant,
+    sessions: &[Session],
+) -> Result<(Vec<Duration>, f64)> {
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.context("a client panicked")??);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    for s in sessions {
+        s.close().await;
+    }
+    latencies.sort_unstable();
+    Ok((latencies, elapsed))
 }
 
 /// Who is inside the critical section, checked across all clients.
@@ -193,43 +206,148 @@ impl Shared {
     }
 }
 
-async fn semaphore_loop(
-    session: Session,
-    path: String,
-    leases: u32,
-    deadline: Instant,
-    shared: Arc<Shared>,
-) -> Result<Vec<Duration>> {
-    let semaphore = dlock::Semaphore::new(&session, &path, leases)?;
-    let mut latencies = Vec::new();
-    while Instant::now() < deadline {
-        let t0 = Instant::now();
-        let lease = semaphore.acquire_one().await?;
-        latencies.push(t0.elapsed());
-        shared.enter_lease(leases);
-        lease.release().await?;
-    }
-    Ok(latencies)
-}
-
-async fn election_loop(
+/// One client of a workload: its session, the recipe's
+/// path, when to stop, and the check of the critical section shared by all.
+struct Client {
     session: Session,
     path: String,
     id: usize,
     deadline: Instant,
     shared: Arc<Shared>,
-) -> Result<Vec<Duration>> {
-    let mut latencies = Vec::new();
-    while Instant::now() < deadline {
-        let latch = dlock::LeaderLatch::new(&session, &path)?.with_id(id.to_string());
-        let t0 = Instant::now();
-        latch.start()?;
-        latch.await_leadership().await?;
-        latencies.push(t0.elapsed());
-        shared.enter_exclusive();
-        latch.close().await?;
+}
+
+impl Client {
+    async fn mutex(self) -> Result<Vec<Duration>> {
+        let mutex = Mutex::new(&self.session, &self.path)?;
+        let mut laps = Laps::until(self.deadline);
+        while laps.go_on() {
+            let inside = || self.shared.enter_exclusive();
+            laps.hold(mutex.acquire(), inside, LockGuard::release)
+                .await?;
+        }
+        Ok(laps.latencies)
     }
-    Ok(latencies)
+
+    async fn rwlock(self, write_every: u32) -> Result<Vec<Duration>> {
+        let rw = ReadWriteLock::new(&self.session, &self.path)?;
+        let mut laps = Laps::until(self.deadline);
+        // A fixed pseudo-random pattern per client, like the peers' seeded Random.
+        let mut x = 0x9e37_79b9_u32.wrapping_mul(self.id as u32 + 1);
+        while laps.go_on() {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            if x % write_every == 0 {
+                let inside = || self.shared.enter_exclusive();
+                laps.hold(rw.write(), inside, WriteGuard::release).await?;
+            } else {
+                let inside = || self.shared.enter_shared();
+                laps.hold(rw.read(), inside, ReadGuard::release).await?;
+            }
+        }
+        Ok(laps.latencies)
+    }
+
+    async fn semaphore(self, leases: u32) -> Result<Vec<Duration>> {
+        let semaphore = dlock::Semaphore::new(&self.session, &self.path, leases)?;
+        let mut laps = Laps::until(self.deadline);
+        while laps.go_on() {
+            let inside = || self.shared.enter_lease(leases);
+            laps.hold(semaphore.acquire_one(), inside, dlock::Lease::release)
+                .await?;
+        }
+        Ok(laps.latencies)
+    }
+
+    async fn election(self) -> Result<Vec<Duration>> {
+        let mut laps = Laps::until(self.deadline);
+        while laps.go_on() {
+            let latch =
+                dlock::LeaderLatch::new(&self.session, &self.path)?.with_id(self.id.to_string());
+            let lead = async {
+                latch.start()?;
+                latch.await_leadership().await
+            };
+            let inside = || self.shared.enter_exclusive();
+            laps.hold(lead, inside, |_leadership| latch.close()).await?;
+        }
+        Ok(laps.latencies)
+    }
+
+    /// Creates and deletes a node, `inflight` at a time: no recipe.
+    async fn raw(self, inflight: u32) -> Result<Vec<Duration>> {
+        let options = CreateOptions::new(CreateMode::Ephemeral).with_parents();
+        let mut workers = Vec::new();
+        for w in 0..inflight {
+            let (session, node) = (
+                self.session.clone(),
+                format!("{}/{}-{w}", self.path, self.id),
+            );
+            let deadline = self.deadline;
+            workers.push(tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                while Instant::now() < deadline {
+                    let t0 = Instant::now();
+                    session.create(&node, b"x", options).await?;
+                    session.delete(&node, None).await?;
+                    latencies.push(t0.elapsed());
+                }
+                anyhow::Ok(latencies)
+            }));
+        }
+        let mut all = Vec::new();
+        for w in workers {
+            all.extend(w.await??);
+        }
+        Ok(all)
+    }
+}
+
+/// A client's timed acquisitions, until its deadline.
+struct Laps {
+    deadline: Instant,
+    latencies: Vec<Duration>,
+}
+
+impl Laps {
+    fn until(deadline: Instant) -> Self {
+        Laps {
+            deadline,
+            latencies: Vec::new(),
+        }
+    }
+
+    fn go_on(&self) -> bool {
+        Instant::now() < self.deadline
+    }
+
+    /// One timed hold: how long `acquire` took is kept; while held,
+    /// `inside` checks the hold against the other clients; then `release`.
+    async fn hold<H, Released>(
+        &mut self,
+        acquire: impl Future<Output = dlock::Result<H>>,
+        inside: impl FnOnce(),
+        release: impl FnOnce(H) -> Released,
+    ) -> Result<()>
+    where
+        Released: Future<Output = dlock::Result<()>>,
+    {
+        let t0 = Instant::now();
+        let held = acquire.await?;
+        self.latencies.push(t0.elapsed());
+        inside();
+        release(held).await?;
+        Ok(())
+    }
+}
+
+/// `<what>_p50_ms=… <what>_p99_ms=…` of `sorted`, as the peers print them.
+fn percentiles(what: &str, sorted: &[Duration]) -> String {
+    format!(
+        "{what}_p50_ms={:.3} {what}_p99_ms={:.3}",
+        percentile(sorted, 0.50),
+        percentile(sorted, 0.99)
+    )
 }
 
 /// The peers' percentile: the element at `p × n`.
@@ -239,85 +357,6 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     }
     let i = ((p * sorted.len() as f64) as usize).min(sorted.len() - 1);
     sorted[i].as_secs_f64() * 1000.0
-}
-
-async fn mutex_loop(
-    session: Session,
-    path: String,
-    deadline: Instant,
-    shared: Arc<Shared>,
-) -> Result<Vec<Duration>> {
-    let mutex = Mutex::new(&session, &path)?;
-    let mut latencies = Vec::new();
-    while Instant::now() < deadline {
-        let t0 = Instant::now();
-        let guard = mutex.acquire().await?;
-        latencies.push(t0.elapsed());
-        shared.enter_exclusive();
-        guard.release().await?;
-    }
-    Ok(latencies)
-}
-
-async fn rwlock_loop(
-    session: Session,
-    path: String,
-    id: u32,
-    write_every: u32,
-    deadline: Instant,
-    shared: Arc<Shared>,
-) -> Result<Vec<Duration>> {
-    let rw = ReadWriteLock::new(&session, &path)?;
-    let mut latencies = Vec::new();
-    // A fixed pseudo-random pattern per client, like the peers' seeded Random.
-    let mut x = 0x9e37_79b9_u32.wrapping_mul(id + 1);
-    while Instant::now() < deadline {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        let t0 = Instant::now();
-        if x % write_every == 0 {
-            let guard = rw.write().await?;
-            latencies.push(t0.elapsed());
-            shared.enter_exclusive();
-            guard.release().await?;
-        } else {
-            let guard = rw.read().await?;
-            latencies.push(t0.elapsed());
-            shared.enter_shared();
-            guard.release().await?;
-        }
-    }
-    Ok(latencies)
-}
-
-async fn raw_loop(
-    session: Session,
-    path: String,
-    id: usize,
-    inflight: u32,
-    deadline: Instant,
-) -> Result<Vec<Duration>> {
-    let options = CreateOptions::new(CreateMode::Ephemeral).with_parents();
-    let mut workers = Vec::new();
-    for w in 0..inflight {
-        let (session, node) = (session.clone(), format!("{path}/{id}-{w}"));
-        workers.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            while Instant::now() < deadline {
-                let t0 = Instant::now();
-                session.create(&node, b"x", options).await?;
-                session.delete(&node, None).await?;
-                latencies.push(t0.elapsed());
-            }
-            anyhow::Ok(latencies)
-        }));
-    }
-    let mut all = Vec::new();
-    for w in workers {
-        all.extend(w.await??);
-    }
-    Ok(all)
 }
 
 /// `bench counter`: every client adds 1, `--rounds` times, as Curator's
@@ -371,11 +410,10 @@ async fn counter_bench(args: &Bench, path: &str, sessions: Vec<Session>) -> Resu
     let ops = latencies.len();
     let violations = u64::from(value - before != ops as i64);
     println!(
-        "peer=dlock recipe=counter clients={} seconds={elapsed:.2} ops={ops} ops_per_s={:.1} failed={failed} value={value} op_p50_ms={:.3} op_p99_ms={:.3} violations={violations}",
+        "peer=dlock recipe=counter clients={} seconds={elapsed:.2} ops={ops} ops_per_s={:.1} failed={failed} value={value} {} violations={violations}",
         args.clients,
         ops as f64 / elapsed,
-        percentile(&latencies, 0.50),
-        percentile(&latencies, 0.99),
+        percentiles("op", &latencies),
     );
     Ok(())
 }
@@ -450,15 +488,7 @@ async fn double_barrier_bench(args: &Bench, path: &str, sessions: Vec<Session>) 
             anyhow::Ok(latencies)
         }));
     }
-    let mut latencies = Vec::new();
-    for task in tasks {
-        latencies.extend(task.await.context("a client panicked")??);
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    for s in &sessions {
-        s.close().await;
-    }
-    latencies.sort_unstable();
+    let (latencies, elapsed) = gather(tasks, started, &sessions).await?;
     // From the first member in to the last one out, per cycle: what
     // Curator's PeerBench `doublebarrier` prints (entered=, left=).
     let mut spans: Vec<Duration> = cycles
@@ -470,13 +500,11 @@ async fn double_barrier_bench(args: &Bench, path: &str, sessions: Vec<Session>) 
     spans.sort_unstable();
     let ops = spans.len();
     println!(
-        "peer=dlock recipe=double-barrier members={members} clients={} seconds={elapsed:.2} ops={ops} ops_per_s={:.1} cycle_p50_ms={:.3} cycle_p99_ms={:.3} span_p50_ms={:.3} span_p99_ms={:.3} violations={}",
+        "peer=dlock recipe=double-barrier members={members} clients={} seconds={elapsed:.2} ops={ops} ops_per_s={:.1} {} {} violations={}",
         args.clients,
         ops as f64 / elapsed,
-        percentile(&latencies, 0.50),
-        percentile(&latencies, 0.99),
-        percentile(&spans, 0.50),
-        percentile(&spans, 0.99),
+        percentiles("cycle", &latencies),
+        percentiles("span", &spans),
         violations.load(Ordering::SeqCst),
     );
     Ok(())

@@ -72,26 +72,34 @@ where
     }
 }
 
+impl LockArgs {
+    /// The path, and the flags that `kind` of lock can take.
+    fn check(&self, kind: LockKind) -> Result<()> {
+        dlock::path::validate(&self.path)?;
+        if self.layout == Layout::Consul && !matches!(kind, LockKind::Mutex) {
+            return Err(Exit::Usage
+                .with("--layout consul is Consul's api.Lock: only `dlock lock` has it")
+                .into());
+        }
+        if self.layout == Layout::Kazoo && !matches!(kind, LockKind::Mutex) {
+            return Err(Exit::Usage
+                .with("--layout kazoo is kazoo's Lock: only `dlock lock` has it")
+                .into());
+        }
+        if self.layout == Layout::Consul
+            && (self.hold.revocable.is_some() || self.hold.max_hold.is_some())
+        {
+            return Err(Exit::Usage
+                .with("--layout consul is Consul's api.Lock, which has neither revocation nor a hold limit: drop --revocable and --max-hold")
+                .into());
+        }
+        Ok(())
+    }
+}
+
 /// `dlock lock|read-lock|write-lock PATH -- CMD...`
 pub async fn lock(global: &Global, args: LockArgs, kind: LockKind) -> Result<u8> {
-    dlock::path::validate(&args.path)?;
-    if args.layout == Layout::Consul && !matches!(kind, LockKind::Mutex) {
-        return Err(Exit::Usage
-            .with("--layout consul is Consul's api.Lock: only `dlock lock` has it")
-            .into());
-    }
-    if args.layout == Layout::Kazoo && !matches!(kind, LockKind::Mutex) {
-        return Err(Exit::Usage
-            .with("--layout kazoo is kazoo's Lock: only `dlock lock` has it")
-            .into());
-    }
-    if args.layout == Layout::Consul
-        && (args.hold.revocable.is_some() || args.hold.max_hold.is_some())
-    {
-        return Err(Exit::Usage
-            .with("--layout consul is Consul's api.Lock, which has neither revocation nor a hold limit: drop --revocable and --max-hold")
-            .into());
-    }
+    args.check(kind)?;
     let endpoint = global.endpoint()?;
     let revocation = args.hold.revocation(&args.run);
     in_session(global, |session| async move {
@@ -100,24 +108,21 @@ pub async fn lock(global: &Global, args: LockArgs, kind: LockKind) -> Result<u8>
                 Box::new(dlock::ConsulLock::new(&session, &args.path)?)
             }
             LockKind::Mutex => {
-                let mut mutex =
-                    dlock::Mutex::new(&session, &args.path)?.with_layout(args.layout)?;
-                if let Some((requested, _)) = &revocation {
-                    mutex = mutex.revocable(listener(requested));
-                }
-                if let Some(max_hold) = args.hold.max_hold {
-                    mutex = mutex.with_max_hold(max_hold);
-                }
-                Box::new(mutex)
+                let mutex = dlock::Mutex::new(&session, &args.path)?.with_layout(args.layout)?;
+                Box::new(args.hold.apply(
+                    mutex,
+                    &revocation,
+                    |m, requested| m.revocable(listener(requested)),
+                    dlock::Mutex::with_max_hold,
+                ))
             }
             LockKind::Read | LockKind::Write => {
-                let mut rw = ReadWriteLock::new(&session, &args.path)?;
-                if let Some((requested, _)) = &revocation {
-                    rw = rw.revocable(listener(requested));
-                }
-                if let Some(max_hold) = args.hold.max_hold {
-                    rw = rw.with_max_hold(max_hold);
-                }
+                let rw = args.hold.apply(
+                    ReadWriteLock::new(&session, &args.path)?,
+                    &revocation,
+                    |rw, requested| rw.revocable(listener(requested)),
+                    ReadWriteLock::with_max_hold,
+                );
                 match kind {
                     LockKind::Read => Box::new(rw.read_half()),
                     _ => Box::new(rw.write_half()),
@@ -302,53 +307,63 @@ pub struct SemaphoreArgs {
     pub run: RunOptions,
 }
 
+impl SemaphoreArgs {
+    /// Whether the leases are a KvSemaphore's (Consul's layout is one).
+    fn uses_kv(&self) -> bool {
+        self.kv || self.layout == Layout::Consul
+    }
+
+    /// The path, and the flags that go together.
+    fn check(&self) -> Result<()> {
+        dlock::path::validate(&self.path)?;
+        if self.qty > self.leases {
+            return Err(Exit::Usage
+                .with(format!(
+                    "--qty {} is more than the {} leases there are",
+                    self.qty, self.leases
+                ))
+                .into());
+        }
+        if self.kv && self.layout == Layout::Kazoo {
+            return Err(Exit::Usage
+                .with("--layout kazoo is kazoo's Semaphore, which is no KvSemaphore: drop --kv")
+                .into());
+        }
+        if self.uses_kv() && self.qty != 1 {
+            return Err(Exit::Usage
+                .with("the KvSemaphore gives one lease per session: --kv takes no --qty")
+                .into());
+        }
+        Ok(())
+    }
+}
+
 /// `dlock semaphore PATH --leases N [--qty K] -- CMD...`
 pub async fn semaphore(global: &Global, args: SemaphoreArgs) -> Result<u8> {
-    dlock::path::validate(&args.path)?;
-    if args.qty > args.leases {
-        return Err(Exit::Usage
-            .with(format!(
-                "--qty {} is more than the {} leases there are",
-                args.qty, args.leases
-            ))
-            .into());
-    }
-    if args.kv && args.layout == Layout::Kazoo {
-        return Err(Exit::Usage
-            .with("--layout kazoo is kazoo's Semaphore, which is no KvSemaphore: drop --kv")
-            .into());
-    }
-    let kv = args.kv || args.layout == Layout::Consul;
-    if kv && args.qty != 1 {
-        return Err(Exit::Usage
-            .with("the KvSemaphore gives one lease per session: --kv takes no --qty")
-            .into());
-    }
+    args.check()?;
     let endpoint = global.endpoint()?;
     let revocation = args.hold.revocation(&args.run);
     in_session(global, |session| async move {
         let t = args.run.timeout;
         let acquire = async {
-            let holds: Vec<Box<dyn Hold>> = if kv {
-                let mut sem = dlock::KvSemaphore::new(&session, &args.path, args.leases)?
-                    .with_layout(args.layout);
-                if let Some((requested, _)) = &revocation {
-                    sem = sem.revocable(listener(requested));
-                }
-                if let Some(max_hold) = args.hold.max_hold {
-                    sem = sem.with_max_hold(max_hold);
-                }
+            let holds: Vec<Box<dyn Hold>> = if args.uses_kv() {
+                let sem = args.hold.apply(
+                    dlock::KvSemaphore::new(&session, &args.path, args.leases)?
+                        .with_layout(args.layout),
+                    &revocation,
+                    |sem, requested| sem.revocable(listener(requested)),
+                    dlock::KvSemaphore::with_max_hold,
+                );
                 let lease = within(t, |t| sem.acquire_timeout(t), sem.acquire()).await?;
                 vec![Box::new(lease)]
             } else {
-                let mut sem = dlock::Semaphore::new(&session, &args.path, args.leases)?
-                    .with_layout(args.layout)?;
-                if let Some((requested, _)) = &revocation {
-                    sem = sem.revocable(listener(requested));
-                }
-                if let Some(max_hold) = args.hold.max_hold {
-                    sem = sem.with_max_hold(max_hold);
-                }
+                let sem = args.hold.apply(
+                    dlock::Semaphore::new(&session, &args.path, args.leases)?
+                        .with_layout(args.layout)?,
+                    &revocation,
+                    |sem, requested| sem.revocable(listener(requested)),
+                    dlock::Semaphore::with_max_hold,
+                );
                 let leases = within(
                     t,
                     |t| sem.acquire_timeout(args.qty, t),

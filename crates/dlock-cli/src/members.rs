@@ -9,9 +9,9 @@ use clap::{Args, Subcommand};
 use dlock::recipes::group_member::{member_events, members_of, watch_group};
 use dlock::{GroupMember, LeaderParticipant, MemberEvent, Session};
 use futures::StreamExt;
-use tokio::signal::unix::{signal, SignalKind};
 
 use crate::exit::Exit;
+use crate::run::Signals;
 use crate::Global;
 
 /// `dlock members ...`: a group's membership (Curator's GroupMember).
@@ -92,30 +92,8 @@ fn text(payload: &[u8]) -> String {
     String::from_utf8_lossy(payload).into_owned()
 }
 
-/// SIGINT or SIGTERM, whichever comes first: its number.
-struct Stop {
-    int: tokio::signal::unix::Signal,
-    term: tokio::signal::unix::Signal,
-}
-
-impl Stop {
-    fn new() -> Result<Self> {
-        Ok(Stop {
-            int: signal(SignalKind::interrupt())?,
-            term: signal(SignalKind::terminate())?,
-        })
-    }
-
-    async fn next(&mut self) -> libc::c_int {
-        tokio::select! {
-            _ = self.int.recv() => libc::SIGINT,
-            _ = self.term.recv() => libc::SIGTERM,
-        }
-    }
-}
-
 async fn join(global: &Global, session: &Session, args: JoinArgs) -> Result<u8> {
-    let mut stop = Stop::new()?;
+    let mut stop = Signals::new()?;
     let mut member = GroupMember::new(session, &args.path, &args.id)?;
     if let Some(payload) = args.payload {
         member = member.with_payload(payload.into_bytes());
@@ -208,7 +186,7 @@ fn print_event(event: &MemberEvent, json: bool) {
 }
 
 async fn watch(session: &Session, path: &str, json: bool) -> Result<u8> {
-    let mut stop = Stop::new()?;
+    let mut stop = Signals::new()?;
     let group = watch_group(session, path).await?;
     let (now, events) = group.snapshot_and_events();
     for (id, child) in now {
@@ -251,7 +229,7 @@ fn print_leader(leader: &Option<LeaderParticipant>, json: bool) {
 pub async fn observe(global: &Global, args: ObserveArgs) -> Result<u8> {
     let session = global.connect_remote().await?;
     let result = async {
-        let mut stop = Stop::new()?;
+        let mut stop = Signals::new()?;
         let observer = dlock::observe(&session, &args.path).await?;
         let mut leaders = observer.leader_changes();
         loop {

@@ -144,6 +144,25 @@ impl HoldOptions {
         self.revocable
             .map(|grace| (Arc::new(Notify::new()), grace.unwrap_or(run.grace)))
     }
+
+    /// `recipe` made revocable if `--revocable` asked (`revocation`, as
+    /// [`revocation`](Self::revocation) made it) and limited by
+    /// `--max-hold`, each by the recipe's own builder method.
+    pub fn apply<R>(
+        &self,
+        mut recipe: R,
+        revocation: &Option<(Arc<Notify>, Duration)>,
+        revocable: impl FnOnce(R, &Arc<Notify>) -> R,
+        limited: impl FnOnce(R, Duration) -> R,
+    ) -> R {
+        if let Some((requested, _)) = revocation {
+            recipe = revocable(recipe, requested);
+        }
+        if let Some(max_hold) = self.max_hold {
+            recipe = limited(recipe, max_hold);
+        }
+        recipe
+    }
 }
 
 /// A revocation listener that notifies `requested`.
@@ -367,14 +386,15 @@ pub async fn lost(
     }
 }
 
-/// SIGINT and SIGTERM sent to dlock, to pass on to the command.
-struct Signals {
+/// SIGINT and SIGTERM sent to dlock (to pass on to a command, or to stop):
+/// [`next`](Signals::next) is whichever comes first.
+pub(crate) struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
 }
 
 impl Signals {
-    fn new() -> Result<Self> {
+    pub(crate) fn new() -> Result<Self> {
         use tokio::signal::unix::{signal, SignalKind};
         Ok(Signals {
             int: signal(SignalKind::interrupt())?,
@@ -382,7 +402,7 @@ impl Signals {
         })
     }
 
-    async fn next(&mut self) -> libc::c_int {
+    pub(crate) async fn next(&mut self) -> libc::c_int {
         tokio::select! {
             _ = self.int.recv() => libc::SIGINT,
             _ = self.term.recv() => libc::SIGTERM,

@@ -355,10 +355,7 @@ impl FromStr for Endpoint {
                     None | Some("") => None,
                     Some(query) => Some(parse_tls(query).map_err(fail)?),
                 };
-                let tls = match (scheme, tls) {
-                    ("etcds", None) => Some(TlsFiles::default()),
-                    (_, tls) => tls,
-                };
+                let tls = tls.or_else(|| (scheme == "etcds").then(TlsFiles::default));
                 Ok(Endpoint::Etcd {
                     hosts,
                     credentials,
@@ -414,10 +411,7 @@ impl FromStr for Endpoint {
                         ))
                     })?),
                 };
-                let tls = match (scheme, tls) {
-                    ("consuls", None) => Some(TlsFiles::default()),
-                    (_, tls) => tls,
-                };
+                let tls = tls.or_else(|| (scheme == "consuls").then(TlsFiles::default));
                 Ok(Endpoint::Consul {
                     hosts,
                     prefix,

@@ -493,74 +493,60 @@ impl Session {
         list: bool,
     ) -> ProtectedCreate {
         let session = self.clone();
-        let (parent, prefix, name, data) = (
-            parent.to_string(),
-            prefix.to_string(),
-            name.to_string(),
-            data.to_vec(),
-        );
-        ProtectedCreate {
-            session: self.clone(),
-            create: Some(Box::pin(async move {
-                session
-                    .create_protected_here(&parent, &prefix, &name, &data, mode, list)
-                    .await
-            })),
-        }
-    }
-
-    async fn create_protected_here(
-        &self,
-        parent: &str,
-        prefix: &str,
-        name: &str,
-        data: &[u8],
-        mode: CreateMode,
-        list: bool,
-    ) -> Result<(Created, Option<Vec<Child>>)> {
         let full = path::join(parent, &format!("{prefix}{name}"));
-        check_create_path(&full, mode)?;
-        let opts = CreateOptions::new(mode).with_parents();
-        let store = &self.inner.store;
-        let mut retry = 0;
-        loop {
-            if retry > 0 {
-                match self.find_protected(parent, prefix, mode).await {
-                    Ok(Some(created)) => {
-                        let children = match list {
-                            true => Some(self.retrying(|| store.children(parent, false)).await?.0),
-                            false => None,
-                        };
-                        return Ok((created, children));
+        let (parent, prefix, data) = (parent.to_string(), prefix.to_string(), data.to_vec());
+        // Owned, so that a dropped caller's create can finish in the
+        // background.
+        let create = async move {
+            check_create_path(&full, mode)?;
+            let opts = CreateOptions::new(mode).with_parents();
+            let store = &session.inner.store;
+            let mut retry = 0;
+            loop {
+                if retry > 0 {
+                    match session.find_protected(&parent, &prefix, mode).await {
+                        Ok(Some(created)) => {
+                            let children = match list {
+                                true => Some(
+                                    session.retrying(|| store.children(&parent, false)).await?.0,
+                                ),
+                                false => None,
+                            };
+                            return Ok((created, children));
+                        }
+                        Ok(None) => {}
+                        Err(e) if e.is_retryable() => {
+                            if !session.backoff(&mut retry).await {
+                                session.find_and_delete_in_background(&parent, prefix);
+                                return Err(e);
+                            }
+                            continue;
+                        }
+                        Err(e) => return Err(e),
                     }
-                    Ok(None) => {}
+                }
+                let result = if list {
+                    store
+                        .create_and_list(&full, &data, opts, &parent)
+                        .await
+                        .map(|(c, kids)| (c, Some(kids)))
+                } else {
+                    store.create(&full, &data, opts).await.map(|c| (c, None))
+                };
+                match result {
                     Err(e) if e.is_retryable() => {
-                        if !self.backoff(&mut retry).await {
-                            self.find_and_delete_in_background(parent, prefix.to_string());
+                        if !session.backoff(&mut retry).await {
+                            session.find_and_delete_in_background(&parent, prefix);
                             return Err(e);
                         }
-                        continue;
                     }
-                    Err(e) => return Err(e),
+                    other => return other,
                 }
             }
-            let result = if list {
-                store
-                    .create_and_list(&full, data, opts, parent)
-                    .await
-                    .map(|(c, kids)| (c, Some(kids)))
-            } else {
-                store.create(&full, data, opts).await.map(|c| (c, None))
-            };
-            match result {
-                Err(e) if e.is_retryable() => {
-                    if !self.backoff(&mut retry).await {
-                        self.find_and_delete_in_background(parent, prefix.to_string());
-                        return Err(e);
-                    }
-                }
-                other => return other,
-            }
+        };
+        ProtectedCreate {
+            session: self.clone(),
+            create: Some(Box::pin(create)),
         }
     }
 

@@ -163,6 +163,7 @@ use self::http::{encode_key, Http, Response};
 use self::keeper::{ttl_for, Keeper};
 use self::keys::{Entry, Layout};
 use self::watch::Kind;
+use super::keepalive::Kept;
 use super::{
     BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId, SessionStatus,
     Stat, Store, Watch, TAG_MIN,
@@ -191,12 +192,14 @@ pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<d
         });
     };
     let http = Http::new(endpoint)?;
-    let keeper = Keeper::open(
-        http.clone(),
-        ttl_for(options.session_timeout),
-        lock_delay.unwrap_or(Duration::ZERO),
-    )
-    .await?;
+    let keeper = Kept(
+        Keeper::open(
+            http.clone(),
+            ttl_for(options.session_timeout),
+            lock_delay.unwrap_or(Duration::ZERO),
+        )
+        .await?,
+    );
     Ok(Arc::new(ConsulStore {
         keeper,
         http,
@@ -228,7 +231,7 @@ struct Owned {
 }
 
 struct ConsulStore {
-    keeper: Arc<Keeper>,
+    keeper: Kept<Keeper>,
     http: Arc<Http>,
     layout: Layout,
     owned: StdMutex<Owned>,
@@ -238,14 +241,6 @@ struct ConsulStore {
 impl std::fmt::Debug for ConsulStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.keeper.fmt(f)
-    }
-}
-
-impl Drop for ConsulStore {
-    fn drop(&mut self) {
-        if let Some(uuid) = self.keeper.shut() {
-            self.keeper.destroy_in_background(uuid);
-        }
     }
 }
 
@@ -407,23 +402,18 @@ impl ConsulStore {
 
     /// `path`'s own entry and how many keys are below it.
     async fn read(&self, path: &str) -> Result<(Option<Entry>, usize)> {
-        if path == "/" {
-            let below = self.layout.below(path);
-            let entries = self.recurse(&below, path).await?;
-            let n = entries
-                .iter()
-                .filter(|e| keys::is_descendant(&below, &e.key))
-                .count();
-            return Ok((None, n));
-        }
-        let key = self.layout.key(path);
         let below = self.layout.below(path);
-        let entries = self.recurse(&key, path).await?;
+        // The root has no key of its own: all it reads is below it.
+        let key = (path != "/").then(|| self.layout.key(path));
+        let entries = self.recurse(key.as_ref().unwrap_or(&below), path).await?;
         let n = entries
             .iter()
             .filter(|e| keys::is_descendant(&below, &e.key))
             .count();
-        Ok((entries.into_iter().find(|e| e.key == key), n))
+        Ok((
+            key.and_then(|key| entries.into_iter().find(|e| e.key == key)),
+            n,
+        ))
     }
 
     /// Runs a transaction: the entries it returned, or its first failure.
@@ -479,7 +469,7 @@ impl ConsulStore {
                         ))
                     })?;
                 if failure.session_gone() {
-                    self.keeper.lose(session);
+                    self.keeper.machine.lose(session);
                     return Err(Error::SessionExpired);
                 }
                 // The key of an invalidated session with a lock delay:
@@ -559,7 +549,10 @@ impl ConsulStore {
     }
 
     fn arm(&self, kind: Kind) -> Watch {
-        Watch::new(watch::spawn(self.http.clone(), kind), self.keeper.status())
+        Watch::new(
+            watch::spawn(self.http.clone(), kind),
+            self.keeper.machine.subscribe(),
+        )
     }
 
     /// Creates `path` and, with `list`, lists that directory in the same
@@ -720,7 +713,7 @@ impl Store for ConsulStore {
     }
 
     fn status(&self) -> status_watch::Receiver<SessionStatus> {
-        self.keeper.status()
+        self.keeper.machine.subscribe()
     }
 
     fn session_timeout(&self) -> Duration {
@@ -963,7 +956,7 @@ impl Store for ConsulStore {
     }
 
     fn faults(&self) -> Option<&dyn Faults> {
-        Some(self)
+        Some(&self.keeper)
     }
 
     async fn close(&self) {
@@ -1242,41 +1235,5 @@ impl ConsulStore {
             });
         }
         Ok(Ok(results))
-    }
-}
-
-/// Faults act on this client's session (see the module docs).
-#[async_trait]
-impl Faults for ConsulStore {
-    /// Publishes `Suspended`, holds operations and stops renewals for
-    /// `duration`, then renews at once. If `duration` reaches the TTL, the
-    /// session is `Lost` (and destroyed) once a TTL passed since the last
-    /// answered renewal.
-    fn suspend(&self, duration: Duration) {
-        self.keeper.suspend(duration);
-    }
-
-    /// Destroys the session (Consul deletes its keys at once) and returns
-    /// with the status `Lost`.
-    async fn expire(&self) -> Result<()> {
-        let status = self.keeper.machine.snapshot();
-        match status.state {
-            crate::store::SessionState::Closed => Err(Error::Closed),
-            crate::store::SessionState::Lost => Ok(()),
-            _ => {
-                let uuid = self.keeper.machine.lock().backend.uuid.clone();
-                let destroyed = self.keeper.destroy(&uuid).await;
-                self.keeper.lose(status.session_id);
-                destroyed
-            }
-        }
-    }
-
-    fn lose_next_create_reply(&self) {
-        self.keeper.machine.lost_replies.create.arm();
-    }
-
-    fn lose_next_delete_reply(&self) {
-        self.keeper.machine.lost_replies.delete.arm();
     }
 }

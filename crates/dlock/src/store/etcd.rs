@@ -156,7 +156,10 @@
 //! [`Session::faults`](crate::Session::faults) is available:
 //! - [`Faults::expire`] revokes the lease from this client: the server
 //!   deletes its keys at once (other clients' watches fire) and the status
-//!   is `Lost`; the next operation grants a new lease.
+//!   is `Lost`; the next operation grants a new lease. If the server did
+//!   not confirm the revocation it fails with [`Error::Unreachable`] (the
+//!   lease is lost to this client all the same and expires on the server
+//!   after its TTL); after `close()`, with [`Error::Closed`].
 //! - [`Faults::suspend`] publishes `Suspended`, holds operations issued
 //!   meanwhile, and stops the keep-alives for `duration`; then it sends one
 //!   at once (`Reconnected` if the lease is still there). If `duration`
@@ -168,6 +171,10 @@
 //! - [`Faults::lose_next_create_reply`]: the next create (or create and
 //!   list) is applied, but the caller gets `ConnectionLoss`, and the status
 //!   blips `Suspended` → `Reconnected`.
+//! - [`Faults::lose_next_delete_reply`]: likewise for the next delete. The
+//!   fence of a node this lease created is kept (the client would have no
+//!   reply to clear it with), so a retry finds `NoNode` even if a newer
+//!   node of the same name exists by then.
 
 mod error;
 mod keys;
@@ -191,6 +198,7 @@ use tokio::sync::watch as status_watch;
 use self::error::{map_error, Failure};
 use self::lease::{Config, Lease};
 use self::watch::{Hub, Kind, Request};
+use super::keepalive::{Kept, Renewer};
 use super::namespace::Namespaced;
 use super::{
     BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId, SessionStatus,
@@ -214,7 +222,7 @@ use crate::path;
 pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<dyn Store>> {
     let config = Config::from_endpoint(endpoint, options.session_timeout)?;
     let root = config.namespace.clone();
-    let lease = Lease::open(config).await?;
+    let lease = Kept(Lease::open(config).await?);
     let hub = Hub::start(lease.client.clone(), &lease.runtime);
     let store = EtcdStore {
         lease,
@@ -273,7 +281,7 @@ impl Drop for InFlight<'_> {
 /// One client of an etcd cluster: one lease at a time, renewed after it is
 /// lost. Dropping it revokes the lease (in the background).
 struct EtcdStore {
-    lease: Arc<Lease>,
+    lease: Kept<Lease>,
     hub: Hub,
     owned: StdMutex<Owned>,
     /// Nodes whose plain delete went out but was not answered: it may
@@ -294,10 +302,8 @@ impl std::fmt::Debug for EtcdStore {
 
 impl Drop for EtcdStore {
     fn drop(&mut self) {
+        // Then the lease drops, and is revoked in the background.
         self.hub.shutdown();
-        if let Some(lease) = self.lease.shut() {
-            self.lease.revoke_in_background(lease);
-        }
     }
 }
 
@@ -367,7 +373,7 @@ impl EtcdStore {
 
     fn fail(&self, failure: Failure, path: &str, lease: SessionId) -> Error {
         if failure == Failure::LeaseGone {
-            self.lease.lose(lease);
+            self.lease.machine.lose(lease);
         }
         failure.into_error(path)
     }
@@ -615,7 +621,7 @@ impl EtcdStore {
             keyless: self.is_keyless(path),
             shared: queued && kind == Kind::Data && path::parent(path) != "/",
         });
-        Watch::new(rx, self.lease.status())
+        Watch::new(rx, self.lease.machine.subscribe())
     }
 
     /// One attempt at a multi: the plan and the committed transaction, or
@@ -798,7 +804,7 @@ impl Store for EtcdStore {
     }
 
     fn status(&self) -> status_watch::Receiver<SessionStatus> {
-        self.lease.status()
+        self.lease.machine.subscribe()
     }
 
     fn session_timeout(&self) -> Duration {
@@ -1111,67 +1117,11 @@ impl Store for EtcdStore {
     }
 
     fn faults(&self) -> Option<&dyn Faults> {
-        Some(self)
+        Some(&self.lease)
     }
 
     async fn close(&self) {
         self.hub.shutdown();
-        self.lease.close().await;
-    }
-}
-
-/// Faults act on this client's lease and view (see the module docs).
-#[async_trait]
-impl Faults for EtcdStore {
-    /// Publishes `Suspended`, holds operations issued meanwhile and stops
-    /// the keep-alives for `duration`; then sends one at once
-    /// (`Reconnected` if the lease is still there). If `duration` reaches
-    /// the TTL, the lease expires on the server by itself and `Lost` is
-    /// published once a TTL has passed since the last answered keep-alive.
-    fn suspend(&self, duration: Duration) {
-        self.lease.suspend(duration);
-    }
-
-    /// Revokes the lease from this client (the server deletes its keys at
-    /// once) and returns with the status `Lost`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Unreachable`] if the server did not confirm the revocation
-    /// (the lease is lost to this client all the same and expires on the
-    /// server after its TTL); [`Error::Closed`] after `close()`.
-    async fn expire(&self) -> Result<()> {
-        let status = self.lease.snapshot();
-        match status.state {
-            crate::store::SessionState::Closed => Err(Error::Closed),
-            crate::store::SessionState::Lost => Ok(()),
-            _ => {
-                let revoked = self.lease.revoke(status.session_id).await;
-                self.lease.lose(status.session_id);
-                revoked.map_err(|e| {
-                    self.lease.config.unreachable(format!(
-                        "revoking lease {:#x} failed ({e}); it is lost to this client and expires on the server \
-                         after its TTL",
-                        status.session_id
-                    ))
-                })
-            }
-        }
-    }
-
-    /// The next create (or create-and-list) is applied, but the caller
-    /// gets `ConnectionLoss`, and the status blips `Suspended` →
-    /// `Reconnected` (same lease).
-    fn lose_next_create_reply(&self) {
-        self.lease.machine.lost_replies.create.arm();
-    }
-
-    /// The next delete is applied, but the caller gets `ConnectionLoss`,
-    /// and the status blips `Suspended` → `Reconnected` (same lease). The
-    /// fence of a node this lease created is kept (the client would have
-    /// no reply to clear it with), so a retry finds `NoNode` even if a
-    /// newer node of the same name exists by then.
-    fn lose_next_delete_reply(&self) {
-        self.lease.machine.lost_replies.delete.arm();
+        self.lease.close_session().await;
     }
 }

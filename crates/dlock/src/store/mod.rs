@@ -616,6 +616,64 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     async fn close(&self);
 }
 
+/// The direct children of a node, from the keys below it of a key-value
+/// store (etcd, Consul). Every key below the node starts with `prefix`; a
+/// key right below is a child, a deeper one makes an implicit child
+/// directory — unless it is the child's position marker,
+/// `<child><marker><index>` — and one that starts with the byte `hidden`
+/// is no node. Each key comes with its create index. A child's `created`
+/// is its marker's index if it has one, else its own key's, or for an
+/// implicit directory the smallest below it; `czxid` is its own key's.
+pub(crate) fn children_from_keys<'k>(
+    prefix: &[u8],
+    marker: &[u8],
+    hidden: u8,
+    keys: impl IntoIterator<Item = (&'k [u8], i64)>,
+) -> Vec<Child> {
+    #[derive(Default)]
+    struct Found {
+        key: Option<i64>,
+        marker: Option<i64>,
+        deepest: Option<i64>,
+    }
+    let mut found: std::collections::BTreeMap<&[u8], Found> = Default::default();
+    for (key, created) in keys {
+        let Some(rest) = key.strip_prefix(prefix) else {
+            continue;
+        };
+        if rest.first().is_none_or(|&b| b == hidden) {
+            continue;
+        }
+        match rest.iter().position(|&b| b == b'/') {
+            None => found.entry(rest).or_default().key = Some(created),
+            Some(i) => {
+                let (name, deeper) = rest.split_at(i);
+                let f = found.entry(name).or_default();
+                match deeper.strip_prefix(marker) {
+                    Some(at) => {
+                        f.marker = std::str::from_utf8(at).ok().and_then(|at| at.parse().ok())
+                    }
+                    None => f.deepest = Some(f.deepest.map_or(created, |d| d.min(created))),
+                }
+            }
+        }
+    }
+    found
+        .into_iter()
+        .filter_map(|(name, f)| {
+            let created = match f.key {
+                Some(own) => f.marker.unwrap_or(own),
+                None => f.deepest?,
+            };
+            Some(Child {
+                name: String::from_utf8_lossy(name).into_owned(),
+                created: Some(created),
+                czxid: f.key,
+            })
+        })
+        .collect()
+}
+
 /// [`Store::watch_child`] by a read that arms a data watch.
 pub(crate) async fn read_and_watch_child<S: Store + ?Sized>(
     store: &S,

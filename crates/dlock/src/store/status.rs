@@ -73,6 +73,20 @@ impl<S> std::fmt::Debug for StatusMachine<S> {
 }
 
 impl<S> StatusMachine<S> {
+    /// How a store of a server shows itself in `{:?}`: as `name`, with its
+    /// `endpoint` and its status.
+    pub fn fmt_store(
+        &self,
+        f: &mut std::fmt::Formatter<'_>,
+        name: &str,
+        endpoint: &str,
+    ) -> std::fmt::Result {
+        f.debug_struct(name)
+            .field("endpoint", &endpoint)
+            .field("status", self)
+            .finish_non_exhaustive()
+    }
+
     /// A machine whose first session, `session_id`, is `Connected`.
     pub fn new(session_id: SessionId, backend: S) -> Self {
         StatusMachine {
@@ -382,6 +396,20 @@ impl<S> StatusMachine<S> {
             slot.fault_suspended = false;
         }
         in_force
+    }
+
+    /// `Faults::expire`: fails once closed, does nothing once lost, else
+    /// ends the current session by `end` (which declares it lost).
+    pub async fn expire_with<Fut>(&self, end: impl FnOnce(SessionId) -> Fut) -> Result<()>
+    where
+        Fut: Future<Output = Result<()>>,
+    {
+        let status = self.snapshot();
+        match status.state {
+            SessionState::Closed => Err(Error::Closed),
+            SessionState::Lost => Ok(()),
+            _ => end(status.session_id).await,
+        }
     }
 
     /// Starts ending `session` on purpose (an expiry), if `take` hands out

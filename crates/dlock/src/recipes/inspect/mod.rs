@@ -63,7 +63,7 @@ use super::{etcd_go, kv_semaphore, leader_latch, mutex, rwlock, semaphore, share
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
-use crate::store::SessionId;
+use crate::store::{SessionId, Stat};
 
 /// Who holds and who waits at `path`, and for which recipe. A path with
 /// nothing under it (or no node at all) is [`RecipeKind::None`] with no
@@ -217,6 +217,27 @@ fn contender(p: Participant) -> Contender {
     }
 }
 
+/// A contender read from its node (a KV semaphore entry, the key of
+/// Consul's `api.Lock`), written by the `foreign` client if any; no
+/// read-write half.
+fn key_contender(
+    role: Role,
+    node: String,
+    data: Vec<u8>,
+    stat: &Stat,
+    foreign: Option<Foreign>,
+) -> Contender {
+    Contender {
+        role,
+        token: stat.token(),
+        session: stat.ephemeral_owner,
+        node,
+        data,
+        access: None,
+        foreign,
+    }
+}
+
 /// Which foreign client's layout a queue node `name` is in, if any.
 fn foreign(name: &str, data: &[u8], owner: SessionId) -> Option<Foreign> {
     if is_etcd_go_key(name, data, owner) {
@@ -322,15 +343,10 @@ async fn dot_lock_at(
 ) -> Result<std::result::Result<crate::Layout, Contender>> {
     let node = path::join(path, kv_semaphore::RECORD);
     match session.get_data(&node).await {
-        Ok((data, stat)) if stat.ephemeral_owner != 0 => Ok(Err(Contender {
-            role: Role::Holder,
-            token: stat.token(),
-            session: stat.ephemeral_owner,
-            foreign: consul_client(session, &node).await?,
-            node,
-            data,
-            access: None,
-        })),
+        Ok((data, stat)) if stat.ephemeral_owner != 0 => {
+            let foreign = consul_client(session, &node).await?;
+            Ok(Err(key_contender(Role::Holder, node, data, &stat, foreign)))
+        }
         Ok((data, _)) if kv_semaphore::Record::parse_consul(&node, &data).is_ok() => {
             Ok(Ok(crate::Layout::Consul))
         }
@@ -391,22 +407,12 @@ async fn kv_semaphore_at(
             crate::Layout::Consul => consul_client(session, &node).await?,
             _ => None,
         };
-        all.push((
-            admitted,
-            Contender {
-                role: if admitted.is_some() {
-                    Role::Holder
-                } else {
-                    Role::Waiter
-                },
-                token: stat.token(),
-                session: stat.ephemeral_owner,
-                node,
-                data,
-                access: None,
-                foreign,
-            },
-        ));
+        let role = if admitted.is_some() {
+            Role::Holder
+        } else {
+            Role::Waiter
+        };
+        all.push((admitted, key_contender(role, node, data, &stat, foreign)));
     }
     // Holders (Some) by admission, then waiters (None) by arrival.
     all.sort_by_key(|(admitted, c)| (admitted.is_none(), *admitted, c.token));

@@ -141,24 +141,17 @@ impl Http {
         Err(Error::ConnectionLoss)
     }
 
-    /// [`send`](Self::send), but an unreachable agent is
-    /// [`Error::Unreachable`] naming the endpoint (for opening a session).
-    pub async fn send_or_unreachable(
-        &self,
-        method: Method,
-        path_and_query: &str,
-        body: Option<Vec<u8>>,
-        timeout: Duration,
-    ) -> Result<Response> {
-        self.send(method, path_and_query, body, timeout)
-            .await
-            .map_err(|e| match e {
-                Error::ConnectionLoss => Error::Unreachable(format!(
-                    "cannot reach Consul at {}: no agent answered within {timeout:?}",
-                    self.endpoint
-                )),
-                e => e,
-            })
+    /// What [`send`](Self::send) failing with `e` means when opening a
+    /// session: no agent answering within `timeout` is
+    /// [`Error::Unreachable`] naming the endpoint.
+    pub fn unreachable(&self, e: Error, timeout: Duration) -> Error {
+        match e {
+            Error::ConnectionLoss => Error::Unreachable(format!(
+                "cannot reach Consul at {}: no agent answered within {timeout:?}",
+                self.endpoint
+            )),
+            e => e,
+        }
     }
 
     async fn send_to(

@@ -18,15 +18,15 @@ use std::time::Duration;
 
 use hyper::Method;
 use serde::Deserialize;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::http::{Http, Response};
 use super::keys::session_id;
 use crate::error::{Error, Result};
 use crate::store::keepalive::{keep_alive, Cadence, Renewed, Renewer};
-use crate::store::status::{Renewal, StatusMachine};
-use crate::store::{SessionId, SessionStatus};
+use crate::store::status::StatusMachine;
+use crate::store::SessionId;
 
 /// Consul refuses session TTLs below this.
 pub(super) const MIN_TTL: Duration = Duration::from_secs(10);
@@ -60,10 +60,8 @@ pub(super) struct Keeper {
 
 impl std::fmt::Debug for Keeper {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConsulStore")
-            .field("endpoint", &self.http.endpoint)
-            .field("status", &self.machine)
-            .finish_non_exhaustive()
+        self.machine
+            .fmt_store(f, "ConsulStore", &self.http.endpoint)
     }
 }
 
@@ -89,12 +87,8 @@ impl Keeper {
             runtime,
             kick: Notify::new(),
         });
-        keeper.spawn_renewals(id, uuid);
+        keeper.spawn_renewals(id);
         Ok(keeper)
-    }
-
-    pub fn status(&self) -> watch::Receiver<SessionStatus> {
-        self.machine.subscribe()
     }
 
     /// How long one ordinary request may take before it counts as a lost
@@ -109,39 +103,9 @@ impl Keeper {
         self.machine
             .ready(
                 |slot, id| Some((id, slot.uuid.clone())),
-                |lost| self.renew(lost),
+                |lost| self.renew_after_loss(lost),
             )
             .await
-    }
-
-    /// Replaces the lost session `lost` by a new one.
-    async fn renew(self: &Arc<Self>, lost: SessionId) -> Result<()> {
-        let open = || async {
-            let uuid = create(&self.http, self.ttl, self.lock_delay).await?;
-            Ok((session_id(&uuid), SessionSlot { uuid }))
-        };
-        match self.machine.renew(lost, open).await? {
-            Renewal::Installed(id) => {
-                let uuid = self.machine.lock().backend.uuid.clone();
-                tracing::debug!(endpoint = %self.http.endpoint, session = %uuid, "new Consul session after a loss");
-                self.spawn_renewals(id, uuid);
-            }
-            Renewal::Abandoned(slot) => self.destroy_in_background(slot.uuid),
-            Renewal::NotNeeded => {}
-        }
-        Ok(())
-    }
-
-    /// Declares `id` lost (if it is current).
-    pub fn lose(&self, id: SessionId) -> bool {
-        self.machine.lose(id)
-    }
-
-    /// Marks the store closed and returns the session to destroy.
-    pub fn shut(&self) -> Option<String> {
-        let (was_open, uuid) = self.machine.shut(|slot| std::mem::take(&mut slot.uuid));
-        self.kick.notify_one();
-        (was_open && !uuid.is_empty()).then_some(uuid)
     }
 
     /// Destroys the session `uuid`: Consul deletes its keys at once.
@@ -168,54 +132,10 @@ impl Keeper {
         }
     }
 
-    pub fn destroy_in_background(self: &Arc<Self>, uuid: String) {
-        let this = self.clone();
-        self.runtime.spawn(async move {
-            if let Err(e) = this.destroy(&uuid).await {
-                tracing::debug!(session = %uuid, "destroying a Consul session failed: {e}");
-            }
-        });
-    }
-
     /// Closes: `Closed` at once, then destroys the session (its keys go).
     pub async fn close(&self) {
-        if let Some(uuid) = self.shut() {
-            if let Err(e) = self.destroy(&uuid).await {
-                tracing::debug!(session = %uuid, "destroying the Consul session on close failed: {e}; it expires by itself");
-            }
-        }
+        self.close_session().await;
         self.http.clear();
-    }
-
-    /// `Faults::suspend`: `Suspended` at once, no renewals for `duration`,
-    /// then one at once.
-    pub fn suspend(self: &Arc<Self>, duration: Duration) {
-        let Some(suspension) = self.machine.begin_suspension() else {
-            return;
-        };
-        let this = Arc::downgrade(self);
-        self.runtime.spawn(async move {
-            tokio::time::sleep(duration).await;
-            if let Some(this) = this.upgrade() {
-                if this.machine.end_suspension(suspension) {
-                    this.kick.notify_one();
-                }
-            }
-        });
-    }
-
-    /// Renews session `id` every third of the TTL until it is lost,
-    /// replaced or closed, or the store is dropped.
-    fn spawn_renewals(self: &Arc<Self>, id: SessionId, uuid: String) {
-        let this = Arc::downgrade(self);
-        let cadence = Cadence {
-            ttl: self.ttl,
-            interval: self.ttl / 3,
-            retry: (self.ttl / 10).max(Duration::from_millis(200)),
-        };
-        self.runtime.spawn(async move {
-            keep_alive(move || this.upgrade(), id, uuid, cadence, Instant::now()).await;
-        });
     }
 
     /// One renewal: `Ok(true)` if Consul still has the session.
@@ -257,15 +177,14 @@ async fn create_first(http: &Http, ttl: Duration, lock_delay: Duration) -> Resul
     let deadline = Instant::now() + FIRST_SESSION_WITHIN;
     let mut pause = Duration::from_millis(50);
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let timeout = deadline
+            .saturating_duration_since(Instant::now())
+            .min(CREATE_TIMEOUT);
+        let body = Some(create_body(ttl, lock_delay));
         let resp = http
-            .send_or_unreachable(
-                Method::PUT,
-                "/v1/session/create",
-                Some(create_body(ttl, lock_delay)),
-                left.min(CREATE_TIMEOUT),
-            )
-            .await?;
+            .send(Method::PUT, "/v1/session/create", body, timeout)
+            .await
+            .map_err(|e| http.unreachable(e, timeout))?;
         match created(http, resp) {
             Err(Created::ServerError(why)) if Instant::now() + pause < deadline => {
                 tracing::debug!(endpoint = %http.endpoint, %why, "no Consul session yet; trying again");
@@ -358,6 +277,8 @@ impl Renewer for Keeper {
     type Slot = SessionSlot;
     /// The session's UUID.
     type Loop = String;
+    /// The session's UUID.
+    type Name = String;
 
     fn machine(&self) -> &StatusMachine<SessionSlot> {
         &self.machine
@@ -365,6 +286,42 @@ impl Renewer for Keeper {
 
     fn kick(&self) -> &Notify {
         &self.kick
+    }
+
+    fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
+    }
+
+    fn name(slot: &mut SessionSlot, take: bool) -> Option<String> {
+        let uuid = match take {
+            true => std::mem::take(&mut slot.uuid),
+            false => slot.uuid.clone(),
+        };
+        (!uuid.is_empty()).then_some(uuid)
+    }
+
+    async fn open_session(&self) -> Result<(SessionId, SessionSlot)> {
+        let uuid = create(&self.http, self.ttl, self.lock_delay).await?;
+        Ok((session_id(&uuid), SessionSlot { uuid }))
+    }
+
+    /// Renews session `id` every third of the TTL until it is lost,
+    /// replaced or closed, or the store is dropped.
+    fn spawn_renewals(self: &Arc<Self>, id: SessionId) {
+        let uuid = self.machine.lock().backend.uuid.clone();
+        let this = Arc::downgrade(self);
+        let cadence = Cadence {
+            ttl: self.ttl,
+            interval: self.ttl / 3,
+            retry: (self.ttl / 10).max(Duration::from_millis(200)),
+        };
+        self.runtime.spawn(async move {
+            keep_alive(move || this.upgrade(), id, uuid, cadence, Instant::now()).await;
+        });
+    }
+
+    async fn end(&self, uuid: &String) -> Result<()> {
+        self.destroy(uuid).await
     }
 
     async fn renew_once(&self, _id: SessionId, uuid: &mut String, timeout: Duration) -> Renewed {
@@ -376,8 +333,8 @@ impl Renewer for Keeper {
     }
 
     fn expired(self: &Arc<Self>, id: SessionId, uuid: String) {
-        if self.lose(id) {
-            self.destroy_in_background(uuid);
+        if self.machine.lose(id) {
+            self.end_in_background(uuid);
         }
     }
 }

@@ -1,8 +1,6 @@
 //! How store paths map onto Consul keys, and Consul's KV entries back
 //! onto nodes (the layout is described in `store::consul`'s module docs).
 
-use std::collections::BTreeMap;
-
 use base64::Engine as _;
 use serde::Deserialize;
 
@@ -134,46 +132,10 @@ pub fn markers(node_key: &str) -> String {
 /// create index (a marker's, if it has one; an implicit directory's
 /// smallest below it); `czxid` its own key's create index.
 pub fn children<'e>(below: &str, entries: impl IntoIterator<Item = &'e Entry>) -> Vec<Child> {
-    #[derive(Default)]
-    struct Found {
-        key: Option<i64>,
-        marker: Option<i64>,
-        deepest: Option<i64>,
-    }
-    let mut found: BTreeMap<&str, Found> = BTreeMap::new();
-    for e in entries {
-        let Some(rest) = e.key.strip_prefix(below) else {
-            continue;
-        };
-        if rest.is_empty() || rest.starts_with('\u{1}') {
-            continue;
-        }
-        let index = e.create_index as i64;
-        match rest.split_once('/') {
-            None => found.entry(rest).or_default().key = Some(index),
-            Some((name, _)) => {
-                let f = found.entry(name).or_default();
-                match rest[name.len()..].strip_prefix(MARKER) {
-                    Some(at) => f.marker = at.parse().ok(),
-                    None => f.deepest = Some(f.deepest.map_or(index, |d| d.min(index))),
-                }
-            }
-        }
-    }
-    found
+    let keys = entries
         .into_iter()
-        .filter_map(|(name, f)| {
-            let created = match f.key {
-                Some(index) => f.marker.unwrap_or(index),
-                None => f.deepest?,
-            };
-            Some(Child {
-                name: name.to_string(),
-                created: Some(created),
-                czxid: f.key,
-            })
-        })
-        .collect()
+        .map(|e| (e.key.as_bytes(), e.create_index as i64));
+    crate::store::children_from_keys(below.as_bytes(), MARKER.as_bytes(), 1, keys)
 }
 
 /// Whether `key` is a real descendant (not a marker) of the node whose

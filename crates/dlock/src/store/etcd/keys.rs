@@ -6,8 +6,6 @@
 //! node starts with a NUL byte are the backend's own markers (paths can
 //! never contain NUL), never shown as nodes.
 
-use std::collections::BTreeMap;
-
 use etcd_client::KeyValue;
 
 use crate::store::{Child, Stat};
@@ -159,52 +157,7 @@ pub fn children(path: &str, kvs: &[KeyValue]) -> Vec<Child> {
 
 /// [`children`] from (key, create revision) pairs.
 pub fn children_of<'k>(path: &str, keys: impl IntoIterator<Item = (&'k [u8], i64)>) -> Vec<Child> {
-    #[derive(Default)]
-    struct Entry {
-        key: Option<i64>,
-        marker: Option<i64>,
-        deepest: Option<i64>,
-    }
-    let prefix = child_prefix(path);
-    let mut entries: BTreeMap<&[u8], Entry> = BTreeMap::new();
-    for (key, create_revision) in keys {
-        let Some(rest) = key.strip_prefix(prefix.as_slice()) else {
-            continue;
-        };
-        if rest.is_empty() || rest[0] == 0 {
-            continue;
-        }
-        match rest.iter().position(|&b| b == b'/') {
-            None => entries.entry(rest).or_default().key = Some(create_revision),
-            Some(i) => {
-                let (name, deeper) = rest.split_at(i);
-                let entry = entries.entry(name).or_default();
-                match deeper.strip_prefix(MARKER) {
-                    Some(rev) => {
-                        entry.marker = std::str::from_utf8(rev).ok().and_then(|r| r.parse().ok())
-                    }
-                    None => {
-                        let rev = create_revision;
-                        entry.deepest = Some(entry.deepest.map_or(rev, |d: i64| d.min(rev)));
-                    }
-                }
-            }
-        }
-    }
-    entries
-        .into_iter()
-        .filter_map(|(name, e)| {
-            let created = match e.key {
-                Some(rev) => e.marker.unwrap_or(rev),
-                None => e.deepest?,
-            };
-            Some(Child {
-                name: String::from_utf8_lossy(name).into_owned(),
-                created: Some(created),
-                czxid: e.key,
-            })
-        })
-        .collect()
+    crate::store::children_from_keys(&child_prefix(path), MARKER, 0, keys)
 }
 
 pub(crate) use crate::store::listing_digest as digest;

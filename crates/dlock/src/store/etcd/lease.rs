@@ -16,15 +16,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::error::{map_error, Failure};
 use crate::endpoint::{Endpoint, TlsFiles};
 use crate::error::{Error, Result};
 use crate::store::keepalive::{keep_alive, Cadence, Renewed, Renewer};
-use crate::store::status::{Renewal, StatusMachine};
-use crate::store::{SessionId, SessionStatus};
+use crate::store::status::StatusMachine;
+use crate::store::SessionId;
 
 /// How to reach the cluster and what to ask for, kept for every new lease.
 pub(super) struct Config {
@@ -40,12 +40,6 @@ pub(super) struct Config {
     pub ttl_secs: i64,
     /// The endpoint URL with the password masked, for messages.
     pub endpoint: String,
-}
-
-impl std::fmt::Debug for Config {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.endpoint)
-    }
 }
 
 impl Config {
@@ -146,10 +140,8 @@ pub(super) struct Lease {
 
 impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdStore")
-            .field("endpoint", &self.config.endpoint)
-            .field("status", &self.machine)
-            .finish_non_exhaustive()
+        self.machine
+            .fmt_store(f, "EtcdStore", &self.config.endpoint)
     }
 }
 
@@ -251,16 +243,8 @@ impl Lease {
             ),
             kick: Notify::new(),
         });
-        lease.spawn_keep_alive(id, ttl, sent);
+        lease.spawn_renewals(id);
         Ok(lease)
-    }
-
-    pub fn status(&self) -> watch::Receiver<SessionStatus> {
-        self.machine.subscribe()
-    }
-
-    pub fn snapshot(&self) -> SessionStatus {
-        self.machine.snapshot()
     }
 
     /// The granted TTL of the current lease.
@@ -276,53 +260,9 @@ impl Lease {
     /// The lease to run an operation in: waits out a suspension, grants a
     /// new lease after a loss, fails once closed.
     pub async fn current(self: &Arc<Self>) -> Result<SessionId> {
-        self.machine.ready_session(|lost| self.renew(lost)).await
-    }
-
-    /// Replaces the lost lease `lost` by a new one.
-    async fn renew(self: &Arc<Self>, lost: SessionId) -> Result<()> {
-        let grant_new = || async {
-            let granted = Instant::now();
-            let (lease, ttl) = grant(&self.config, &self.client, self.op_timeout()).await?;
-            Ok((
-                lease,
-                LeaseSlot {
-                    lease,
-                    ttl,
-                    granted,
-                },
-            ))
-        };
-        match self.machine.renew(lost, grant_new).await? {
-            Renewal::Installed(id) => {
-                tracing::debug!(endpoint = %self.config.endpoint, lease = format_args!("{id:#x}"), "new etcd lease after a loss");
-                let (ttl, granted) = {
-                    let slot = self.machine.lock();
-                    (slot.backend.ttl, slot.backend.granted)
-                };
-                self.spawn_keep_alive(id, ttl, granted);
-            }
-            // Closed meanwhile.
-            Renewal::Abandoned(slot) => self.revoke_in_background(slot.lease),
-            Renewal::NotNeeded => {}
-        }
-        Ok(())
-    }
-
-    /// Declares `lease` lost (if it is current and not already lost or
-    /// closed). Returns whether it changed anything.
-    pub fn lose(&self, lease: SessionId) -> bool {
-        self.machine.lose(lease)
-    }
-
-    /// Marks the store closed (later operations fail with `Closed`) and
-    /// returns the lease to revoke.
-    pub fn shut(&self) -> Option<SessionId> {
-        let (was_open, lease) = self.machine.shut(|slot| std::mem::take(&mut slot.lease));
-        // The keep-alive loop may sleep until the lease's expiry: let it see
-        // the close now, and let go of the client.
-        self.kick.notify_one();
-        (was_open && lease != 0).then_some(lease)
+        self.machine
+            .ready_session(|lost| self.renew_after_loss(lost))
+            .await
     }
 
     /// Revokes `lease`: the server deletes its keys at once. Returns whether
@@ -338,66 +278,6 @@ impl Lease {
             },
             Err(_) => Err(Error::ConnectionLoss),
         }
-    }
-
-    /// Revokes `lease` in the background, best effort.
-    pub fn revoke_in_background(self: &Arc<Self>, lease: SessionId) {
-        let this = self.clone();
-        self.runtime.spawn(async move {
-            if let Err(e) = this.revoke(lease).await {
-                tracing::debug!(
-                    lease = format_args!("{lease:#x}"),
-                    "revoking an etcd lease failed: {e}"
-                );
-            }
-        });
-    }
-
-    /// Closes: status `Closed` at once, then revokes the lease (the server
-    /// deletes its keys) and waits for the answer (at most the operation
-    /// timeout).
-    pub async fn close(&self) {
-        if let Some(lease) = self.shut() {
-            if let Err(e) = self.revoke(lease).await {
-                tracing::debug!(
-                    lease = format_args!("{lease:#x}"),
-                    "revoking the etcd lease on close failed: {e}; it expires by itself"
-                );
-            }
-        }
-    }
-
-    /// `Faults::suspend`: `Suspended` at once, no keep-alives for
-    /// `duration`, then a keep-alive at once (`Reconnected` if the lease is
-    /// still there). If the lease runs out meanwhile, the keep-alive loop
-    /// reports `Lost` when it must have expired on the server.
-    pub fn suspend(self: &Arc<Self>, duration: Duration) {
-        let Some(suspension) = self.machine.begin_suspension() else {
-            return;
-        };
-        let this = Arc::downgrade(self);
-        self.runtime.spawn(async move {
-            tokio::time::sleep(duration).await;
-            let Some(this) = this.upgrade() else {
-                return;
-            };
-            if this.machine.end_suspension(suspension) {
-                this.kick.notify_one();
-            }
-        });
-    }
-
-    fn spawn_keep_alive(self: &Arc<Self>, lease: SessionId, ttl: Duration, granted: Instant) {
-        let interval = (ttl / 3).max(Duration::from_millis(100));
-        let cadence = Cadence {
-            ttl,
-            interval,
-            retry: interval.min(Duration::from_millis(200)),
-        };
-        let this = self.clone();
-        self.runtime.spawn(async move {
-            keep_alive(move || Some(this.clone()), lease, None, cadence, granted).await
-        });
     }
 
     /// One keep-alive round trip; the TTL left, as the server says.
@@ -442,6 +322,7 @@ type Channel = Option<(LeaseKeeper, LeaseKeepAliveStream)>;
 impl Renewer for Lease {
     type Slot = LeaseSlot;
     type Loop = Channel;
+    type Name = SessionId;
 
     fn machine(&self) -> &StatusMachine<LeaseSlot> {
         &self.machine
@@ -449,6 +330,59 @@ impl Renewer for Lease {
 
     fn kick(&self) -> &Notify {
         &self.kick
+    }
+
+    fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
+    }
+
+    fn name(slot: &mut LeaseSlot, take: bool) -> Option<SessionId> {
+        let lease = match take {
+            true => std::mem::take(&mut slot.lease),
+            false => slot.lease,
+        };
+        (lease != 0).then_some(lease)
+    }
+
+    async fn open_session(&self) -> Result<(SessionId, LeaseSlot)> {
+        let granted = Instant::now();
+        let (lease, ttl) = grant(&self.config, &self.client, self.op_timeout()).await?;
+        Ok((
+            lease,
+            LeaseSlot {
+                lease,
+                ttl,
+                granted,
+            },
+        ))
+    }
+
+    fn spawn_renewals(self: &Arc<Self>, lease: SessionId) {
+        let (ttl, granted) = {
+            let slot = self.machine.lock();
+            (slot.backend.ttl, slot.backend.granted)
+        };
+        let interval = (ttl / 3).max(Duration::from_millis(100));
+        let cadence = Cadence {
+            ttl,
+            interval,
+            retry: interval.min(Duration::from_millis(200)),
+        };
+        let this = self.clone();
+        self.runtime.spawn(async move {
+            keep_alive(move || Some(this.clone()), lease, None, cadence, granted).await
+        });
+    }
+
+    async fn end(&self, lease: &SessionId) -> Result<()> {
+        self.revoke(*lease).await
+    }
+
+    fn unconfirmed_end(&self, lease: SessionId, e: Error) -> Error {
+        self.config.unreachable(format!(
+            "revoking lease {lease:#x} failed ({e}); it is lost to this client and expires on the server \
+             after its TTL"
+        ))
     }
 
     async fn renew_once(
@@ -473,10 +407,10 @@ impl Renewer for Lease {
 
     fn expired(self: &Arc<Self>, lease: SessionId, _channel: Channel) {
         let faulted = self.machine.fault_suspended();
-        if self.lose(lease) && !faulted {
+        if self.machine.lose(lease) && !faulted {
             // It may still live on the server (answers lost on the way
             // back): let its keys go now rather than later.
-            self.revoke_in_background(lease);
+            self.end_in_background(lease);
         }
     }
 }

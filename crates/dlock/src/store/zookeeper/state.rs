@@ -30,12 +30,6 @@ pub(super) struct Config {
     pub peers: Vec<std::net::SocketAddr>,
 }
 
-impl std::fmt::Debug for Config {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.endpoint)
-    }
-}
-
 impl Config {
     pub fn from_endpoint(endpoint: &Endpoint, timeout: Duration) -> Result<Config> {
         match endpoint {
@@ -188,10 +182,8 @@ pub(super) struct Inner {
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ZooKeeperStore")
-            .field("endpoint", &self.config.endpoint)
-            .field("status", &self.machine)
-            .finish_non_exhaustive()
+        self.machine
+            .fmt_store(f, "ZooKeeperStore", &self.config.endpoint)
     }
 }
 
@@ -466,12 +458,9 @@ impl Inner {
     /// once the server has deleted its ephemeral nodes, with the status
     /// `Lost`.
     pub async fn expire(&self) -> Result<()> {
-        let status = self.machine.snapshot();
-        match status.state {
-            SessionState::Closed => Err(Error::Closed),
-            SessionState::Lost => Ok(()),
-            _ => self.end_for_expiry(status.session_id).await,
-        }
+        self.machine
+            .expire_with(|session| self.end_for_expiry(session))
+            .await
     }
 
     /// Ends `session` on the server as an expiry would, then declares it
