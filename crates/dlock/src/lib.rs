@@ -68,26 +68,29 @@
 //! 1. **The store contract** — `src/store/mod.rs`: [`store::Store`], one
 //!    client session of a store with ZooKeeper's data model (nodes,
 //!    ephemeral and sequential modes, one-shot watches, atomic multi).
-//!    Backends implement it and nothing else: `store/embedded.rs`,
-//!    `store/zookeeper.rs`, `store/etcd.rs`. Each feeds its connection
-//!    events into the one session-status machine, `store/status.rs`
-//!    (connected → suspended → reconnected | lost, renewal after a loss,
-//!    fault injection), and supplies only how it keeps a session alive. The
-//!    conformance suite (`tests/conformance.rs`) pins the contract on every
-//!    backend.
+//!    Backends implement it and nothing else: `store/embedded/`,
+//!    `store/zookeeper.rs`, `store/etcd.rs`, `store/consul.rs`. Each feeds
+//!    its connection events into the one session-status machine,
+//!    `store/status.rs` (connected → suspended → reconnected | lost,
+//!    renewal after a loss, fault injection), and supplies only how it
+//!    keeps a session alive; the two that renew a lease or session
+//!    themselves (etcd, Consul) share one keep-alive loop and its life,
+//!    `store/keepalive.rs`. The conformance suite (`tests/conformance.rs`)
+//!    pins the contract on every backend.
 //! 2. **The session** — `src/session.rs`: [`connect`] parses an
 //!    [`Endpoint`] (`src/endpoint.rs`, parsing only), asks the backend's
 //!    `open` for its store and wraps it in a [`Session`], which adds what is
 //!    the same everywhere: path checks, retries, Curator's protected creates
 //!    and guaranteed deletes.
-//! 3. **The wait queue and the hold** — `recipes/queue.rs` is the one wait
+//! 3. **The wait queue and the hold** — `recipes/queue/` is the one wait
 //!    loop (Curator's `LockInternals`): create a sequential node, list,
 //!    let a per-recipe predicate decide "hold" or "watch this
 //!    predecessor". `recipes/guard.rs` is the one hold type,
 //!    [`Acquisition`].
-//! 4. **The recipes** — `recipes/*.rs`: each is its predicate and its
-//!    node layout (a compatibility contract with Curator, stated in its
-//!    module docs), over the queue and the hold.
+//! 4. **The recipes** — `recipes/*`: each is its predicate and its
+//!    node layout (a compatibility contract with Curator — or with
+//!    Consul's, kazoo's or etcd's Go clients, `recipes/layout.rs` — stated
+//!    in its module docs), over the queue and the hold.
 //! 5. **The CLI** — `crates/dlock-cli`: runs a command under any hold,
 //!    inspects, revokes, benchmarks; it holds no recipe logic of its own.
 #![deny(missing_docs)]
