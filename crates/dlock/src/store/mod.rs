@@ -591,8 +591,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Who owns the node at `path`, if that is a client other than dlock:
     /// the name its session gave itself, on a backend whose sessions carry
-    /// names (Consul: `consul lock` names its session "Consul lock for
-    /// '<command>' at '<prefix>'"; dlock names its own "dlock"). `None` for
+    /// names (Consul: `consul lock` names its session
+    /// `Consul lock for '<command>' at '<prefix>'`; dlock names its own
+    /// `dlock`). `None` for
     /// a node no session owns, a node of dlock's, or a backend without
     /// session names (ZooKeeper, etcd, embedded: there nodes say who wrote
     /// them, if anything does, by their names). `inspect` uses it to name

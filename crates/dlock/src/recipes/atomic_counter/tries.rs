@@ -1,4 +1,4 @@
-//! How an [`AtomicCounter`](super::AtomicCounter) updates: Curator's
+//! How an [`AtomicCounter`] updates: Curator's
 //! `trySet`, optimistic tries then the promoted lock's.
 
 use std::time::Instant;
