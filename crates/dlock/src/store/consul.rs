@@ -359,45 +359,44 @@ impl ConsulStore {
         }
     }
 
+    /// GETs `path_and_query` and reads its JSON answer; `None` for a 404
+    /// (nothing there), other refusals as errors about `path`.
+    async fn read_json<T: serde::de::DeserializeOwned>(
+        &self,
+        path_and_query: &str,
+        path: &str,
+        what: &str,
+    ) -> Result<Option<T>> {
+        let resp = self
+            .http
+            .send(Method::GET, path_and_query, None, self.op_timeout())
+            .await?;
+        match resp.status {
+            200 => resp.json(what).map(Some),
+            404 => Ok(None),
+            _ => Err(self.refused(&resp, path)),
+        }
+    }
+
     /// Reads the entries at and below `key` (`?recurse`: siblings whose
     /// key extends `key` come along, and callers filter them).
     async fn recurse(&self, key: &str, path: &str) -> Result<Vec<Entry>> {
-        let resp = self
-            .http
-            .send(
-                Method::GET,
-                &format!("/v1/kv/{}?recurse&consistent", encode_key(key)),
-                None,
-                self.op_timeout(),
-            )
-            .await?;
-        match resp.status {
-            200 => resp.json("a read"),
-            404 => Ok(Vec::new()),
-            _ => Err(self.refused(&resp, path)),
-        }
+        let query = format!("/v1/kv/{}?recurse&consistent", encode_key(key));
+        Ok(self
+            .read_json(&query, path, "a read")
+            .await?
+            .unwrap_or_default())
     }
 
     /// `path`'s own entry, if it has a key.
     async fn entry(&self, path: &str) -> Result<Option<Entry>> {
         let key = self.layout.key(path);
-        let resp = self
-            .http
-            .send(
-                Method::GET,
-                &format!("/v1/kv/{}?consistent", encode_key(&key)),
-                None,
-                self.op_timeout(),
-            )
-            .await?;
-        match resp.status {
-            200 => Ok(resp
-                .json::<Vec<Entry>>("a read")?
-                .into_iter()
-                .find(|e| e.key == key)),
-            404 => Ok(None),
-            _ => Err(self.refused(&resp, path)),
-        }
+        let query = format!("/v1/kv/{}?consistent", encode_key(&key));
+        let entries: Vec<Entry> = self
+            .read_json(&query, path, "a read")
+            .await?
+            .unwrap_or_default();
+        Ok(entries.into_iter().find(|e| e.key == key))
     }
 
     /// `path`'s own entry and how many keys are below it.
@@ -903,30 +902,19 @@ impl Store for ConsulStore {
         let Some(uuid) = self.entry(path).await?.and_then(|e| e.session) else {
             return Ok(None);
         };
-        let resp = self
-            .http
-            .send(
-                Method::GET,
-                &format!("/v1/session/info/{}", encode_key(&uuid)),
-                None,
-                self.op_timeout(),
-            )
-            .await?;
-        if resp.status != 200 {
-            return Err(self.refused(&resp, path));
-        }
         #[derive(Deserialize)]
         struct Info {
             #[serde(rename = "Name", default)]
             name: String,
         }
+        let query = format!("/v1/session/info/{}", encode_key(&uuid));
         // An empty list: the session ended since the read, and its key
         // with it (`Behavior=delete`).
-        let name = resp
-            .json::<Vec<Info>>("a session read")?
-            .into_iter()
-            .next()
-            .map(|info| info.name);
+        let sessions: Vec<Info> = self
+            .read_json(&query, path, "a session read")
+            .await?
+            .unwrap_or_default();
+        let name = sessions.into_iter().next().map(|info| info.name);
         Ok(name.filter(|name| name != keeper::SESSION_NAME))
     }
 
