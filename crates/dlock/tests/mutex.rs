@@ -3,12 +3,16 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use common::{await_children, persistent, queued, reaped_after_lock_rounds, Harness};
+use common::tests1::{
+    clients_take_turns, curator_protected_name, got_within, joined, killed_holder_hands_over,
+    no_children, one_watch_per_waiter, refuses_bad_paths, rivals, Handover, Occupancy, Queued,
+};
+use common::{await_children, persistent, queued, Harness};
 use dlock::store::{sequence_key, Op, SessionState};
 use dlock::{Error, Mutex};
 use tokio::sync::Mutex as AsyncMutex;
@@ -20,15 +24,8 @@ const WITHIN: Duration = Duration::from_secs(20);
 async fn node_layout_is_curators(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let guard = Mutex::new(&s, &h.path("/locks/a"))?.acquire().await?;
-    let name = guard.node().rsplit('/').next().unwrap().to_string();
+    let name = curator_protected_name(guard.node(), "lock-")?;
     ensure!(guard.node() == h.path(&format!("/locks/a/{name}")));
-    ensure!(name.len() == 40 + "lock-".len() + 10, "{name}");
-    ensure!(
-        name.starts_with("_c_") && name.as_bytes()[39] == b'-',
-        "{name}"
-    );
-    uuid::Uuid::parse_str(&name[3..39])?;
-    ensure!(name[40..].starts_with("lock-") && name[45..].bytes().all(|b| b.is_ascii_digit()));
     let (data, stat) = s.get_data(guard.node()).await?;
     ensure!(stat.ephemeral_owner == s.session_id());
     ensure!(data == s.options().default_data);
@@ -64,9 +61,7 @@ async fn waiters_are_served_in_fifo_order(h: &Harness) -> Result<()> {
         await_children(&holder, &path, i + 2, WITHIN).await?;
     }
     first.release().await?;
-    for t in tasks {
-        t.await??;
-    }
+    joined(tasks).await?;
     ensure!(*order.lock().await == [0, 1, 2, 3, 4]);
     Ok(())
 }
@@ -135,41 +130,25 @@ async fn reentrant_holder_excludes_another_task(h: &Harness) -> Result<()> {
 async fn tasks_sharing_one_mutex_exclude_each_other(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let mutex = Mutex::new(&s, &h.path("/locks/our-lock"))?;
-    let inside = Arc::new(AtomicBool::new(false));
+    let inside = Arc::new(Occupancy::default());
     let mut tasks = Vec::new();
     for _ in 0..10 {
         let (mutex, inside) = (mutex.clone(), inside.clone());
         tasks.push(tokio::spawn(async move {
             let g = mutex.acquire().await?;
-            ensure!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
-            tokio::task::yield_now().await;
-            inside.store(false, Ordering::SeqCst);
+            inside.alone("two holders at once").await?;
             g.release().await?;
             anyhow::Ok(())
         }));
     }
-    for t in tasks {
-        t.await??;
-    }
-    Ok(())
+    joined(tasks).await
 }
 
 /// Curator `test2Clients`: two sessions, exactly one holds; when it releases
 /// the other gets the lock.
 async fn two_clients_take_turns(h: &Harness) -> Result<()> {
-    let (s1, s2) = (h.session().await, h.session().await);
-    let path = h.path("/locks/our-lock");
-    let (m1, m2) = (Mutex::new(&s1, &path)?, Mutex::new(&s2, &path)?);
-    let g1 = m1.acquire().await?;
-    let waiter = queued(&s1, &path, 2, WITHIN, async move { m2.acquire().await }).await?;
-    ensure!(!waiter.is_finished(), "the second client waits");
-    let first_token = g1.token();
-    g1.release().await?;
-    let g2 = tokio::time::timeout(WITHIN, waiter).await???;
-    ensure!(
-        g2.token() > first_token,
-        "a later acquisition has a larger token"
-    );
+    let contest = rivals(h, "/locks/our-lock", Mutex::new).await?;
+    let (m1, g2) = clients_take_turns(contest, "").await?;
     ensure!(m1.try_acquire().await?.is_none(), "exactly one holder");
     g2.release().await?;
     Ok(())
@@ -178,16 +157,10 @@ async fn two_clients_take_turns(h: &Harness) -> Result<()> {
 /// Curator `testKilledSession`: the holder's session expires; the waiter
 /// acquires, and the old holder's lost signal fires.
 async fn a_killed_holder_hands_over_and_learns_it(h: &Harness) -> Result<()> {
-    let (s1, s2) = (h.session().await, h.session().await);
-    let path = h.path("/locks/our-lock");
-    let g1 = Mutex::new(&s1, &path)?.acquire().await?;
-    let m2 = Mutex::new(&s2, &path)?;
-    let waiter = queued(&s2, &path, 2, WITHIN, async move { m2.acquire().await }).await?;
-    s1.faults().expect("faults").expire().await?;
-    tokio::time::timeout(WITHIN, g1.lost()).await?;
-    ensure!(g1.is_lost());
-    let g2 = tokio::time::timeout(h.timeout() + Duration::from_secs(1), waiter).await???;
-    ensure!(g2.token() > g1.token());
+    let contest = rivals(h, "/locks/our-lock", Mutex::new).await?;
+    let handover = h.timeout() + Duration::from_secs(1);
+    let Handover { lost: g1, next: g2 } =
+        killed_holder_hands_over(contest, "", 2, handover).await?;
     let err = g1.guarded(&[]).await.unwrap_err();
     ensure!(
         matches!(err, Error::Lost { .. }),
@@ -205,11 +178,15 @@ async fn a_killed_holder_hands_over_and_learns_it(h: &Harness) -> Result<()> {
 /// A holder suspended past its session timeout loses the lock to the next
 /// waiter within the timeout plus a second.
 async fn a_silent_holder_loses_the_lock_after_its_timeout(h: &Harness) -> Result<()> {
-    let (s1, s2) = (h.session().await, h.session().await);
-    let path = h.path("/locks/silent");
-    let g1 = Mutex::new(&s1, &path)?.acquire().await?;
-    let m2 = Mutex::new(&s2, &path)?;
-    let waiter = queued(&s2, &path, 2, WITHIN, async move { m2.acquire().await }).await?;
+    let Queued {
+        first: s1,
+        held: g1,
+        waiter,
+        ..
+    } = rivals(h, "/locks/silent", Mutex::new)
+        .await?
+        .hold_and_queue("", 2)
+        .await?;
     let started = tokio::time::Instant::now();
     s1.faults().expect("faults").suspend(h.timeout() * 3);
     tokio::time::timeout(Duration::from_secs(1), async {
@@ -219,15 +196,15 @@ async fn a_silent_holder_loses_the_lock_after_its_timeout(h: &Harness) -> Result
             .map(|_| ())
     })
     .await??;
-    ensure!(g1.is_suspended() && !g1.is_lost());
-    let g2 = tokio::time::timeout(h.timeout() + Duration::from_secs(1), waiter).await???;
+    ensure!(g1.acquisition().is_suspended() && !g1.acquisition().is_lost());
+    let g2 = got_within(waiter, h.timeout() + Duration::from_secs(1)).await?;
     // Not before the session could expire: its last heartbeat was at most
     // a third of the timeout before the suspension (plus its lateness).
     ensure!(
         started.elapsed() >= h.timeout() / 3,
         "not before the session could expire"
     );
-    g1.lost().await;
+    g1.acquisition().lost().await;
     let _ = g1.release().await;
     g2.release().await?;
     Ok(())
@@ -236,9 +213,7 @@ async fn a_silent_holder_loses_the_lock_after_its_timeout(h: &Harness) -> Result
 /// Curator `testContainerCleanup`: after many lock/unlock rounds with fresh
 /// instances, the lock directories are reaped.
 async fn lock_directories_are_reaped(h: &Harness) -> Result<()> {
-    let s = h.session().await;
-    let lock = || Mutex::new(&s, &h.path("/locks/our-lock"));
-    reaped_after_lock_rounds(&s, 10, lock, &h.path("/locks"), WITHIN).await
+    common::tests1::lock_directories_are_reaped(h, 10, Mutex::new).await
 }
 
 /// A timed-out or cancelled acquire leaves no node behind.
@@ -280,11 +255,7 @@ async fn a_lost_create_reply_leaves_one_node(h: &Harness) -> Result<()> {
     );
     ensure!(s.retries() >= 1, "the create was retried");
     g.release().await?;
-    ensure!(s
-        .children(&path)
-        .await
-        .map(|k| k.is_empty())
-        .unwrap_or(true));
+    ensure!(no_children(&s, &path).await);
     Ok(())
 }
 
@@ -314,18 +285,7 @@ async fn a_release_wakes_exactly_one_waiter(h: &Harness) -> Result<()> {
     }
     await_children(&holder, &path, waiters + 1, WITHIN).await?;
     // Every waiter arms exactly one watch (on its predecessor), no more.
-    tokio::time::timeout(WITHIN, async {
-        while server.watch_stats().node_watches < waiters {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await?;
-    let stats = server.watch_stats();
-    ensure!(
-        stats.node_watches == waiters,
-        "{} watches for {waiters} waiters",
-        stats.node_watches
-    );
+    let stats = one_watch_per_waiter(server, waiters, WITHIN).await?;
     let before = stats.node_notifications;
     g.release().await?;
     tokio::time::timeout(WITHIN, async {
@@ -337,9 +297,7 @@ async fn a_release_wakes_exactly_one_waiter(h: &Harness) -> Result<()> {
     let woken = server.watch_stats().node_notifications - before;
     ensure!(woken == 1, "one release woke {woken} waiters");
     drop(release_tx);
-    for t in tasks {
-        t.await??;
-    }
+    joined(tasks).await?;
     Ok(())
 }
 
@@ -389,12 +347,7 @@ async fn a_cancelled_release_still_releases(h: &Harness) -> Result<()> {
 
 /// Bad paths are refused with a typed error before anything is created.
 async fn invalid_paths_are_refused(h: &Harness) -> Result<()> {
-    let s = h.session().await;
-    for bad in ["relative", "/a//b", "/trailing/", "/", ""] {
-        let err = Mutex::new(&s, bad).unwrap_err();
-        ensure!(matches!(err, Error::InvalidPath { .. }), "{bad:?}: {err}");
-    }
-    Ok(())
+    refuses_bad_paths(h, Mutex::new).await
 }
 
 /// Sorting is Curator's string compare of the suffix after the lock name.

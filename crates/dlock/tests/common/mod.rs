@@ -526,3 +526,5 @@ macro_rules! per_backend {
         }
     };
 }
+
+pub mod tests1;
