@@ -6,16 +6,21 @@
 mod common;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{await_children, queued, reaped_after_lock_rounds, Harness};
+use common::tests1::{
+    clients_take_turns, curator_protected_name, joined, killed_holder_hands_over,
+    lock_directories_are_reaped, recipe_on, release_tried, remove, rivals, started_count, Handover,
+    Occupancy,
+};
+use common::{await_children, queued, sorted_names, Harness};
 use dlock::recipes::semaphore::{Lease, Semaphore};
 use dlock::recipes::semaphore_mutex::SemaphoreMutex;
 use dlock::recipes::shared_count::SharedCount;
-use dlock::{Error, Session};
+use dlock::Error;
 use tokio::sync::{mpsc, oneshot};
 
 const WITHIN: Duration = Duration::from_secs(20);
@@ -32,13 +37,6 @@ async fn release_all(leases: Vec<Lease>) -> Result<()> {
     Ok(())
 }
 
-async fn remove(session: &Session, path: &str) -> Result<()> {
-    match session.delete(path, None).await {
-        Ok(()) | Err(Error::NoNode { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
 /// Curator's layout: `<path>/leases/_c_<uuid>-lease-<10 digits>`, ephemeral,
 /// with the node data; the internal `<path>/locks` mutex is released once the
 /// lease is granted.
@@ -53,13 +51,7 @@ async fn the_layout_is_curators(h: &Harness) -> Result<()> {
         "{}",
         lease.node()
     );
-    ensure!(name.len() == 40 + "lease-".len() + 10, "{name}");
-    ensure!(
-        name.starts_with("_c_") && name.as_bytes()[39] == b'-',
-        "{name}"
-    );
-    uuid::Uuid::parse_str(&name[3..39])?;
-    ensure!(name[40..].starts_with("lease-") && name[46..].bytes().all(|b| b.is_ascii_digit()));
+    curator_protected_name(lease.node(), "lease-")?;
     let (data, stat) = s.get_data(lease.node()).await?;
     ensure!(data == b"car-7" && lease.data() == b"car-7");
     ensure!(stat.ephemeral_owner == s.session_id());
@@ -116,10 +108,7 @@ async fn bad_quantities_fail_fast(h: &Harness) -> Result<()> {
 /// Curator `testThreadedLeaseIncrease`: the maximum comes from a
 /// SharedCount; raising it wakes the blocked acquirer at once.
 async fn raising_the_count_wakes_the_waiter(h: &Harness) -> Result<()> {
-    let s = h.session().await;
-    let count_path = h.path("/foo/count");
-    let count = SharedCount::new(&s, &count_path, 1)?;
-    count.start().await?;
+    let (s, count_path, count) = started_count(h, "/foo/count", 1).await?;
     let path = h.path("/test");
     let sem = Semaphore::with_count(&s, &path, count.clone())?;
     let first = sem.acquire_one().await?;
@@ -142,10 +131,7 @@ async fn raising_the_count_wakes_the_waiter(h: &Harness) -> Result<()> {
 
 /// Lowering the count never revokes leases; it only holds back new ones.
 async fn lowering_the_count_never_revokes(h: &Harness) -> Result<()> {
-    let s = h.session().await;
-    let count_path = h.path("/count");
-    let count = SharedCount::new(&s, &count_path, 2)?;
-    count.start().await?;
+    let (s, count_path, count) = started_count(h, "/count", 2).await?;
     let sem = Semaphore::with_count(&s, &h.path("/test"), count.clone())?;
     let mut held = sem.acquire(2).await?;
     count.set(1).await?;
@@ -279,23 +265,18 @@ async fn releases_in_chunks_never_overadmit(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/test");
     let stepper = Arc::new(tokio::sync::Semaphore::new(0));
-    let (active, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let active = Arc::new(Occupancy::default());
     let (released_tx, mut released_rx) = tokio::sync::watch::channel(0usize);
     let released_tx = Arc::new(released_tx);
     let mut tasks = Vec::new();
     for _ in 0..TASKS {
         let sem = Semaphore::new(&s, &path, MAX as u32)?;
-        let (stepper, active, peak, released) = (
-            stepper.clone(),
-            active.clone(),
-            peak.clone(),
-            released_tx.clone(),
-        );
+        let (stepper, active, released) = (stepper.clone(), active.clone(), released_tx.clone());
         tasks.push(tokio::spawn(async move {
             let lease = sem.acquire_timeout(1, WITHIN).await?;
-            peak.fetch_max(active.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+            active.enter();
             stepper.acquire().await?.forget();
-            active.fetch_sub(1, Ordering::SeqCst);
+            active.leave();
             release_all(lease).await?;
             released.send_modify(|n| *n += 1);
             anyhow::Ok(())
@@ -309,10 +290,8 @@ async fn releases_in_chunks_never_overadmit(h: &Harness) -> Result<()> {
         // Pace by the releases themselves, not by sleeping.
         tokio::time::timeout(WITHIN, released_rx.wait_for(|n| *n >= given)).await??;
     }
-    for t in tasks {
-        t.await??;
-    }
-    let peak = peak.load(Ordering::SeqCst);
+    joined(tasks).await?;
+    let peak = active.peak();
     ensure!(peak > 0 && peak <= MAX, "peak {peak}");
     Ok(())
 }
@@ -322,18 +301,13 @@ async fn releases_in_chunks_never_overadmit(h: &Harness) -> Result<()> {
 async fn tasks_sharing_one_semaphore_take_turns(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let sem = Semaphore::new(&s, &h.path("/test"), 1)?;
-    let inside = Arc::new(AtomicBool::new(false));
+    let inside = Arc::new(Occupancy::default());
     let mut tasks = Vec::new();
     for _ in 0..10 {
         let (sem, inside) = (sem.clone(), inside.clone());
         tasks.push(tokio::spawn(async move {
             let lease = sem.acquire_timeout(1, WITHIN).await?;
-            ensure!(
-                !inside.swap(true, Ordering::SeqCst),
-                "two holders of one lease"
-            );
-            tokio::task::yield_now().await;
-            inside.store(false, Ordering::SeqCst);
+            inside.alone("two holders of one lease").await?;
             release_all(lease).await
         }));
     }
@@ -407,23 +381,16 @@ async fn a_deleted_waiting_lease_is_retried(h: &Harness) -> Result<()> {
     let leases_dir = format!("{path}/leases");
     let sem = Semaphore::new(&s, &path, 1)?;
     let lease = sem.acquire_timeout(1, WITHIN).await?;
-    let before: Vec<String> = s
-        .children(&leases_dir)
-        .await?
-        .into_iter()
-        .map(|c| c.name)
-        .collect();
+    let before = sorted_names(&s, &leases_dir).await?;
     ensure!(before.len() == 1);
     let waiting = sem.clone();
     let second = queued(&s, &leases_dir, 2, WITHIN, async move {
         waiting.acquire_timeout(1, WITHIN * 2).await
     })
     .await?;
-    let new_node = s
-        .children(&leases_dir)
+    let new_node = sorted_names(&s, &leases_dir)
         .await?
         .into_iter()
-        .map(|c| c.name)
         .find(|c| !before.contains(c))
         .context("the waiter's node")?;
     let deleted = format!("{leases_dir}/{new_node}");
@@ -470,11 +437,10 @@ async fn a_cancelled_acquire_leaves_nothing(h: &Harness) -> Result<()> {
 /// (CURATOR-315/335/462): a timed-out or cancelled `acquire(3)` that got two
 /// leases leaves only the other holder's.
 async fn a_failed_multi_acquire_returns_its_leases(h: &Harness) -> Result<()> {
-    let (s1, s2) = (h.session().await, h.session().await);
-    let path = h.path("/test");
-    let leases_dir = format!("{path}/leases");
-    let other = Semaphore::new(&s1, &path, 3)?.acquire_one().await?;
-    let sem = Semaphore::new(&s2, &path, 3)?;
+    let lot = rivals(h, "/test", |s, p| Semaphore::new(s, p, 3)).await?;
+    let (s1, sem) = (&lot.first, &lot.theirs);
+    let leases_dir = format!("{}/leases", lot.path);
+    let other = lot.mine.acquire_one().await?;
     let err = sem.acquire_timeout(3, SHORT).await.unwrap_err();
     ensure!(err == Error::Timeout(SHORT), "{err}");
     ensure!(
@@ -497,11 +463,10 @@ async fn a_failed_multi_acquire_returns_its_leases(h: &Harness) -> Result<()> {
 /// starts over in a new session, no orphan blocks anyone, and acquisitions go
 /// on.
 async fn acquisitions_go_on_after_a_lost_session(h: &Harness) -> Result<()> {
-    let (s1, s2) = (h.session().await, h.session().await);
-    let path = h.path("/test");
+    let lot = rivals(h, "/test", |s, p| Semaphore::new(s, p, 1)).await?;
+    let (s1, s2, path, sem2) = (&lot.first, &lot.second, &lot.path, &lot.theirs);
     let leases_dir = format!("{path}/leases");
-    let held = Semaphore::new(&s1, &path, 1)?.acquire_one().await?;
-    let sem2 = Semaphore::new(&s2, &path, 1)?;
+    let held = lot.mine.acquire_one().await?;
     let waiting = sem2.clone();
     let waiter = queued(&s1, &leases_dir, 2, WITHIN, async move {
         waiting.acquire_one().await
@@ -534,9 +499,7 @@ async fn acquisitions_go_on_after_a_lost_session(h: &Harness) -> Result<()> {
             anyhow::Ok(())
         }));
     }
-    for t in tasks {
-        t.await??;
-    }
+    joined(tasks).await?;
     ensure!(done.load(Ordering::SeqCst) == 10);
     Ok(())
 }
@@ -597,9 +560,7 @@ async fn a_lost_create_reply_leaves_one_lease(h: &Harness) -> Result<()> {
 
 /// Not re-entrant, and the guard may be released by another task.
 async fn the_semaphore_mutex_is_not_reentrant(h: &Harness) -> Result<()> {
-    let s = h.session().await;
-    let path = h.path("/locks/our-lock");
-    let lock = SemaphoreMutex::new(&s, &path)?;
+    let (_, path, lock) = recipe_on(h, "/locks/our-lock", SemaphoreMutex::new).await?;
     let guard = lock.acquire().await?;
     ensure!(
         guard.node().starts_with(&format!("{path}/leases/")),
@@ -612,33 +573,15 @@ async fn the_semaphore_mutex_is_not_reentrant(h: &Harness) -> Result<()> {
     );
     ensure!(lock.try_acquire().await?.is_none());
     tokio::spawn(async move { guard.release().await }).await??;
-    lock.try_acquire()
-        .await?
-        .context("free after a release from another task")?
-        .release()
-        .await?;
-    Ok(())
+    let tried = lock.try_acquire().await?;
+    release_tried(tried, "free after a release from another task").await
 }
 
 /// Curator `test2Clients`: exactly one of two clients holds; a release hands
 /// over.
 async fn the_semaphore_mutex_alternates_between_clients(h: &Harness) -> Result<()> {
-    let (s1, s2) = (h.session().await, h.session().await);
-    let path = h.path("/locks/our-lock");
-    let (m1, m2) = (
-        SemaphoreMutex::new(&s1, &path)?,
-        SemaphoreMutex::new(&s2, &path)?,
-    );
-    let g1 = m1.acquire().await?;
-    let waiter = queued(&s1, &format!("{path}/leases"), 2, WITHIN, async move {
-        m2.acquire().await
-    })
-    .await?;
-    ensure!(!waiter.is_finished(), "the second client waits");
-    let first_token = g1.token();
-    g1.release().await?;
-    let g2 = tokio::time::timeout(WITHIN, waiter).await???;
-    ensure!(g2.token() > first_token);
+    let contest = rivals(h, "/locks/our-lock", SemaphoreMutex::new).await?;
+    let (m1, g2) = clients_take_turns(contest, "/leases").await?;
     ensure!(m1.try_acquire().await?.is_none(), "exactly one holder");
     ensure!(m1.participants().await?.len() == 1);
     g2.release().await?;
@@ -648,17 +591,9 @@ async fn the_semaphore_mutex_alternates_between_clients(h: &Harness) -> Result<(
 /// Curator `testKilledSession`: the holder's session expires; the waiter
 /// gets the lock.
 async fn a_killed_semaphore_mutex_holder_hands_over(h: &Harness) -> Result<()> {
-    let (s1, s2) = (h.session().await, h.session().await);
-    let path = h.path("/locks/our-lock");
-    let g1 = SemaphoreMutex::new(&s1, &path)?.acquire().await?;
-    let m2 = SemaphoreMutex::new(&s2, &path)?;
-    let waiter = queued(&s2, &format!("{path}/leases"), 2, WITHIN, async move {
-        m2.acquire().await
-    })
-    .await?;
-    s1.faults().context("faults")?.expire().await?;
-    let g2 = tokio::time::timeout(WITHIN, waiter).await???;
-    ensure!(g1.is_lost() && !g2.is_lost());
+    let contest = rivals(h, "/locks/our-lock", SemaphoreMutex::new).await?;
+    let Handover { lost: g1, next: g2 } =
+        killed_holder_hands_over(contest, "/leases", 2, WITHIN).await?;
     let _ = g1.release().await;
     g2.release().await?;
     Ok(())
@@ -667,9 +602,7 @@ async fn a_killed_semaphore_mutex_holder_hands_over(h: &Harness) -> Result<()> {
 /// Curator `testContainerCleanup`: after many rounds with fresh instances,
 /// the directories are reaped.
 async fn semaphore_directories_are_reaped(h: &Harness) -> Result<()> {
-    let s = h.session().await;
-    let lock = || SemaphoreMutex::new(&s, &h.path("/locks/our-lock"));
-    reaped_after_lock_rounds(&s, 5, lock, &h.path("/locks"), WITHIN).await
+    lock_directories_are_reaped(h, 5, SemaphoreMutex::new).await
 }
 
 per_backend!(every_backend {
