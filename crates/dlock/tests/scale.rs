@@ -1,9 +1,12 @@
 //! Scale: a thousand waiters on one lock wake one at a time; one session
 //! holds ten thousand locks. On the embedded store, which counts watches.
 
+mod common;
+
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
+use common::tests1::one_watch_per_waiter;
 use dlock::store::embedded::{EmbeddedOptions, EmbeddedServer};
 use dlock::{Mutex, SessionOptions};
 
@@ -35,18 +38,7 @@ async fn a_thousand_waiters_are_woken_one_at_a_time() -> Result<()> {
             anyhow::Ok(())
         }));
     }
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while server.watch_stats().node_watches < waiters {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await?;
-    let before = server.watch_stats();
-    ensure!(
-        before.node_watches == waiters,
-        "{} watches for {waiters} waiters",
-        before.node_watches
-    );
+    let before = one_watch_per_waiter(&server, waiters, Duration::from_secs(60)).await?;
     first.release().await?;
     for _ in 0..waiters {
         tokio::time::timeout(Duration::from_secs(60), acquired.recv()).await?;
