@@ -11,8 +11,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{await_children, ephemeral, persistent, persistent_only, queued, sequential, Harness};
-use dlock::store::{CreateMode, SessionState, WatchEvent};
+use common::tests1::{got_within, hand_to, queued_lock, rivals, PrivateEtcd, Queued};
+use common::{
+    await_children, ephemeral, persistent, persistent_only, queued, sequential, sorted_names,
+    Harness,
+};
+use dlock::store::{CreateMode, Created, SessionState, WatchEvent};
 use dlock::{Error, Mutex, Session, SessionOptions};
 use dlock_testkit::{shared_etcd, EtcdCluster, EtcdServer, TcpProxy};
 use etcd_client::{Client, GetOptions};
@@ -24,16 +28,34 @@ async fn raw(url: &str) -> Result<Client> {
     Ok(Client::connect([url], None).await?)
 }
 
+/// A session on the etcd at `endpoint` (`host:port`, or several joined by
+/// commas) whose lease has the TTL `ttl`.
+async fn etcd_session(endpoint: impl std::fmt::Display, ttl: Duration) -> dlock::Result<Session> {
+    let options = SessionOptions::default().with_session_timeout(ttl);
+    dlock::connect_with(&format!("etcd://{endpoint}"), options).await
+}
+
 /// A session with a long TTL through `proxy` (so a cut shorter than the TTL
 /// neither loses nor, if no keep-alive falls into it, suspends it).
 async fn via(proxy: &TcpProxy, ttl: Duration) -> Result<Session> {
-    let options = SessionOptions::default().with_session_timeout(ttl);
-    Ok(dlock::connect_with(&format!("etcd://{}", proxy.address()), options).await?)
+    Ok(etcd_session(proxy.address(), ttl).await?)
 }
 
 async fn session_with_timeout(h: &Harness, timeout: Duration) -> Session {
     h.session_with(SessionOptions::default().with_session_timeout(timeout))
         .await
+}
+
+/// A session whose lease outlives any test here.
+async fn long_session(h: &Harness) -> Session {
+    session_with_timeout(h, Duration::from_secs(30)).await
+}
+
+/// A session owning an ephemeral node at `rest`, and another to observe it.
+async fn a_node_and_an_observer(h: &Harness, rest: &str) -> Result<(Session, Session, Created)> {
+    let (s, observer) = (h.session().await, h.session().await);
+    let node = s.create(&h.path(rest), b"", ephemeral()).await?;
+    Ok((s, observer, node))
 }
 
 /// Millisecond timeouts become whole-second TTLs (rounded up), and the
@@ -70,10 +92,8 @@ async fn lease_ttl_is_the_timeout_in_whole_seconds(h: &Harness) -> Result<()> {
 /// third of the TTL would show as a brief suspension on a loaded machine;
 /// that is allowed, a loss is not.)
 async fn keep_alive_holds_the_session_past_several_ttls(h: &Harness) -> Result<()> {
-    let s = h.session().await;
-    let observer = h.session().await;
+    let (s, observer, node) = a_node_and_an_observer(h, "/alive").await?;
     let id = s.session_id();
-    let node = s.create(&h.path("/alive"), b"", ephemeral()).await?;
     let mut states = s.watch_status();
     let watching = tokio::spawn(async move {
         let mut seen = Vec::new();
@@ -112,10 +132,8 @@ async fn keep_alive_holds_the_session_past_several_ttls(h: &Harness) -> Result<(
 /// the session learns it at its next keep-alive (`Lost`), and the next
 /// operation runs with a new lease.
 async fn a_lease_revoked_from_outside_is_lost(h: &Harness) -> Result<()> {
-    let s = h.session().await;
-    let observer = h.session().await;
+    let (s, observer, node) = a_node_and_an_observer(h, "/revoked").await?;
     let id = s.session_id();
-    let node = s.create(&h.path("/revoked"), b"", ephemeral()).await?;
     let (_, _, watch) = observer.get_data_watch(&node.path).await?;
     raw(&shared_etcd().url()).await?.lease_revoke(id).await?;
     ensure!(watch.changed().await == WatchEvent::NodeDeleted);
@@ -213,9 +231,7 @@ async fn errors_name_the_node_with_implicit_parents(h: &Harness) -> Result<()> {
 /// A watch stream that breaks (the connection is cut for less than a TTL,
 /// between keep-alives) resumes from the last revision it saw: the delete
 /// that happened meanwhile is delivered, and the session never noticed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broken_watch_stream_resumes_where_it_was() -> Result<()> {
-    let h = common::etcd();
+async fn a_broken_watch_stream_resumes_where_it_was(h: &Harness) -> Result<()> {
     let proxy = TcpProxy::start(&shared_etcd().endpoint())?;
     let s = via(&proxy, Duration::from_secs(30)).await?;
     let other = h.session().await;
@@ -237,7 +253,6 @@ async fn a_broken_watch_stream_resumes_where_it_was() -> Result<()> {
         s.status()
     );
     s.close().await;
-    h.finish().await;
     Ok(())
 }
 
@@ -254,21 +269,22 @@ fn server_watchers(server: &EtcdServer) -> Result<u64> {
 /// Waiters of one client in one queue share one server watch (a watch
 /// created per wait can be filed unsynced by a busy server and then waits
 /// up to 100 ms), and it closes a few seconds after the last waiter left.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_in_one_directory_share_one_server_watch() -> Result<()> {
-    let server = EtcdServer::start()?;
-    let url = format!("etcd://{}", server.endpoint());
-    let (holder, waiter) = (dlock::connect(&url).await?, dlock::connect(&url).await?);
-    let path = "/shared/lock";
-    let held = Mutex::new(&holder, path)?.acquire().await?;
+async fn waiters_in_one_directory_share_one_server_watch(h: &PrivateEtcd) -> Result<()> {
+    let server = &h.server;
+    let (holder, waiter) = (
+        h.session_with(SessionOptions::default()).await,
+        h.session_with(SessionOptions::default()).await,
+    );
+    let path = h.path("/shared/lock");
+    let held = Mutex::new(&holder, &path)?.acquire().await?;
     let mut waiting = Vec::new();
     for _ in 0..4 {
-        let m = Mutex::new(&waiter, path)?;
+        let m = Mutex::new(&waiter, &path)?;
         waiting.push(tokio::spawn(
             async move { m.acquire().await?.release().await },
         ));
     }
-    await_children(&holder, path, 5, WITHIN).await?;
+    await_children(&holder, &path, 5, WITHIN).await?;
     // Polled: the server's count is the only witness (a watch the test's
     // own listing left behind is cancelled within a second).
     let deadline = tokio::time::Instant::now() + WITHIN;
@@ -296,8 +312,6 @@ async fn waiters_in_one_directory_share_one_server_watch() -> Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    holder.close().await;
-    waiter.close().await;
     Ok(())
 }
 
@@ -305,42 +319,20 @@ async fn waiters_in_one_directory_share_one_server_watch() -> Result<()> {
 /// its watch's start revision still wakes: the watch reads again, sees the
 /// predecessor gone, and fires; an unrelated compaction does not wake a
 /// watch whose node did not change.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_wakes_although_its_watch_start_was_compacted() -> Result<()> {
+async fn a_waiter_wakes_although_its_watch_start_was_compacted(h: &PrivateEtcd) -> Result<()> {
     // A private server: compaction affects every client of a server.
-    let server = EtcdServer::start()?;
-    let proxy = TcpProxy::start(&server.endpoint())?;
-    let mut etcd = raw(&server.url()).await?;
-    let direct = |timeout| {
-        let url = format!("etcd://{}", server.endpoint());
-        async move {
-            dlock::connect_with(
-                &url,
-                SessionOptions::default().with_session_timeout(timeout),
-            )
-            .await
-        }
-    };
-    let holder = direct(Duration::from_secs(2)).await?;
+    let proxy = TcpProxy::start(&h.server.endpoint())?;
+    let mut etcd = raw(&h.server.url()).await?;
+    let holder = session_with_timeout(h, Duration::from_secs(2)).await;
     let waiter = via(&proxy, Duration::from_secs(30)).await?;
-    let path = "/compaction/lock";
-    let held = Mutex::new(&holder, path)?.acquire().await?;
-    let m = Mutex::new(&waiter, path)?;
-    let waiting = queued(&holder, path, 2, WITHIN, async move { m.acquire().await }).await?;
+    let path = h.path("/compaction/lock");
+    let held = Mutex::new(&holder, &path)?.acquire().await?;
+    let waiting = queued_lock(&holder, &path, 2, Mutex::new(&waiter, &path)?).await?;
 
     // Nothing changed: a compaction under a broken stream re-arms quietly.
-    let bystander = "/compaction/bystander";
+    let bystander = h.path("/compaction/bystander");
     proxy.cut();
-    for i in 0..5 {
-        etcd.put(bystander, i.to_string(), None).await?;
-    }
-    let now = etcd
-        .get(bystander, None)
-        .await?
-        .header()
-        .unwrap()
-        .revision();
-    etcd.compact(now, None).await?;
+    compact_past_writes_to(&mut etcd, &bystander).await?;
     proxy.restore();
     tokio::time::sleep(Duration::from_secs(1)).await;
     ensure!(!waiting.is_finished(), "the waiter woke without a reason");
@@ -349,36 +341,41 @@ async fn a_waiter_wakes_although_its_watch_start_was_compacted() -> Result<()> {
     // is compacted past the release.
     proxy.cut();
     held.release().await?;
-    for i in 0..5 {
-        etcd.put(bystander, i.to_string(), None).await?;
-    }
-    let now = etcd
-        .get(bystander, None)
-        .await?
-        .header()
-        .unwrap()
-        .revision();
-    etcd.compact(now, None).await?;
+    compact_past_writes_to(&mut etcd, &bystander).await?;
     proxy.restore();
-    let guard = tokio::time::timeout(WITHIN, waiting).await???;
+    let guard = got_within(waiting, WITHIN).await?;
     guard.release().await?;
     etcd.delete(bystander, None).await?;
     ensure!(etcd
-        .get("/compaction", Some(GetOptions::new().with_prefix()))
+        .get(h.path("/compaction"), Some(GetOptions::new().with_prefix()))
         .await?
         .kvs()
         .is_empty());
     waiter.close().await;
-    holder.close().await;
+    Ok(())
+}
+
+/// Writes `key` five times, then compacts the store up to the last write.
+async fn compact_past_writes_to(etcd: &mut Client, key: &str) -> Result<()> {
+    for i in 0..5 {
+        etcd.put(key, i.to_string(), None).await?;
+    }
+    let now = etcd
+        .get(key, None)
+        .await?
+        .header()
+        .context("a response header")?
+        .revision();
+    etcd.compact(now, None).await?;
     Ok(())
 }
 
 /// The promise: when a holder's lease expires (its process is cut
 /// off from etcd: no more keep-alives), the next waiter acquires within the
 /// TTL plus a second — and not before the lease could have expired.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_holder_whose_lease_expires_hands_over_within_ttl_plus_a_second() -> Result<()> {
-    let h = common::etcd();
+async fn a_holder_whose_lease_expires_hands_over_within_ttl_plus_a_second(
+    h: &Harness,
+) -> Result<()> {
     let proxy = TcpProxy::start(&shared_etcd().endpoint())?;
     let holder = via(&proxy, h.timeout()).await?;
     let ttl = holder.session_timeout();
@@ -409,17 +406,7 @@ async fn a_holder_whose_lease_expires_hands_over_within_ttl_plus_a_second() -> R
     drop(held);
     proxy.restore();
     holder.close().await;
-    h.finish().await;
     Ok(())
-}
-
-/// A private etcd, whose request counts are the test's alone, and a
-/// session on it whose lease outlives any test here.
-async fn counted_server() -> Result<(EtcdServer, Session)> {
-    let server = EtcdServer::start()?;
-    let options = SessionOptions::default().with_session_timeout(Duration::from_secs(30));
-    let session = dlock::connect_with(&format!("etcd://{}", server.endpoint()), options).await?;
-    Ok((server, session))
 }
 
 /// KV requests etcd has served so far (its `/metrics`): `Range`, `Put`,
@@ -477,10 +464,11 @@ fn requests(made: &[(&str, u64)]) -> BTreeMap<String, u64> {
 /// in a later lease — the next acquisition takes another suffix — and the
 /// retry compares the create revision (etcd#22082). Nodes that are not
 /// protected queue nodes keep the fenced transaction.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_is_a_plain_delete_and_one_unanswered_retires_the_name() -> Result<()> {
-    let (server, s) = counted_server().await?;
-    let mutex = Mutex::new(&s, "/plain/lock")?;
+async fn a_release_is_a_plain_delete_and_one_unanswered_retires_the_name(
+    h: &PrivateEtcd,
+) -> Result<()> {
+    let (server, s) = (&h.server, long_session(h).await);
+    let mutex = Mutex::new(&s, &h.path("/plain/lock"))?;
     let first = mutex.acquire().await?;
     let node = first.node().to_string();
     let ((), made) = kv_requests_during(&server, async { Ok(first.release().await?) }).await?;
@@ -516,7 +504,7 @@ async fn a_release_is_a_plain_delete_and_one_unanswered_retires_the_name() -> Re
         "a release: {made:?}"
     );
 
-    let unprotected = s.create("/plain/node-", b"", sequential()).await?;
+    let unprotected = s.create(&h.path("/plain/node-"), b"", sequential()).await?;
     let ((), made) = kv_requests_during(&server, async {
         Ok(s.delete(&unprotected.path, None).await?)
     })
@@ -530,7 +518,7 @@ async fn a_release_is_a_plain_delete_and_one_unanswered_retires_the_name() -> Re
     let left = raw(&format!("http://{}", server.endpoint()))
         .await?
         .get(
-            "/plain",
+            h.path("/plain"),
             Some(GetOptions::new().with_prefix().with_count_only()),
         )
         .await?
@@ -543,11 +531,10 @@ async fn a_release_is_a_plain_delete_and_one_unanswered_retires_the_name() -> Re
 /// may still land later too: its name is never created again either, even
 /// in a later lease. The node is protected and sequential, as a queue's;
 /// replies are slowed down so that the delete is given up in flight.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plain_delete_given_up_in_flight_retires_the_name() -> Result<()> {
+async fn a_plain_delete_given_up_in_flight_retires_the_name(h: &Harness) -> Result<()> {
     let proxy = TcpProxy::start(&shared_etcd().endpoint())?;
     let s = via(&proxy, Duration::from_secs(30)).await?;
-    let dir = format!("/given-up-{}", uuid::Uuid::new_v4().simple());
+    let dir = h.path("/given-up");
     let prefix = format!("{dir}/_c_{}-lock-", uuid::Uuid::new_v4());
     let node = s.create(&prefix, b"", sequential()).await?.path;
     proxy.delay_replies(Duration::from_millis(500));
@@ -568,10 +555,9 @@ async fn a_plain_delete_given_up_in_flight_retires_the_name() -> Result<()> {
 /// An uncontended acquire is one request (create and list in one
 /// transaction), a release another: two sequential round trips, counted
 /// by the server.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_uncontended_acquire_and_release_is_two_round_trips() -> Result<()> {
-    let (server, s) = counted_server().await?;
-    let mutex = Mutex::new(&s, "/rt/lock")?;
+async fn an_uncontended_acquire_and_release_is_two_round_trips(h: &PrivateEtcd) -> Result<()> {
+    let (server, s) = (&h.server, long_session(h).await);
+    let mutex = Mutex::new(&s, &h.path("/rt/lock"))?;
     mutex.acquire().await?.release().await?;
     for _ in 0..5 {
         let before = kv_requests(&server)?;
@@ -579,7 +565,6 @@ async fn an_uncontended_acquire_and_release_is_two_round_trips() -> Result<()> {
         let requests = kv_requests(&server)? - before;
         ensure!(requests == 2, "requests per acquire+release: {requests}");
     }
-    s.close().await;
     Ok(())
 }
 
@@ -592,11 +577,11 @@ async fn an_uncontended_acquire_and_release_is_two_round_trips() -> Result<()> {
 /// the background, and a leader that leaves at once may be gone before
 /// that (a busy machine runs the watch task late), so the next leaders read
 /// until one finds it up.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leadership_is_two_round_trips() -> Result<()> {
-    let (server, s) = counted_server().await?;
+async fn a_leadership_is_two_round_trips(h: &PrivateEtcd) -> Result<()> {
+    let (server, s) = (&h.server, long_session(h).await);
+    let leader = h.path("/rt/leader");
     let lead_once = || async {
-        let latch = dlock::LeaderLatch::new(&s, "/rt/leader")?;
+        let latch = dlock::LeaderLatch::new(&s, &leader)?;
         latch.start()?;
         latch.await_leadership().await?;
         ensure!(latch.has_leadership());
@@ -613,7 +598,6 @@ async fn a_leadership_is_two_round_trips() -> Result<()> {
         let ((), made) = kv_requests_during(&server, lead_once()).await?;
         ensure!(made == two, "requests per leadership: {made:?}");
     }
-    s.close().await;
     Ok(())
 }
 
@@ -624,17 +608,13 @@ async fn a_leadership_is_two_round_trips() -> Result<()> {
 /// So a handoff is the holder's delete alone. Counted by the server: a
 /// round is the node ahead's create, the waiter's create-and-list, and the
 /// delete. The first round warms the directory up.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_of_a_warm_directory_asks_the_server_nothing() -> Result<()> {
-    let server = EtcdServer::start()?;
-    let options = SessionOptions::default().with_session_timeout(Duration::from_secs(30));
-    let url = format!("etcd://{}", server.endpoint());
-    let a = dlock::connect_with(&url, options.clone()).await?;
-    let b = dlock::connect_with(&url, options).await?;
+async fn a_waiter_of_a_warm_directory_asks_the_server_nothing(h: &PrivateEtcd) -> Result<()> {
+    let (a, b) = (long_session(h).await, long_session(h).await);
+    let warm = h.path("/warm");
     for round in 0..3 {
-        let before = kv_requests(&server)?;
-        let handoff = common::hand_over(&a, &b, "/warm").await?;
-        let requests = kv_requests(&server)? - before;
+        let before = kv_requests(&h.server)?;
+        let handoff = common::hand_over(&a, &b, &warm).await?;
+        let requests = kv_requests(&h.server)? - before;
         let names: Vec<_> = handoff.seen.iter().map(|c| c.name.as_str()).collect();
         ensure!(names == [handoff.ours.name()], "round {round}: {names:?}");
         ensure!(
@@ -643,8 +623,6 @@ async fn a_waiter_of_a_warm_directory_asks_the_server_nothing() -> Result<()> {
         );
         b.delete(&handoff.ours.path, None).await?;
     }
-    a.close().await;
-    b.close().await;
     Ok(())
 }
 
@@ -680,38 +658,34 @@ async fn a_delete_never_removes_a_newer_node_of_the_same_name(h: &Harness) -> Re
 /// (its lease expired, or an operator deleted it) must not claim the lock
 /// when its predecessor goes. It queues again with a new node.
 async fn a_waiter_whose_key_vanished_does_not_claim_the_lock(h: &Harness) -> Result<()> {
-    let (holder, waiter) = (h.session().await, h.session().await);
-    let path = h.path("/jepsen");
-    let held = Mutex::new(&holder, &path)?.acquire().await?;
-    let m = Mutex::new(&waiter, &path)?;
-    let waiting = queued(&holder, &path, 2, WITHIN, async move { m.acquire().await }).await?;
+    let Queued {
+        first: holder,
+        path,
+        held,
+        waiter: waiting,
+        ..
+    } = rivals(h, "/jepsen", Mutex::new)
+        .await?
+        .hold_and_queue("", 2)
+        .await?;
     let queue = Mutex::new(&holder, &path)?.participants().await?;
     let vanished = queue[1].node.clone();
     // The waiter's key goes, and the waiter is woken (its watch on the
     // holder fires) only afterwards.
     holder.delete(&vanished, None).await?;
-    let third = Mutex::new(&holder, &path)?;
-    let late = queued(
-        &holder,
-        &path,
-        2,
-        WITHIN,
-        async move { third.acquire().await },
-    )
-    .await?;
+    let late = queued_lock(&holder, &path, 2, Mutex::new(&holder, &path)?).await?;
     held.release().await?;
-    let first = tokio::time::timeout(WITHIN, late).await???;
+    let first = got_within(late, WITHIN).await?;
     ensure!(
         !waiting.is_finished(),
         "the waiter with the vanished key took the lock"
     );
-    let first_token = first.token();
-    first.release().await?;
-    let second = tokio::time::timeout(WITHIN, waiting).await???;
-    ensure!(
-        second.token() > first_token,
-        "it acquired with a new node (perhaps under the old name)"
-    );
+    let second = hand_to(
+        first,
+        waiting,
+        "it acquired with a new node (perhaps under the old name)",
+    )
+    .await?;
     second.release().await?;
     Ok(())
 }
@@ -743,15 +717,13 @@ async fn a_sessions_acquisitions_of_one_lock_reuse_one_key(h: &Harness) -> Resul
 /// its listing (holder first) and its look at the holder's node, the holder
 /// releases and queues again under the same name, behind the waiter.
 /// Waiting on that node would deadlock: it waits for the waiter.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_does_not_wait_for_a_newer_node_with_its_predecessors_name() -> Result<()> {
-    let server = shared_etcd();
-    let proxy = TcpProxy::start(&server.endpoint())?;
-    let ttl = Duration::from_secs(30);
-    let options = SessionOptions::default().with_session_timeout(ttl);
-    let holder = dlock::connect_with(&format!("etcd://{}", server.endpoint()), options).await?;
-    let waiter = via(&proxy, ttl).await?;
-    let path = format!("/aba-{}", uuid::Uuid::new_v4());
+async fn a_waiter_does_not_wait_for_a_newer_node_with_its_predecessors_name(
+    h: &Harness,
+) -> Result<()> {
+    let proxy = TcpProxy::start(&shared_etcd().endpoint())?;
+    let holder = long_session(h).await;
+    let waiter = via(&proxy, Duration::from_secs(30)).await?;
+    let path = h.path("/aba");
     let held = Mutex::new(&holder, &path)?.acquire().await?;
     let first_node = held.node().to_string();
     proxy.delay_replies(Duration::from_millis(500));
@@ -760,21 +732,8 @@ async fn a_waiter_does_not_wait_for_a_newer_node_with_its_predecessors_name() ->
     // The waiter's node is in; its listing is still on its way to it.
     await_children(&holder, &path, 2, WITHIN).await?;
     held.release().await?;
-    let again = Mutex::new(&holder, &path)?;
-    let requeued = queued(
-        &holder,
-        &path,
-        2,
-        WITHIN,
-        async move { again.acquire().await },
-    )
-    .await?;
-    let names: Vec<String> = holder
-        .children(&path)
-        .await?
-        .into_iter()
-        .map(|c| c.name)
-        .collect();
+    let requeued = queued_lock(&holder, &path, 2, Mutex::new(&holder, &path)?).await?;
+    let names = sorted_names(&holder, &path).await?;
     ensure!(
         names.iter().any(|n| first_node.ends_with(n.as_str())),
         "the holder queued again under its old name: {names:?}"
@@ -788,10 +747,9 @@ async fn a_waiter_does_not_wait_for_a_newer_node_with_its_predecessors_name() ->
         "the holder's newer node queued behind the waiter"
     );
     got.release().await?;
-    let last = tokio::time::timeout(WITHIN, requeued).await???;
-    ensure!(last.node() == first_node);
+    let last = got_within(requeued, WITHIN).await?;
+    ensure!(last.acquisition().node() == first_node);
     last.release().await?;
-    holder.close().await;
     waiter.close().await;
     Ok(())
 }
@@ -843,10 +801,12 @@ async fn credentials_authenticate() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_survives_losing_a_cluster_member() -> Result<()> {
     let mut cluster = EtcdCluster::start(3)?;
-    let url = format!("etcd://{}", cluster.endpoints().join(","));
-    let options = SessionOptions::default().with_session_timeout(Duration::from_secs(5));
-    let a = dlock::connect_with(&url, options.clone()).await?;
-    let b = dlock::connect_with(&url, options).await?;
+    let endpoints = cluster.endpoints().join(",");
+    let ttl = Duration::from_secs(5);
+    let (a, b) = (
+        etcd_session(&endpoints, ttl).await?,
+        etcd_session(&endpoints, ttl).await?,
+    );
     let path = "/cluster/lock";
     let held = Mutex::new(&a, path)?.acquire().await?;
     let mb = Mutex::new(&b, path)?;
@@ -869,8 +829,7 @@ async fn a_lock_survives_losing_a_cluster_member() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_cluster_is_named() -> Result<()> {
     let port = dlock_testkit::free_port();
-    let options = SessionOptions::default().with_session_timeout(Duration::from_secs(2));
-    let err = dlock::connect_with(&format!("etcd://127.0.0.1:{port}"), options)
+    let err = etcd_session(format!("127.0.0.1:{port}"), Duration::from_secs(2))
         .await
         .unwrap_err();
     ensure!(
@@ -995,4 +954,19 @@ per_backend!(etcd => crate::common::etcd();
     a_waiter_whose_key_vanished_does_not_claim_the_lock,
     a_sessions_acquisitions_of_one_lock_reuse_one_key,
     multis_see_their_own_operations,
+    a_broken_watch_stream_resumes_where_it_was,
+    a_holder_whose_lease_expires_hands_over_within_ttl_plus_a_second,
+    a_plain_delete_given_up_in_flight_retires_the_name,
+    a_waiter_does_not_wait_for_a_newer_node_with_its_predecessors_name,
+);
+
+// Cases whose server-wide counts (requests, watchers) or compactions must be
+// the test's alone.
+per_backend!(private_etcd => crate::common::tests1::PrivateEtcd::start();
+    waiters_in_one_directory_share_one_server_watch,
+    a_waiter_wakes_although_its_watch_start_was_compacted,
+    a_release_is_a_plain_delete_and_one_unanswered_retires_the_name,
+    an_uncontended_acquire_and_release_is_two_round_trips,
+    a_leadership_is_two_round_trips,
+    a_waiter_of_a_warm_directory_asks_the_server_nothing,
 );
