@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use common::tests1::{remove, started_count};
 use common::{persistent, Harness};
 use dlock::recipes::shared_count::{SharedCount, VersionedValue};
 use dlock::store::SessionState;
@@ -31,13 +32,6 @@ async fn await_value(count: &SharedCount, value: i32) -> Result<()> {
 }
 
 /// The count node is persistent data: a finished test removes it.
-async fn remove(session: &Session, path: &str) -> Result<()> {
-    match session.delete(path, None).await {
-        Ok(()) | Err(Error::NoNode { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
 /// Two clients' counts of one node, each on its own session, started in
 /// order (so the first one's seed is the node's).
 struct TwoClients {
@@ -148,10 +142,7 @@ async fn every_listener_sees_every_value(h: &Harness) -> Result<()> {
 /// Curator `testSimpleVersioned`: versions 0→1→2→3 through `try_set`; a
 /// wrong value, a wrong version or an outside write make it fail.
 async fn versioned_sets_follow_the_version(h: &Harness) -> Result<()> {
-    let s = h.session().await;
-    let path = h.path("/count");
-    let count = SharedCount::new(&s, &path, 0)?;
-    count.start().await?;
+    let (s, path, count) = started_count(h, "/count", 0).await?;
     let mut current = count.versioned();
     ensure!(current.version == 0);
     for (next, version) in [(1, 1), (5, 2), (10, 3)] {
@@ -317,10 +308,7 @@ async fn the_lifecycle_is_enforced(h: &Harness) -> Result<()> {
 
 /// A deleted and re-created node is followed.
 async fn a_recreated_node_is_followed(h: &Harness) -> Result<()> {
-    let s = h.session().await;
-    let path = h.path("/count");
-    let count = SharedCount::new(&s, &path, 3)?;
-    count.start().await?;
+    let (s, path, count) = started_count(h, "/count", 3).await?;
     let other = h.session().await;
     other.delete(&path, None).await?;
     other
