@@ -10,6 +10,7 @@ mod common;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
+use common::tests1::{remove, started_count};
 use common::{await_children, persistent, Harness};
 use dlock::recipes::kv_semaphore::{Record, RECORD};
 use dlock::recipes::shared_count::{decode, encode, SharedCount};
@@ -441,6 +442,16 @@ fn is_invalid_endpoint(err: &Error, url: &str, words: &[&str]) -> bool {
         && err.to_string().contains(&format!("{u:?}"))
 }
 
+/// `url` does not parse: the error is [`is_invalid_endpoint`] with `words`.
+fn refused_naming(url: &str, words: &[&str]) -> Result<Error, TestCaseError> {
+    let err = url.parse::<Endpoint>().unwrap_err();
+    prop_assert!(
+        is_invalid_endpoint(&err, url, words),
+        "{url:?} gave {err:?}"
+    );
+    Ok(err)
+}
+
 /// URL-shaped strings: a known or unknown scheme, then characters the
 /// grammar cares about.
 fn url_like() -> impl Strategy<Value = String> {
@@ -544,11 +555,7 @@ proptest! {
         let mut hosts = before;
         hosts.push(bad.clone());
         let url = format!("{scheme}://{}", hosts.join(","));
-        let err = url.parse::<Endpoint>().unwrap_err();
-        prop_assert!(
-            is_invalid_endpoint(&err, &url, &["port", &format!("{bad:?}")]),
-            "{url:?} gave {err:?}"
-        );
+        refused_naming(&url, &["port", &format!("{bad:?}")])?;
     }
 
     /// A host without a port, or with an empty name, is refused naming it.
@@ -564,9 +571,7 @@ proptest! {
         } else {
             (format!(":{port}"), ["has no name"])
         };
-        let url = format!("{scheme}://{host}");
-        let err = url.parse::<Endpoint>().unwrap_err();
-        prop_assert!(is_invalid_endpoint(&err, &url, &words), "{url:?} gave {err:?}");
+        let err = refused_naming(&format!("{scheme}://{host}"), &words)?;
         prop_assert!(err.to_string().contains(&format!("{host:?}")), "{err}");
     }
 
@@ -575,11 +580,7 @@ proptest! {
     fn unknown_schemes_are_refused(scheme in "[a-z][a-z0-9+.-]{0,8}", host in host_port()) {
         prop_assume!(!matches!(scheme.as_str(), "zk" | "zookeeper" | "etcd" | "etcds" | "embedded"));
         let url = format!("{scheme}://{host}");
-        let err = url.parse::<Endpoint>().unwrap_err();
-        prop_assert!(
-            is_invalid_endpoint(&err, &url, &["unknown scheme", &format!("{scheme:?}")]),
-            "{url:?} gave {err:?}"
-        );
+        refused_naming(&url, &["unknown scheme", &format!("{scheme:?}")])?;
     }
 
     /// A chroot that is not a valid path is refused, with the path rule it
@@ -592,11 +593,7 @@ proptest! {
         }),
     ) {
         let url = format!("zk://{}{chroot}", hosts.join(","));
-        let err = url.parse::<Endpoint>().unwrap_err();
-        prop_assert!(
-            is_invalid_endpoint(&err, &url, &["bad chroot", &format!("{chroot:?}")]),
-            "{url:?} gave {err:?}"
-        );
+        refused_naming(&url, &["bad chroot", &format!("{chroot:?}")])?;
     }
 }
 
@@ -810,13 +807,6 @@ fn each_bad_record_gives_its_reason() {
 }
 
 /// Deletes a node if it is there.
-async fn remove(session: &Session, path: &str) -> Result<()> {
-    match session.delete(path, None).await {
-        Ok(()) | Err(Error::NoNode { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
 /// Waits (by the count's own notifications) until it shows `value`.
 async fn await_value(count: &SharedCount, value: i32) -> Result<()> {
     let mut rx = count.subscribe();
@@ -892,10 +882,7 @@ async fn malformed_shared_counts_are_typed_errors(h: &Harness) -> Result<()> {
 /// A semaphore whose limit is a shared count keeps the last good limit when
 /// the count's node turns malformed, and follows it again once repaired.
 async fn a_semaphore_keeps_the_last_good_count(h: &Harness) -> Result<()> {
-    let s = h.session().await;
-    let count_path = h.path("/count");
-    let count = SharedCount::new(&s, &count_path, 2)?;
-    count.start().await?;
+    let (s, count_path, count) = started_count(h, "/count", 2).await?;
     let sem = Semaphore::with_count(&s, &h.path("/sem"), count.clone())?;
     let other = h.session().await;
     other.set_data(&count_path, &[0, 0, 9], None).await?;
@@ -1047,11 +1034,8 @@ async fn semaphore_quantities(h: &Harness) -> Result<()> {
 /// allocation for all of them up front); when the limit drops meanwhile, the
 /// acquisition times out and gives back every lease it took.
 async fn a_huge_quantity_is_given_back_on_timeout(h: &Harness) -> Result<()> {
-    let s = h.session().await;
-    let count_path = h.path("/count");
+    let (s, count_path, count) = started_count(h, "/count", i32::MAX).await?;
     let path = h.path("/sem");
-    let count = SharedCount::new(&s, &count_path, i32::MAX)?;
-    count.start().await?;
     let sem = Semaphore::with_count(&s, &path, count.clone())?;
     let err = sem.try_acquire(u32::MAX).await.unwrap_err();
     ensure!(
