@@ -8,9 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use common::tests1::{rivals, Occupancy};
 use common::{await_children, persistent, queued, sorted_names, Harness};
 use dlock::recipes::kv_semaphore::{holder_id, KvLease, KvSemaphore, Record, RECORD};
 use dlock::{Error, Session};
+use tokio::task::JoinHandle;
 
 const WITHIN: Duration = Duration::from_secs(20);
 const SHORT: Duration = Duration::from_millis(200);
@@ -21,6 +23,25 @@ async fn record(session: &Session, path: &str) -> Result<Option<Record>> {
         Err(Error::NoNode { .. }) => Ok(None),
         Err(e) => Err(e.into()),
     }
+}
+
+/// `sem`'s acquire, started in the background, once the lot at `path` (as
+/// `observer` lists it) has `nodes` nodes: the record and the entries.
+async fn queued_for(
+    observer: &Session,
+    path: &str,
+    nodes: usize,
+    sem: &KvSemaphore,
+) -> Result<JoinHandle<dlock::Result<KvLease>>> {
+    let sem = sem.clone();
+    queued(
+        observer,
+        path,
+        nodes,
+        WITHIN,
+        async move { sem.acquire().await },
+    )
+    .await
 }
 
 /// The layout: an ephemeral entry named after the session, and the JSON
@@ -65,26 +86,25 @@ async fn the_layout_is_the_consul_design(h: &Harness) -> Result<()> {
 /// Never more holders than the limit, with many contenders competing.
 async fn the_limit_holds_under_contention(h: &Harness) -> Result<()> {
     let path = h.path("/lot");
-    let (inside, peak, done) = (
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicUsize::new(0)),
+    let (inside, done) = (
+        Arc::new(Occupancy::default()),
         Arc::new(AtomicUsize::new(0)),
     );
     let mut cars = Vec::new();
     for _ in 0..8 {
         let sem = KvSemaphore::new(&h.session().await, &path, 3)?;
-        let (inside, peak, done) = (inside.clone(), peak.clone(), done.clone());
+        let (inside, done) = (inside.clone(), done.clone());
         cars.push(tokio::spawn(async move {
             for _ in 0..3 {
                 let lease = sem.acquire_timeout(WITHIN).await?;
-                peak.fetch_max(inside.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                inside.enter();
                 let holders = sem.holders().await?;
                 ensure!(
                     holders.len() <= 3 && holders.iter().any(|h| h == lease.holder()),
                     "{holders:?}"
                 );
                 tokio::time::sleep(Duration::from_millis(3)).await; // parked
-                inside.fetch_sub(1, Ordering::SeqCst);
+                inside.leave();
                 lease.release().await?;
                 done.fetch_add(1, Ordering::SeqCst);
             }
@@ -94,7 +114,7 @@ async fn the_limit_holds_under_contention(h: &Harness) -> Result<()> {
     for car in cars {
         tokio::time::timeout(WITHIN, car).await???;
     }
-    let peak = peak.load(Ordering::SeqCst);
+    let peak = inside.peak();
     ensure!(peak > 0 && peak <= 3, "peak {peak}");
     ensure!(done.load(Ordering::SeqCst) == 24);
     Ok(())
@@ -114,16 +134,8 @@ async fn a_release_admits_a_waiter(h: &Harness) -> Result<()> {
         sorted_names(&sa, &path).await?.len() == 3,
         "no entry left by the failed tries"
     );
-    let waiting = c.clone();
     // .lock + 3 entries
-    let waiter = queued(
-        &sa,
-        &path,
-        4,
-        WITHIN,
-        async move { waiting.acquire().await },
-    )
-    .await?;
+    let waiter = queued_for(&sa, &path, 4, &c).await?;
     ensure!(!waiter.is_finished());
     a.release().await?;
     let c_lease = tokio::time::timeout(WITHIN, waiter).await???;
@@ -140,11 +152,10 @@ async fn a_release_admits_a_waiter(h: &Harness) -> Result<()> {
 /// A holder whose session expires is pruned by the next contender, which
 /// takes its slot; the dead holder's late release does not disturb anyone.
 async fn an_expired_holder_is_pruned(h: &Harness) -> Result<()> {
-    let path = h.path("/lot");
-    let (s1, s2) = (h.session().await, h.session().await);
-    let dead = KvSemaphore::new(&s1, &path, 1)?.acquire().await?;
-    let sem2 = KvSemaphore::new(&s2, &path, 1)?;
-    let waiter = queued(&s2, &path, 3, WITHIN, async move { sem2.acquire().await }).await?;
+    let lot = rivals(h, "/lot", |s, p| KvSemaphore::new(s, p, 1)).await?;
+    let (s1, s2, path) = (&lot.first, &lot.second, &lot.path);
+    let dead = lot.mine.acquire().await?;
+    let waiter = queued_for(s2, path, 3, &lot.theirs).await?;
     s1.faults().context("faults")?.expire().await?;
     let lease = tokio::time::timeout(WITHIN, waiter).await???;
     ensure!(dead.is_lost());
@@ -234,20 +245,10 @@ async fn one_slot_per_session(h: &Harness) -> Result<()> {
 
 /// A cancelled waiter removes its entry; a dropped lease goes back.
 async fn cancellation_and_drop_leave_nothing(h: &Harness) -> Result<()> {
-    let path = h.path("/lot");
-    let (s1, s2) = (h.session().await, h.session().await);
-    let sem1 = KvSemaphore::new(&s1, &path, 1)?;
-    let held: KvLease = sem1.acquire().await?;
-    let sem2 = KvSemaphore::new(&s2, &path, 1)?;
-    let waiting = sem2.clone();
-    let waiter = queued(
-        &s1,
-        &path,
-        3,
-        WITHIN,
-        async move { waiting.acquire().await },
-    )
-    .await?;
+    let lot = rivals(h, "/lot", |s, p| KvSemaphore::new(s, p, 1)).await?;
+    let (s1, path, sem2) = (&lot.first, &lot.path, &lot.theirs);
+    let held: KvLease = lot.mine.acquire().await?;
+    let waiter = queued_for(s1, path, 3, sem2).await?;
     waiter.abort();
     let _ = waiter.await;
     await_children(&s1, &path, 2, WITHIN).await?;
