@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use async_trait::async_trait;
+use common::tests1::{finished, joined, rivals, Occupancy};
 use common::{await_children, queued, Harness};
 use dlock::{Error, Hold, Lockable, MultiLock, Mutex, ReadWriteLock};
 
@@ -123,10 +124,7 @@ async fn a_queued_writer_cannot_slip_into_a_downgrade(h: &Harness) -> Result<()>
         "writer 2 slipped in"
     );
     r1.release().await?;
-    tokio::time::timeout(WITHIN, writer2)
-        .await???
-        .release()
-        .await?;
+    finished(writer2, WITHIN).await?.release().await?;
     Ok(())
 }
 
@@ -134,50 +132,38 @@ async fn a_queued_writer_cannot_slip_into_a_downgrade(h: &Harness) -> Result<()>
 /// writer is alone, readers overlap.
 async fn writers_are_alone_and_readers_share(h: &Harness) -> Result<()> {
     let path = h.path("/rw");
-    let readers_inside = Arc::new(AtomicUsize::new(0));
-    let writers_inside = Arc::new(AtomicUsize::new(0));
-    let max_readers = Arc::new(AtomicUsize::new(0));
+    let readers = Arc::new(Occupancy::default());
+    let writers = Arc::new(Occupancy::default());
     let writes = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for client in 0..8 {
         let rw = ReadWriteLock::new(&h.session().await, &path)?;
-        let (ri, wi, mr, wr) = (
-            readers_inside.clone(),
-            writers_inside.clone(),
-            max_readers.clone(),
-            writes.clone(),
-        );
+        let (readers, writers, writes) = (readers.clone(), writers.clone(), writes.clone());
         tasks.push(tokio::spawn(async move {
             for i in 0..25 {
                 if (client * 25 + i) % 10 == 0 {
                     let g = rw.write().await?;
-                    ensure!(wi.fetch_add(1, Ordering::SeqCst) == 0, "two writers");
-                    ensure!(ri.load(Ordering::SeqCst) == 0, "a writer with readers");
+                    ensure!(writers.enter() == 1, "two writers");
+                    ensure!(readers.now() == 0, "a writer with readers");
                     tokio::task::yield_now().await;
-                    wi.fetch_sub(1, Ordering::SeqCst);
-                    wr.fetch_add(1, Ordering::SeqCst);
+                    writers.leave();
+                    writes.fetch_add(1, Ordering::SeqCst);
                     g.release().await?;
                 } else {
                     let g = rw.read().await?;
-                    let n = ri.fetch_add(1, Ordering::SeqCst) + 1;
-                    mr.fetch_max(n, Ordering::SeqCst);
-                    ensure!(wi.load(Ordering::SeqCst) == 0, "a reader with a writer");
+                    readers.enter();
+                    ensure!(writers.now() == 0, "a reader with a writer");
                     tokio::time::sleep(Duration::from_millis(2)).await; // hold a while, so readers overlap
-                    ri.fetch_sub(1, Ordering::SeqCst);
+                    readers.leave();
                     g.release().await?;
                 }
             }
             anyhow::Ok(())
         }));
     }
-    for t in tasks {
-        t.await??;
-    }
+    joined(tasks).await?;
     ensure!(writes.load(Ordering::SeqCst) == 20);
-    ensure!(
-        max_readers.load(Ordering::SeqCst) > 1,
-        "readers never overlapped"
-    );
+    ensure!(readers.peak() > 1, "readers never overlapped");
     Ok(())
 }
 
@@ -196,12 +182,11 @@ async fn rw_nodes_carry_the_lock_data(h: &Harness) -> Result<()> {
 /// Curator `testLockPath`: a writer's session dies; a reader gets in; the
 /// old write node is gone; the old holder's release reports the loss.
 async fn a_dead_writer_lets_readers_in(h: &Harness) -> Result<()> {
-    let (s1, s2) = (h.session().await, h.session().await);
-    let path = h.path("/rw");
-    let w = ReadWriteLock::new(&s1, &path)?.write().await?;
-    s1.faults().expect("faults").expire().await?;
-    let r = ReadWriteLock::new(&s2, &path)?.read_timeout(WITHIN).await?;
-    ensure!(s2.exists(w.node()).await?.is_none());
+    let lock = rivals(h, "/rw", ReadWriteLock::new).await?;
+    let w = lock.mine.write().await?;
+    lock.first.faults().expect("faults").expire().await?;
+    let r = lock.theirs.read_timeout(WITHIN).await?;
+    ensure!(lock.second.exists(w.node()).await?.is_none());
     ensure!(matches!(w.release().await.unwrap_err(), Error::Lost { .. }));
     r.release().await?;
     Ok(())
@@ -347,9 +332,7 @@ async fn multi_lock_directories_are_reaped(h: &Harness) -> Result<()> {
             anyhow::Ok(())
         }));
     }
-    for t in tasks {
-        t.await??;
-    }
+    joined(tasks).await?;
     common::await_gone(&s, &h.path("/locks"), WITHIN).await?;
     Ok(())
 }
@@ -377,6 +360,20 @@ impl Hold for FaultyHold {
     }
 }
 
+impl Faulty {
+    /// A multi-lock of `good`, then of `inner` made faulty: failing to
+    /// acquire if `fail_acquire`, else to release.
+    fn after(good: &Mutex, inner: &Mutex, fail_acquire: bool) -> MultiLock {
+        MultiLock::new(vec![
+            Box::new(good.clone()),
+            Box::new(Faulty {
+                inner: inner.clone(),
+                fail_acquire,
+            }),
+        ])
+    }
+}
+
 #[async_trait]
 impl Lockable for Faulty {
     async fn lock_for(&self, timeout: Option<Duration>) -> dlock::Result<Option<Box<dyn Hold>>> {
@@ -397,13 +394,7 @@ async fn a_failing_release_does_not_stop_the_others(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let good = Mutex::new(&s, &h.path("/locks/good"))?;
     let bad = Mutex::new(&s, &h.path("/locks/bad"))?;
-    let multi = MultiLock::new(vec![
-        Box::new(good.clone()),
-        Box::new(Faulty {
-            inner: bad.clone(),
-            fail_acquire: false,
-        }),
-    ]);
+    let multi = Faulty::after(&good, &bad, false);
     let g = multi.acquire().await?;
     let err = g.release().await.unwrap_err();
     ensure!(
@@ -430,13 +421,7 @@ async fn a_failing_release_does_not_stop_the_others(h: &Harness) -> Result<()> {
 async fn a_failing_acquire_rolls_back(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let good = Mutex::new(&s, &h.path("/locks/good"))?;
-    let multi = MultiLock::new(vec![
-        Box::new(good.clone()),
-        Box::new(Faulty {
-            inner: good.clone(),
-            fail_acquire: true,
-        }),
-    ]);
+    let multi = Faulty::after(&good, &good, true);
     let err = multi.acquire().await.unwrap_err();
     ensure!(
         matches!(&err, Error::Backend(m) if m.contains("acquire failed")),
