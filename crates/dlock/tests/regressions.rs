@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use anyhow::{bail, ensure, Context, Result};
+use common::tests1::{finished, gets_in_at, release_tried, rivals};
 use common::{await_children, await_gone, Harness};
 use dlock::recipes::semaphore::Semaphore;
 use dlock::store::{sequence_key, SessionId};
@@ -184,11 +185,10 @@ async fn a_session_expiring_while_queued_never_acquires(h: &Harness) -> Result<(
 /// new session (or fails with the session's loss and is started again) and
 /// reads once the writer is done.
 async fn a_queued_reader_losing_its_session_starts_over(h: &Harness) -> Result<()> {
-    let (writer, reader) = (h.session().await, h.session().await);
-    let path = h.path("/rw");
-    let w = ReadWriteLock::new(&writer, &path)?.write().await?;
-    let rw = ReadWriteLock::new(&reader, &path)?;
-    let again = rw.clone();
+    let lock = rivals(h, "/rw", ReadWriteLock::new).await?;
+    let (writer, reader, path) = (&lock.first, &lock.second, &lock.path);
+    let w = lock.mine.write().await?;
+    let (rw, again) = (lock.theirs.clone(), lock.theirs.clone());
     let reading = tokio::spawn(async move { rw.read().await });
     await_nodes(&writer, &path, "a reader queued", |n| n.len() == 2).await?;
     let old_session = reader.session_id();
@@ -199,10 +199,7 @@ async fn a_queued_reader_losing_its_session_starts_over(h: &Harness) -> Result<(
     .await?;
     ensure!(!w.is_lost() && requeued[0].path == w.node());
     w.release().await?;
-    let r = tokio::time::timeout(WITHIN, reading).await???;
-    ensure!(r.node() == requeued[1].path && !r.is_lost());
-    r.release().await?;
-    Ok(())
+    gets_in_at(reading, &requeued[1].path).await
 }
 
 /// etcd#22082 (a stale `Unlock` retry deleted a newer incarnation of the
@@ -254,10 +251,7 @@ async fn a_lost_delete_reply_does_not_delete_a_newer_holder(h: &Harness) -> Resu
     gb.guarded(&[]).await.context("B's fenced write")?;
     ensure!(!a_waiting.is_finished(), "A got in while B held");
     gb.release().await?;
-    let ga = tokio::time::timeout(WITHIN, a_waiting).await???;
-    ensure!(ga.node() == after[1].path && !ga.is_lost());
-    ga.release().await?;
-    Ok(())
+    gets_in_at(a_waiting, &after[1].path).await
 }
 
 /// CURATOR-604 (an acquire succeeded on "the about-to-be-deleted lock node
@@ -392,11 +386,10 @@ async fn a_reconnect_during_a_lease_acquire_leaves_no_orphan(h: &Harness) -> Res
 /// the waiting client gets the lease. The dead holder learns it lost, and
 /// its late release takes nothing from the new holder.
 async fn an_orphaned_lease_is_reclaimed(h: &Harness) -> Result<()> {
-    let (dead, live) = (h.session().await, h.session().await);
-    let path = h.path("/semaphore");
+    let lot = rivals(h, "/semaphore", |s, p| Semaphore::new(s, p, 1)).await?;
+    let (dead, live, path, sem) = (&lot.first, &lot.second, &lot.path, &lot.theirs);
     let leases = format!("{path}/leases");
-    let orphan = Semaphore::new(&dead, &path, 1)?.acquire_one().await?;
-    let sem = Semaphore::new(&live, &path, 1)?;
+    let orphan = lot.mine.acquire_one().await?;
     ensure!(sem.try_acquire(1).await?.is_none(), "the lease is taken");
     let waiter = sem.clone();
     let waiting = tokio::spawn(async move { waiter.acquire_one().await });
@@ -446,13 +439,8 @@ async fn cancelling_an_acquire_leaves_no_node(h: &Harness) -> Result<()> {
     );
     await_gone(&s, &created[0].path, WITHIN).await?;
     let other = h.session().await;
-    Mutex::new(&other, &path)?
-        .try_acquire()
-        .await?
-        .context("the lock is free")?
-        .release()
-        .await?;
-    Ok(())
+    let tried = Mutex::new(&other, &path)?.try_acquire().await?;
+    release_tried(tried, "the lock is free").await
 }
 
 /// kazoo#649 (a read lock counted writers queued *behind* it and
@@ -478,10 +466,7 @@ async fn a_reader_is_not_blocked_by_a_writer_queued_behind_it(h: &Harness) -> Re
     );
     ensure!(!writing.is_finished(), "the writer got in past the reader");
     r.release().await?;
-    tokio::time::timeout(WITHIN, writing)
-        .await???
-        .release()
-        .await?;
+    finished(writing, WITHIN).await?.release().await?;
     Ok(())
 }
 
