@@ -9,6 +9,7 @@ mod common;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use common::tests1::rivals;
 use common::Harness;
 use dlock::recipes::layout::{CONSUL_LOCK_FLAGS, CONSUL_SEMAPHORE_FLAGS};
 use dlock::store::{CreateMode, CreateOptions};
@@ -19,9 +20,8 @@ const WITHIN: Duration = Duration::from_secs(10);
 /// One holder at a time; a waiter is woken by the release (a watch, no
 /// retry sleep); tokens grow; release leaves nothing behind.
 async fn consul_lock_excludes_and_hands_over(h: &Harness) -> Result<()> {
-    let (a, b) = (h.session().await, h.session().await);
-    let prefix = h.path("/lock");
-    let (la, lb) = (ConsulLock::new(&a, &prefix)?, ConsulLock::new(&b, &prefix)?);
+    let lock = rivals(h, "/lock", ConsulLock::new).await?;
+    let (prefix, la, lb) = (lock.path, lock.mine, lock.theirs);
     let held = la.acquire().await?;
     ensure!(held.node() == format!("{prefix}/.lock"), "{}", held.node());
     ensure!(lb.try_acquire().await?.is_none(), "held by a");

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use common::tests1::recipe_on;
 use common::{persistent, Harness};
 use dlock::{AtomicCounter, AtomicValue, Error, PromotedToLock, RetryPolicy, Session};
 
@@ -50,9 +51,7 @@ fn check(v: &AtomicValue, pre: i64, post: i64) -> Result<()> {
 /// whose node (and parents) do not exist yet; the node is a persistent
 /// 8-byte big-endian i64, as Curator writes it.
 async fn updates_write_curators_bytes(h: &Harness) -> Result<()> {
-    let s = h.session().await;
-    let path = h.path("/foo/bar/counter");
-    let counter = AtomicCounter::new(&s, &path)?;
+    let (s, path, counter) = recipe_on(h, "/foo/bar/counter", AtomicCounter::new).await?;
     let v = counter.get().await?;
     ensure!(
         v.succeeded && v.pre_value == 0 && v.post_value == 0,
@@ -117,9 +116,7 @@ async fn concurrent_increments_sum_exactly(h: &Harness) -> Result<()> {
 /// no node never matches; `initialize` makes it once; a compare-and-set
 /// from a stale value fails, also after another session's write.
 async fn compare_and_set_refuses_a_stale_value(h: &Harness) -> Result<()> {
-    let s = h.session().await;
-    let path = h.path("/cas/counter");
-    let counter = AtomicCounter::new(&s, &path)?;
+    let (s, path, counter) = recipe_on(h, "/cas/counter", AtomicCounter::new).await?;
     let v = counter.compare_and_set(0, 1).await?;
     ensure!(!v.succeeded, "no node yet: {v:?}");
     ensure!(counter.initialize(0).await?, "initialized");
