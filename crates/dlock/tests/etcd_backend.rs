@@ -289,7 +289,7 @@ async fn waiters_in_one_directory_share_one_server_watch(h: &PrivateEtcd) -> Res
     // own listing left behind is cancelled within a second).
     let deadline = tokio::time::Instant::now() + WITHIN;
     loop {
-        let watchers = server_watchers(&server)?;
+        let watchers = server_watchers(server)?;
         if watchers == 1 {
             break;
         }
@@ -303,9 +303,9 @@ async fn waiters_in_one_directory_share_one_server_watch(h: &PrivateEtcd) -> Res
     for w in waiting {
         tokio::time::timeout(WITHIN, w).await???;
     }
-    ensure!(server_watchers(&server)? <= 1);
+    ensure!(server_watchers(server)? <= 1);
     let deadline = tokio::time::Instant::now() + WITHIN;
-    while server_watchers(&server)? > 0 {
+    while server_watchers(server)? > 0 {
         ensure!(
             tokio::time::Instant::now() < deadline,
             "the shared watch stayed open"
@@ -471,7 +471,7 @@ async fn a_release_is_a_plain_delete_and_one_unanswered_retires_the_name(
     let mutex = Mutex::new(&s, &h.path("/plain/lock"))?;
     let first = mutex.acquire().await?;
     let node = first.node().to_string();
-    let ((), made) = kv_requests_during(&server, async { Ok(first.release().await?) }).await?;
+    let ((), made) = kv_requests_during(server, async { Ok(first.release().await?) }).await?;
     ensure!(
         made == requests(&[("DeleteRange", 1)]),
         "a release: {made:?}"
@@ -480,7 +480,7 @@ async fn a_release_is_a_plain_delete_and_one_unanswered_retires_the_name(
     let again = mutex.acquire().await?;
     ensure!(again.node() == node, "the name is reused: {}", again.node());
     s.faults().context("faults")?.lose_next_delete_reply();
-    let ((), made) = kv_requests_during(&server, async { Ok(again.release().await?) }).await?;
+    let ((), made) = kv_requests_during(server, async { Ok(again.release().await?) }).await?;
     ensure!(
         made == requests(&[("DeleteRange", 1), ("Txn", 1)]),
         "an unanswered delete, then a retry that compares: {made:?}"
@@ -498,14 +498,14 @@ async fn a_release_is_a_plain_delete_and_one_unanswered_retires_the_name(
         "the same protection prefix, but the name is retired: {} after {node}",
         third.node()
     );
-    let ((), made) = kv_requests_during(&server, async { Ok(third.release().await?) }).await?;
+    let ((), made) = kv_requests_during(server, async { Ok(third.release().await?) }).await?;
     ensure!(
         made == requests(&[("DeleteRange", 1)]),
         "a release: {made:?}"
     );
 
     let unprotected = s.create(&h.path("/plain/node-"), b"", sequential()).await?;
-    let ((), made) = kv_requests_during(&server, async {
+    let ((), made) = kv_requests_during(server, async {
         Ok(s.delete(&unprotected.path, None).await?)
     })
     .await?;
@@ -560,9 +560,9 @@ async fn an_uncontended_acquire_and_release_is_two_round_trips(h: &PrivateEtcd) 
     let mutex = Mutex::new(&s, &h.path("/rt/lock"))?;
     mutex.acquire().await?.release().await?;
     for _ in 0..5 {
-        let before = kv_requests(&server)?;
+        let before = kv_requests(server)?;
         mutex.acquire().await?.release().await?;
-        let requests = kv_requests(&server)? - before;
+        let requests = kv_requests(server)? - before;
         ensure!(requests == 2, "requests per acquire+release: {requests}");
     }
     Ok(())
@@ -592,10 +592,10 @@ async fn a_leadership_is_two_round_trips(h: &PrivateEtcd) -> Result<()> {
     let mut warming = Vec::new();
     while warming.last() != Some(&two) {
         ensure!(warming.len() < 20, "never warm: {warming:?}");
-        warming.push(kv_requests_during(&server, lead_once()).await?.1);
+        warming.push(kv_requests_during(server, lead_once()).await?.1);
     }
     for _ in 0..5 {
-        let ((), made) = kv_requests_during(&server, lead_once()).await?;
+        let ((), made) = kv_requests_during(server, lead_once()).await?;
         ensure!(made == two, "requests per leadership: {made:?}");
     }
     Ok(())

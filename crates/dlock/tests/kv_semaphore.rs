@@ -160,14 +160,14 @@ async fn an_expired_holder_is_pruned(h: &Harness) -> Result<()> {
     let lease = tokio::time::timeout(WITHIN, waiter).await???;
     ensure!(dead.is_lost());
     tokio::time::timeout(WITHIN, dead.lost()).await?;
-    let rec = record(&s2, &path).await?.context("record")?;
+    let rec = record(s2, path).await?.context("record")?;
     ensure!(
         rec.holders == [lease.holder()],
         "the dead holder was pruned: {rec:?}"
     );
     let err = dead.release().await.unwrap_err();
     ensure!(matches!(err, Error::Lost { .. }), "{err}");
-    let rec = record(&s2, &path).await?.context("record")?;
+    let rec = record(s2, path).await?.context("record")?;
     ensure!(rec.holders == [lease.holder()], "{rec:?}");
     lease.release().await?;
     Ok(())
@@ -251,9 +251,9 @@ async fn cancellation_and_drop_leave_nothing(h: &Harness) -> Result<()> {
     let waiter = queued_for(s1, path, 3, sem2).await?;
     waiter.abort();
     let _ = waiter.await;
-    await_children(&s1, &path, 2, WITHIN).await?;
+    await_children(s1, path, 2, WITHIN).await?;
     drop(held);
-    await_children(&s1, &path, 0, WITHIN).await?;
+    await_children(s1, path, 0, WITHIN).await?;
     sem2.acquire_timeout(WITHIN).await?.release().await?;
     Ok(())
 }

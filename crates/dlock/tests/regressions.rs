@@ -190,10 +190,10 @@ async fn a_queued_reader_losing_its_session_starts_over(h: &Harness) -> Result<(
     let w = lock.mine.write().await?;
     let (rw, again) = (lock.theirs.clone(), lock.theirs.clone());
     let reading = tokio::spawn(async move { rw.read().await });
-    await_nodes(&writer, &path, "a reader queued", |n| n.len() == 2).await?;
+    await_nodes(writer, path, "a reader queued", |n| n.len() == 2).await?;
     let old_session = reader.session_id();
     reader.faults().context("faults")?.expire().await?;
-    let (reading, requeued) = requeued_after_expiry(&writer, &path, old_session, reading, || {
+    let (reading, requeued) = requeued_after_expiry(writer, path, old_session, reading, || {
         tokio::spawn(async move { again.read().await })
     })
     .await?;
@@ -393,17 +393,17 @@ async fn an_orphaned_lease_is_reclaimed(h: &Harness) -> Result<()> {
     ensure!(sem.try_acquire(1).await?.is_none(), "the lease is taken");
     let waiter = sem.clone();
     let waiting = tokio::spawn(async move { waiter.acquire_one().await });
-    await_nodes(&live, &leases, "the waiter's lease node", |n| n.len() == 2).await?;
+    await_nodes(live, &leases, "the waiter's lease node", |n| n.len() == 2).await?;
     let old = dead.session_id();
     dead.faults().context("faults")?.suspend(h.timeout() * 2);
     let lease = tokio::time::timeout(WITHIN + h.timeout(), waiting).await???;
     tokio::time::timeout(WITHIN, orphan.lost()).await?;
     ensure!(orphan.is_lost() && (dead.session_id() != old || dead.state() == SessionState::Lost));
-    await_gone(&live, orphan.node(), WITHIN).await?;
+    await_gone(live, orphan.node(), WITHIN).await?;
     ensure!(!lease.is_lost() && lease.token() > orphan.token());
     let err = orphan.release().await.unwrap_err();
     ensure!(matches!(err, Error::Lost { .. }), "{err}");
-    let left = nodes(&live, &leases).await?;
+    let left = nodes(live, &leases).await?;
     ensure!(
         left.len() == 1 && left[0].path == lease.node(),
         "only the new holder's lease: {left:?}"

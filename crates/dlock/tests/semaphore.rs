@@ -450,10 +450,10 @@ async fn a_failed_multi_acquire_returns_its_leases(h: &Harness) -> Result<()> {
     let waiting = sem.clone();
     let handle = tokio::spawn(async move { waiting.acquire(3).await });
     // Two granted, the third waiting.
-    await_children(&s1, &leases_dir, 4, WITHIN).await?;
+    await_children(s1, &leases_dir, 4, WITHIN).await?;
     handle.abort();
     let _ = handle.await;
-    await_children(&s1, &leases_dir, 1, WITHIN).await?;
+    await_children(s1, &leases_dir, 1, WITHIN).await?;
     other.release().await?;
     release_all(sem.acquire_timeout(3, WITHIN).await?).await
 }
@@ -468,7 +468,7 @@ async fn acquisitions_go_on_after_a_lost_session(h: &Harness) -> Result<()> {
     let leases_dir = format!("{path}/leases");
     let held = lot.mine.acquire_one().await?;
     let waiting = sem2.clone();
-    let waiter = queued(&s1, &leases_dir, 2, WITHIN, async move {
+    let waiter = queued(s1, &leases_dir, 2, WITHIN, async move {
         waiting.acquire_one().await
     })
     .await?;
@@ -476,7 +476,7 @@ async fn acquisitions_go_on_after_a_lost_session(h: &Harness) -> Result<()> {
     s2.faults().context("faults")?.suspend(h.timeout() * 2);
     tokio::time::timeout(WITHIN, s2.lost(old)).await?;
     // The waiter starts over in a new session, behind the holder.
-    await_children(&s1, &leases_dir, 2, WITHIN).await?;
+    await_children(s1, &leases_dir, 2, WITHIN).await?;
     held.release().await?;
     let lease = tokio::time::timeout(WITHIN, waiter).await???;
     ensure!(!lease.is_lost() && s2.session_id() != old);
@@ -485,7 +485,7 @@ async fn acquisitions_go_on_after_a_lost_session(h: &Harness) -> Result<()> {
     let done = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for s in [&s1, &s2] {
-        let (sem, done) = (Semaphore::new(s, &path, 1)?, done.clone());
+        let (sem, done) = (Semaphore::new(s, path, 1)?, done.clone());
         tasks.push(tokio::spawn(async move {
             for _ in 0..5 {
                 sem.acquire_timeout(1, WITHIN)
