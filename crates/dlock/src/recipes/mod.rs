@@ -5,6 +5,7 @@ pub mod barrier;
 pub mod children_cache;
 pub mod consul_lock;
 pub(crate) mod deadline;
+pub(crate) mod entry;
 pub mod double_barrier;
 pub mod election;
 pub mod error_policy;
