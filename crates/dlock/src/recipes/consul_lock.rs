@@ -46,7 +46,7 @@
 
 use std::time::Duration;
 
-use super::deadline::Deadline;
+use super::deadline::{timed_acquire, Deadline};
 use super::entry::{Claim, Entry};
 use super::guard::LockGuard;
 use super::layout::CONSUL_LOCK_FLAGS;
@@ -101,20 +101,14 @@ impl ConsulLock {
         &self.prefix
     }
 
-    /// Waits as long as it takes.
-    pub async fn acquire(&self) -> Result<LockGuard> {
-        Deadline::within(None, |d| self.acquire_until(d)).await
-    }
-
-    /// Waits at most `timeout`; fails with [`Error::Timeout`].
-    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard> {
-        Deadline::within(Some(timeout), |d| self.acquire_until(d)).await
-    }
-
-    /// Takes the lock only if it is free now.
-    pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
-        self.acquire_until(Deadline::after(Some(Duration::ZERO)))
-            .await
+    timed_acquire! {
+        /// Waits as long as it takes.
+        acquire,
+        /// Waits at most `timeout`; fails with [`Error::Timeout`].
+        acquire_timeout,
+        /// Takes the lock only if it is free now.
+        try_acquire
+        => acquire_until() -> LockGuard
     }
 
     pub(crate) async fn acquire_until(&self, deadline: Deadline) -> Result<Option<LockGuard>> {

@@ -47,7 +47,7 @@ use std::time::Duration;
 use self::contender::raced;
 pub use self::contender::KvLease;
 pub use self::record::Record;
-use super::deadline::Deadline;
+use super::deadline::{timed_acquire, Deadline};
 pub use super::layout::Layout;
 use super::revocation::Listener;
 use crate::error::{Error, Result};
@@ -258,24 +258,18 @@ impl KvSemaphore {
         Ok(limit.saturating_sub(held))
     }
 
-    /// Waits as long as it takes for a slot.
-    ///
-    /// Cancellation-safe: dropping the future removes our entry (and our
-    /// place in the record, if the join had landed).
-    pub async fn acquire(&self) -> Result<KvLease> {
-        Deadline::within(None, |d| self.acquire_until(d)).await
-    }
-
-    /// Waits at most `timeout`; fails with [`Error::Timeout`] (leaving no
-    /// entry behind) if no slot came free in time.
-    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<KvLease> {
-        Deadline::within(Some(timeout), |d| self.acquire_until(d)).await
-    }
-
-    /// Takes a slot only if one is free now.
-    pub async fn try_acquire(&self) -> Result<Option<KvLease>> {
-        self.acquire_until(Deadline::after(Some(Duration::ZERO)))
-            .await
+    timed_acquire! {
+        /// Waits as long as it takes for a slot.
+        ///
+        /// Cancellation-safe: dropping the future removes our entry (and our
+        /// place in the record, if the join had landed).
+        acquire,
+        /// Waits at most `timeout`; fails with [`Error::Timeout`] (leaving no
+        /// entry behind) if no slot came free in time.
+        acquire_timeout,
+        /// Takes a slot only if one is free now.
+        try_acquire
+        => acquire_until() -> KvLease
     }
 
     /// Attempts until one ends other than "our entry is gone" (see
