@@ -173,9 +173,7 @@ impl Mutex {
 
     /// Acquires by `deadline`; `None` if it passed first.
     pub(crate) async fn acquire_until(&self, deadline: Deadline) -> Result<Option<MutexGuard>> {
-        // Not to wait, and somebody queued already: we could not be first,
-        // so spare the store a create and a delete.
-        if deadline.passed() && !self.queue.sorted_children(false).await?.0.is_empty() {
+        if self.queue.taken_now(deadline, |_| true).await? {
             return Ok(None);
         }
         let session = &self.queue.session;

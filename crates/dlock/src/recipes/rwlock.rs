@@ -180,9 +180,7 @@ impl ReadWriteLock {
 
     /// Takes the write lock by `deadline`; `None` if it passed first.
     pub(crate) async fn write_until(&self, deadline: Deadline) -> Result<Option<WriteGuard>> {
-        // Not to wait, and somebody queued already: spare the store a
-        // create and a delete.
-        if deadline.passed() && !self.writers.sorted_children(false).await?.0.is_empty() {
+        if self.writers.taken_now(deadline, |_| true).await? {
             return Ok(None);
         }
         if self.reads_held.load(Ordering::SeqCst) > 0 {
@@ -220,11 +218,8 @@ impl ReadWriteLock {
 
     /// Takes the read lock by `deadline`; `None` if it passed first.
     pub(crate) async fn read_until(&self, deadline: Deadline) -> Result<Option<ReadGuard>> {
-        if deadline.passed() {
-            let (children, _) = self.readers.sorted_children(false).await?;
-            if children.iter().any(excludes_readers) {
-                return Ok(None);
-            }
+        if self.readers.taken_now(deadline, excludes_readers).await? {
+            return Ok(None);
         }
         let q = &self.readers;
         let created = q

@@ -51,7 +51,11 @@ impl KvSemaphore {
         let opts = self.tagged(CreateOptions::new(CreateMode::Ephemeral).with_parents());
         let created = match entry.claim(opts, owner).await {
             Ok(Claim::Ours(created)) => created,
-            Ok(Claim::Other { stale: true, .. }) => return Err(Error::NoNode { path: entry.path.clone() }),
+            Ok(Claim::Other { stale: true, .. }) => {
+                return Err(Error::NoNode {
+                    path: entry.path.clone(),
+                })
+            }
             Ok(Claim::Other { .. }) => {
                 return Err(Error::InvalidArgument(format!(
                     "session {id} already holds or waits for the semaphore at {}: \
@@ -75,9 +79,9 @@ impl KvSemaphore {
         Ok(Contender {
             sem: self.clone(),
             id,
-            entry: Some(created.path.clone()),
             created,
             node: None,
+            taken: false,
             left: false,
         })
     }
@@ -236,11 +240,14 @@ pub(super) async fn any_change(watches: Vec<Watch>) {
 pub(super) struct Contender {
     sem: KvSemaphore,
     pub(super) id: String,
-    /// Our entry's path; none once it was taken away.
-    entry: Option<String>,
     created: Created,
     /// The lease's node, once we hold.
     node: Option<std::sync::Arc<HeldNode>>,
+    /// Whether the lease was taken away (revoked by force, or deleted by
+    /// the limit): then our entry is gone, and only the record is to be
+    /// tidied, by pruning — removing nobody by name, as the session may
+    /// have entered again since.
+    taken: bool,
     left: bool,
 }
 
@@ -249,31 +256,27 @@ impl Contender {
     pub(super) async fn leave(mut self) -> Result<()> {
         self.let_go();
         // Done only once left: if cancelled meanwhile, Drop finishes it.
-        let left = self.sem.leave(&self.id, self.entry.as_deref()).await;
+        let left = match self.taken {
+            false => self.sem.leave(&self.id, Some(&self.created.path)).await,
+            true => self.sem.leave("", None).await,
+        };
         self.left = true;
         left
     }
 
-    /// Stands the lease's hold down. A slot taken away has no entry left
-    /// (revoked by force, or deleted by the limit): only the record is to
-    /// be tidied, by pruning — removing nobody by name, as the session may
-    /// have entered again since.
+    /// Stands the lease's hold down.
     fn let_go(&mut self) {
-        if self.node.take().is_some_and(|node| node.let_go().taken()) {
-            self.id.clear();
-            self.entry = None;
-        }
+        self.taken |= self.node.take().is_some_and(|node| node.let_go().taken());
     }
 
     /// A slot fenced by `token`: our entry becomes the lease's node.
     pub(super) fn into_lease(mut self, token: FencingToken) -> KvLease {
         let (sem, created) = (&self.sem, self.created.clone());
-        let node = HeldNode::new(&sem.session, &sem.dir, "semaphore lease", created)
-            .limited(sem.max_hold);
+        let node =
+            HeldNode::new(&sem.session, &sem.dir, "semaphore lease", created).limited(sem.max_hold);
         self.node = Some(node.clone());
         KvLease {
             acquisition: Acquisition::with_token(node, token),
-            holder: self.id.clone(),
             contender: self,
         }
     }
@@ -285,11 +288,12 @@ impl Drop for Contender {
             return;
         }
         self.let_go();
-        let what = match &self.entry {
-            Some(entry) => format!("giving back the semaphore slot of {entry}"),
-            None => format!("pruning the semaphore record {}", self.sem.record),
+        let what = format!("giving back the semaphore slot of {}", self.created.path);
+        let (sem, path) = (self.sem.clone(), self.created.path.clone());
+        let (id, entry) = match self.taken {
+            false => (std::mem::take(&mut self.id), Some(path)),
+            true => (String::new(), None),
         };
-        let (sem, id, entry) = (self.sem.clone(), self.id.clone(), self.entry.take());
         in_background(&self.sem.session, what, async move {
             sem.leave(&id, entry.as_deref()).await
         });
@@ -315,7 +319,6 @@ impl Drop for Contender {
 #[must_use = "dropping the lease gives it back"]
 pub struct KvLease {
     acquisition: Acquisition,
-    holder: String,
     contender: Contender,
 }
 
@@ -331,7 +334,7 @@ deref_hold!(
 impl KvLease {
     /// Our holder id (the session id in hex), as listed in the record.
     pub fn holder(&self) -> &str {
-        &self.holder
+        &self.contender.id
     }
 
     /// Gives the slot back: removes us from the record (by compare-and-set,
@@ -345,7 +348,6 @@ impl KvLease {
         let KvLease {
             acquisition,
             mut contender,
-            ..
         } = self;
         contender.let_go();
         let lost = acquisition.is_lost();

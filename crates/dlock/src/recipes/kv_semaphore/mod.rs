@@ -317,7 +317,12 @@ impl KvSemaphore {
             };
             if holders.len() >= self.limit as usize {
                 // Full: wait for a release or a holder's death.
-                if !patient || deadline.race(contender::any_change(look.watches)).await.is_none() {
+                if !patient
+                    || deadline
+                        .race(contender::any_change(look.watches))
+                        .await
+                        .is_none()
+                {
                     entry.leave().await?;
                     return Ok(None);
                 }

@@ -48,7 +48,10 @@ impl Record {
             }
         };
         let (limit_key, holders_key) = keys(layout);
-        format!(r#"{{"{limit_key}":{},"{holders_key}":{holders}}}"#, self.limit)
+        format!(
+            r#"{{"{limit_key}":{},"{holders_key}":{holders}}}"#,
+            self.limit
+        )
     }
 
     /// Decodes a record stored at `path` in `layout`'s format: a JSON
@@ -103,8 +106,14 @@ impl Record {
             (Layout::Consul, None | Some(Value::Null)) => Vec::new(),
             (_, None) => return Err(no(holders_key)),
             (_, Some(other)) => {
-                let shape = if layout == Layout::Consul { "an object" } else { "an array" };
-                return Err(bad(format!("\"{holders_key}\" must be {shape}, found {other}")));
+                let shape = if layout == Layout::Consul {
+                    "an object"
+                } else {
+                    "an array"
+                };
+                return Err(bad(format!(
+                    "\"{holders_key}\" must be {shape}, found {other}"
+                )));
             }
         };
         let mut holders: Vec<String> = Vec::with_capacity(listed.len());
