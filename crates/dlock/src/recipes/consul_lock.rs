@@ -46,7 +46,8 @@
 
 use std::time::Duration;
 
-use super::deadline::Deadline;
+use super::deadline::{timed_acquire, Deadline};
+use super::entry::{Claim, Entry};
 use super::guard::LockGuard;
 use super::layout::CONSUL_LOCK_FLAGS;
 use super::queue::HeldNode;
@@ -100,35 +101,30 @@ impl ConsulLock {
         &self.prefix
     }
 
-    /// Waits as long as it takes.
-    pub async fn acquire(&self) -> Result<LockGuard> {
-        Deadline::within(None, |d| self.acquire_until(d)).await
-    }
-
-    /// Waits at most `timeout`; fails with [`Error::Timeout`].
-    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard> {
-        Deadline::within(Some(timeout), |d| self.acquire_until(d)).await
-    }
-
-    /// Takes the lock only if it is free now.
-    pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
-        self.acquire_until(Deadline::after(Some(Duration::ZERO)))
-            .await
+    timed_acquire! {
+        /// Waits as long as it takes.
+        acquire,
+        /// Waits at most `timeout`; fails with [`Error::Timeout`].
+        acquire_timeout,
+        /// Takes the lock only if it is free now.
+        try_acquire
+        => acquire_until() -> LockGuard
     }
 
     pub(crate) async fn acquire_until(&self, deadline: Deadline) -> Result<Option<LockGuard>> {
         let session = &self.session;
-        let token = uuid::Uuid::new_v4().to_string().into_bytes();
+        let mut entry = Entry::new(session, self.node.clone());
         let opts = CreateOptions::new(CreateMode::Ephemeral)
             .with_parents()
             .with_tag(CONSUL_LOCK_FLAGS);
         let mut delayed = LOCK_DELAY_FIRST_PAUSE;
         loop {
-            match session.create(&self.node, &token, opts).await {
-                Ok(created) => return Ok(Some(self.guard(created))),
-                // Taken — or our create landed and its reply was lost: the
-                // read tells.
-                Err(Error::NodeExists { .. } | Error::ConnectionLoss) => {}
+            let (stat, watch) = match entry.claim(opts, session.session_id()).await {
+                Ok(Claim::Ours(created)) => {
+                    entry.keep();
+                    return Ok(Some(self.guard(created)));
+                }
+                Ok(Claim::Other { stat, watch, .. }) => (stat, watch),
                 // Free, but not yet takeable: nothing announces the end of
                 // a lock delay, so try again after a pause.
                 Err(Error::LockDelay { .. }) => {
@@ -141,16 +137,7 @@ impl ConsulLock {
                     continue;
                 }
                 Err(e) => return Err(e),
-            }
-            let (data, stat, watch) = match session.get_data_watch(&self.node).await {
-                Ok(found) => found,
-                Err(Error::NoNode { .. }) => continue,
-                Err(e) => return Err(e),
             };
-            if data == token && stat.ephemeral_owner == session.session_id() {
-                let path = self.node.clone();
-                return Ok(Some(self.guard(Created { path, stat })));
-            }
             if stat.ephemeral_owner == 0 {
                 // Released by `api.Lock`, not yet destroyed: free. Whoever
                 // changed it first (a Consul waiter acquiring it) wins.
@@ -159,6 +146,9 @@ impl ConsulLock {
                     Err(e) => return Err(e),
                 }
             }
+            // Taken (a node of ours from a renewed session's past comes
+            // back with a watch).
+            let Some(watch) = watch else { continue };
             if deadline.passed() || deadline.race(watch.changed()).await.is_none() {
                 return Ok(None);
             }

@@ -88,6 +88,36 @@ impl Deadline {
     }
 }
 
+/// The three ways to acquire that every lock-like recipe offers over its
+/// `$until(args.., deadline) -> Result<Option<$hold>>`: wait as long as it
+/// takes, wait at most a timeout ([`Error::Timeout`] after it), or only if
+/// it can be had now (`None` if not). Written once here, with each
+/// recipe's own names and docs; inside an `impl` of the recipe.
+macro_rules! timed_acquire {
+    (
+        $(#[$wait_doc:meta])* $wait:ident,
+        $(#[$timeout_doc:meta])* $timeout:ident,
+        $(#[$now_doc:meta])* $now:ident
+        => $until:ident($($arg:ident: $ty:ty),*) -> $hold:ty
+    ) => {
+        $(#[$wait_doc])*
+        pub async fn $wait(&self $(, $arg: $ty)*) -> Result<$hold> {
+            Deadline::within(None, |d| self.$until($($arg,)* d)).await
+        }
+
+        $(#[$timeout_doc])*
+        pub async fn $timeout(&self $(, $arg: $ty)*, timeout: Duration) -> Result<$hold> {
+            Deadline::within(Some(timeout), |d| self.$until($($arg,)* d)).await
+        }
+
+        $(#[$now_doc])*
+        pub async fn $now(&self $(, $arg: $ty)*) -> Result<Option<$hold>> {
+            self.$until($($arg,)* Deadline::after(Some(Duration::ZERO))).await
+        }
+    };
+}
+pub(crate) use timed_acquire;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,6 +7,7 @@ pub mod consul_lock;
 pub(crate) mod deadline;
 pub mod double_barrier;
 pub mod election;
+pub(crate) mod entry;
 pub mod error_policy;
 pub(crate) mod etcd_go;
 pub mod group_member;

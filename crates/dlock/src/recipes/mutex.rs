@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use super::deadline::Deadline;
+use super::deadline::{timed_acquire, Deadline};
 use super::guard::LockGuard;
 use super::layout::Layout;
 use super::queue::{is_kazoo_node, FirstN, Participant, WaitQueue, CURATOR_LOCK};
@@ -158,32 +158,24 @@ impl Mutex {
         self.queue.participants(&FirstN(1)).await
     }
 
-    /// Waits as long as it takes to acquire the lock.
-    ///
-    /// Cancellation-safe: dropping the future removes our queue node.
-    pub async fn acquire(&self) -> Result<MutexGuard> {
-        Deadline::within(None, |d| self.acquire_until(d)).await
-    }
-
-    /// Waits at most `timeout`; fails with [`Error::Timeout`](crate::Error::Timeout) (leaving no node
-    /// behind) if the lock could not be had in time.
-    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
-        Deadline::within(Some(timeout), |d| self.acquire_until(d)).await
-    }
-
-    /// Acquires only if the lock is free now.
-    pub async fn try_acquire(&self) -> Result<Option<MutexGuard>> {
-        // Somebody queued already: we could not be first, so spare the
-        // store a create and a delete.
-        if !self.queue.sorted_children(false).await?.0.is_empty() {
-            return Ok(None);
-        }
-        self.acquire_until(Deadline::after(Some(Duration::ZERO)))
-            .await
+    timed_acquire! {
+        /// Waits as long as it takes to acquire the lock.
+        ///
+        /// Cancellation-safe: dropping the future removes our queue node.
+        acquire,
+        /// Waits at most `timeout`; fails with [`Error::Timeout`](crate::Error::Timeout) (leaving no node
+        /// behind) if the lock could not be had in time.
+        acquire_timeout,
+        /// Acquires only if the lock is free now.
+        try_acquire
+        => acquire_until() -> MutexGuard
     }
 
     /// Acquires by `deadline`; `None` if it passed first.
     pub(crate) async fn acquire_until(&self, deadline: Deadline) -> Result<Option<MutexGuard>> {
+        if self.queue.taken_now(deadline, |_| true).await? {
+            return Ok(None);
+        }
         let session = &self.queue.session;
         let data = self
             .data

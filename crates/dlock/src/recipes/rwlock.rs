@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::deadline::Deadline;
+use super::deadline::{timed_acquire, Deadline};
 use super::etcd_go;
 use super::guard::{deref_hold, LockGuard};
 use super::queue::{position, FirstN, HeldNode, Participant, Predicate, Verdict, WaitQueue};
@@ -168,27 +168,21 @@ impl ReadWriteLock {
             .unwrap_or(&self.readers.session.options().default_data)
     }
 
-    /// Waits as long as it takes to acquire the write lock.
-    pub async fn write(&self) -> Result<WriteGuard> {
-        Deadline::within(None, |d| self.write_until(d)).await
-    }
-
-    /// Waits at most `timeout` for the write lock.
-    pub async fn write_timeout(&self, timeout: Duration) -> Result<WriteGuard> {
-        Deadline::within(Some(timeout), |d| self.write_until(d)).await
-    }
-
-    /// Takes the write lock only if it is free now.
-    pub async fn try_write(&self) -> Result<Option<WriteGuard>> {
-        if !self.writers.sorted_children(false).await?.0.is_empty() {
-            return Ok(None);
-        }
-        self.write_until(Deadline::after(Some(Duration::ZERO)))
-            .await
+    timed_acquire! {
+        /// Waits as long as it takes to acquire the write lock.
+        write,
+        /// Waits at most `timeout` for the write lock.
+        write_timeout,
+        /// Takes the write lock only if it is free now.
+        try_write
+        => write_until() -> WriteGuard
     }
 
     /// Takes the write lock by `deadline`; `None` if it passed first.
     pub(crate) async fn write_until(&self, deadline: Deadline) -> Result<Option<WriteGuard>> {
+        if self.writers.taken_now(deadline, |_| true).await? {
+            return Ok(None);
+        }
         if self.reads_held.load(Ordering::SeqCst) > 0 {
             return Err(Error::InvalidArgument(format!(
                 "cannot upgrade a read lock to the write lock at {}: release the read lock first \
@@ -212,27 +206,21 @@ impl ReadWriteLock {
         }))
     }
 
-    /// Waits as long as it takes to acquire the read lock.
-    pub async fn read(&self) -> Result<ReadGuard> {
-        Deadline::within(None, |d| self.read_until(d)).await
-    }
-
-    /// Waits at most `timeout` for the read lock.
-    pub async fn read_timeout(&self, timeout: Duration) -> Result<ReadGuard> {
-        Deadline::within(Some(timeout), |d| self.read_until(d)).await
-    }
-
-    /// Takes the read lock only if no writer holds or waits now.
-    pub async fn try_read(&self) -> Result<Option<ReadGuard>> {
-        let (children, _) = self.readers.sorted_children(false).await?;
-        if children.iter().any(excludes_readers) {
-            return Ok(None);
-        }
-        self.read_until(Deadline::after(Some(Duration::ZERO))).await
+    timed_acquire! {
+        /// Waits as long as it takes to acquire the read lock.
+        read,
+        /// Waits at most `timeout` for the read lock.
+        read_timeout,
+        /// Takes the read lock only if no writer holds or waits now.
+        try_read
+        => read_until() -> ReadGuard
     }
 
     /// Takes the read lock by `deadline`; `None` if it passed first.
     pub(crate) async fn read_until(&self, deadline: Deadline) -> Result<Option<ReadGuard>> {
+        if self.readers.taken_now(deadline, excludes_readers).await? {
+            return Ok(None);
+        }
         let q = &self.readers;
         let created = q
             .acquire(

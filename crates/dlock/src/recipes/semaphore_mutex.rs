@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use super::deadline::Deadline;
+use super::deadline::{timed_acquire, Deadline};
 use super::queue::Participant;
 use super::semaphore::{Lease, Semaphore};
 use crate::error::Result;
@@ -104,20 +104,15 @@ impl SemaphoreMutex {
         self.semaphore.participants().await
     }
 
-    /// Waits as long as it takes to acquire the lock. Cancellation-safe.
-    pub async fn acquire(&self) -> Result<SemaphoreMutexGuard> {
-        self.semaphore.acquire_one().await
-    }
-
-    /// Waits at most `timeout`; fails with [`Error::Timeout`](crate::Error::Timeout)
-    /// (leaving no node behind) if the lock could not be had in time.
-    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<SemaphoreMutexGuard> {
-        Ok(one(self.semaphore.acquire_timeout(1, timeout).await?))
-    }
-
-    /// Acquires only if the lock is free now.
-    pub async fn try_acquire(&self) -> Result<Option<SemaphoreMutexGuard>> {
-        Ok(self.semaphore.try_acquire(1).await?.map(one))
+    timed_acquire! {
+        /// Waits as long as it takes to acquire the lock. Cancellation-safe.
+        acquire,
+        /// Waits at most `timeout`; fails with [`Error::Timeout`](crate::Error::Timeout)
+        /// (leaving no node behind) if the lock could not be had in time.
+        acquire_timeout,
+        /// Acquires only if the lock is free now.
+        try_acquire
+        => acquire_until() -> SemaphoreMutexGuard
     }
 
     /// Acquires by `deadline`; `None` if it passed first.

@@ -39,21 +39,21 @@
 //! wakes on every change. One session holds at most one lease of a given
 //! `KvSemaphore` (its entry is named after the session), as in Consul.
 
-mod lease;
-mod place;
+mod contender;
 mod record;
 
 use std::time::Duration;
 
-pub use self::lease::KvLease;
-use self::place::{raced, Place};
+use self::contender::raced;
+pub use self::contender::KvLease;
 pub use self::record::Record;
-use super::deadline::Deadline;
+use super::deadline::{timed_acquire, Deadline};
 pub use super::layout::Layout;
+use super::revocation::Listener;
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
-use crate::store::{FencingToken, Watch};
+use crate::store::FencingToken;
 
 /// The name of the record node under the semaphore's path.
 pub const RECORD: &str = ".lock";
@@ -103,8 +103,15 @@ pub(crate) fn is_entry(name: &str, data: &[u8], owner: crate::store::SessionId) 
 /// ```
 #[derive(Debug, Clone)]
 pub struct KvSemaphore {
-    place: Place,
+    session: Session,
+    dir: String,
+    record: String,
+    layout: Layout,
     limit: u32,
+    /// Told our entry's path when someone asks for our slot.
+    revocation: Option<Listener>,
+    /// The longest a slot may be held before the library ends it.
+    max_hold: Option<Duration>,
 }
 
 impl KvSemaphore {
@@ -118,15 +125,13 @@ impl KvSemaphore {
             )));
         }
         Ok(KvSemaphore {
-            place: Place {
-                session: session.clone(),
-                dir: path.to_string(),
-                record: path::join(path, RECORD),
-                layout: Layout::Curator,
-                revocation: None,
-                max_hold: None,
-            },
+            session: session.clone(),
+            dir: path.to_string(),
+            record: path::join(path, RECORD),
+            layout: Layout::Curator,
             limit,
+            revocation: None,
+            max_hold: None,
         })
     }
 
@@ -148,7 +153,7 @@ impl KvSemaphore {
     /// # Ok(()) }
     /// ```
     pub fn with_layout(mut self, layout: Layout) -> Self {
-        self.place.layout = layout;
+        self.layout = layout;
         self
     }
 
@@ -179,7 +184,7 @@ impl KvSemaphore {
     /// # Ok(()) }
     /// ```
     pub fn revocable(mut self, listener: impl Fn(&str) + Send + Sync + 'static) -> Self {
-        self.place.revocation = Some(super::revocation::Listener::new(listener));
+        self.revocation = Some(Listener::new(listener));
         self
     }
 
@@ -202,23 +207,23 @@ impl KvSemaphore {
     /// # Ok(()) }
     /// ```
     pub fn with_max_hold(mut self, max_hold: Duration) -> Self {
-        self.place.max_hold = Some(max_hold);
+        self.max_hold = Some(max_hold);
         self
     }
 
     /// The layout this semaphore uses.
     pub fn layout(&self) -> Layout {
-        self.place.layout
+        self.layout
     }
 
     /// The semaphore's path.
     pub fn path(&self) -> &str {
-        &self.place.dir
+        &self.dir
     }
 
     /// The session this semaphore uses.
     pub fn session(&self) -> &Session {
-        &self.place.session
+        &self.session
     }
 
     /// The limit this contender states.
@@ -230,7 +235,7 @@ impl KvSemaphore {
     /// entry), in the order they joined — without taking a slot
     /// (CURATOR-230).
     pub async fn holders(&self) -> Result<Vec<String>> {
-        Ok(self.place.look(false).await?.live_holders())
+        Ok(self.look(false).await?.live_holders())
     }
 
     /// How many slots are free now, without taking one (CURATOR-230): the
@@ -247,67 +252,61 @@ impl KvSemaphore {
     /// # lease.release().await?; Ok(()) }
     /// ```
     pub async fn available_permits(&self) -> Result<u32> {
-        let look = self.place.look(false).await?;
+        let look = self.look(false).await?;
         let limit = look.record.as_ref().map_or(self.limit, |(r, _)| r.limit);
         let held = u32::try_from(look.live_holders().len()).unwrap_or(u32::MAX);
         Ok(limit.saturating_sub(held))
     }
 
-    /// Waits as long as it takes for a slot.
-    ///
-    /// Cancellation-safe: dropping the future removes our entry (and our
-    /// place in the record, if the join had landed).
-    pub async fn acquire(&self) -> Result<KvLease> {
-        Deadline::within(None, |d| self.acquire_until(d)).await
-    }
-
-    /// Waits at most `timeout`; fails with [`Error::Timeout`] (leaving no
-    /// entry behind) if no slot came free in time.
-    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<KvLease> {
-        Deadline::within(Some(timeout), |d| self.acquire_until(d)).await
-    }
-
-    /// Takes a slot only if one is free now.
-    pub async fn try_acquire(&self) -> Result<Option<KvLease>> {
-        self.acquire_until(Deadline::after(Some(Duration::ZERO)))
-            .await
+    timed_acquire! {
+        /// Waits as long as it takes for a slot.
+        ///
+        /// Cancellation-safe: dropping the future removes our entry (and our
+        /// place in the record, if the join had landed).
+        acquire,
+        /// Waits at most `timeout`; fails with [`Error::Timeout`] (leaving no
+        /// entry behind) if no slot came free in time.
+        acquire_timeout,
+        /// Takes a slot only if one is free now.
+        try_acquire
+        => acquire_until() -> KvLease
     }
 
     /// Attempts until one ends other than "our entry is gone" (see
-    /// [`Place::enter`]; or the session was lost while we waited): then we
+    /// [`enter`](Self::enter); or the session was lost while we waited): then we
     /// start over in the live session, as the wait queue does.
     async fn acquire_until(&self, deadline: Deadline) -> Result<Option<KvLease>> {
-        let session = &self.place.session;
+        let session = &self.session;
         session.retrying_reaped(|| self.attempt(deadline)).await
     }
 
     async fn attempt(&self, deadline: Deadline) -> Result<Option<KvLease>> {
-        let entry = self.place.enter().await?;
+        let entry = self.enter().await?;
         loop {
             let patient = !deadline.passed();
-            let look = match self.place.look(patient).await {
+            let look = match self.look(patient).await {
                 Ok(look) => look,
                 Err(e) => {
                     // Remove our entry before answering (not in the
                     // background), so that the session can try again at
                     // once. The primary error wins.
-                    let _ = entry.delete().await;
+                    let _ = entry.leave().await;
                     return Err(e);
                 }
             };
             if !look.live.contains(&entry.id) {
                 return Err(Error::NoNode {
-                    path: path::join(&self.place.dir, &entry.id),
+                    path: path::join(&self.dir, &entry.id),
                 });
             }
             let mut holders = look.live_holders();
             let version = match &look.record {
                 None => None,
                 Some((record, _)) if record.limit != self.limit => {
-                    entry.delete().await?;
+                    entry.leave().await?;
                     return Err(Error::InvalidArgument(format!(
                         "semaphore limit conflict at {}: its holders use a limit of {}, this contender {}",
-                        self.place.dir, record.limit, self.limit
+                        self.dir, record.limit, self.limit
                     )));
                 }
                 // Our join landed, though its reply was lost.
@@ -318,8 +317,13 @@ impl KvSemaphore {
             };
             if holders.len() >= self.limit as usize {
                 // Full: wait for a release or a holder's death.
-                if !patient || deadline.race(any_change(look.watches)).await.is_none() {
-                    entry.delete().await?;
+                if !patient
+                    || deadline
+                        .race(contender::any_change(look.watches))
+                        .await
+                        .is_none()
+                {
+                    entry.leave().await?;
                     return Ok(None);
                 }
                 continue;
@@ -329,22 +333,14 @@ impl KvSemaphore {
                 limit: self.limit,
                 holders,
             };
-            match self.place.write(&record, version).await {
+            match self.write(&record, version).await {
                 Ok(stat) => return Ok(Some(entry.into_lease(FencingToken(stat.mzxid)))),
                 Err(e) if raced(&e) => {}
                 Err(e) => {
-                    let _ = entry.delete().await;
+                    let _ = entry.leave().await;
                     return Err(e);
                 }
             }
         }
-    }
-}
-
-/// Resolves when any of `watches` fires; at once if there are none (then
-/// look again).
-async fn any_change(watches: Vec<Watch>) {
-    if !watches.is_empty() {
-        futures::future::select_all(watches.into_iter().map(|w| Box::pin(w.changed()))).await;
     }
 }

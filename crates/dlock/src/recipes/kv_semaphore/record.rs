@@ -1,5 +1,7 @@
 //! The `.lock` record of a [`KvSemaphore`](super::KvSemaphore): who holds,
-//! and the limit every contender states, as JSON.
+//! and the limit every contender states, as JSON — one reader and one
+//! writer for both layouts, which differ only in their keys' names and in
+//! how they list the holders (see the [module docs](super)).
 
 use serde_json::Value;
 
@@ -24,93 +26,49 @@ pub struct Record {
     pub holders: Vec<String>,
 }
 
-/// The record as stored. Private, so that `Record` makes no promise about
-/// serde; the derive writes the fields in this order with no spaces.
-#[derive(serde::Serialize)]
-struct Stored<'a> {
-    limit: u32,
-    holders: &'a [String],
-}
-
-/// Consul's `api.Semaphore` record: holders as a map of session UUIDs.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct ConsulStored {
-    #[serde(rename = "Limit")]
-    limit: u32,
-    #[serde(rename = "Holders", default)]
-    holders: Option<std::collections::BTreeMap<String, bool>>,
-}
-
 impl Record {
-    /// The record in `layout`'s format.
-    pub fn encode(&self, layout: Layout) -> String {
-        match layout {
-            Layout::Curator | Layout::Kazoo => self.to_json(),
-            Layout::Consul => self.to_consul_json(),
-        }
-    }
-
-    /// Decodes a record in `layout`'s format.
-    pub fn decode(layout: Layout, path: &str, data: &[u8]) -> Result<Record> {
-        match layout {
-            Layout::Curator | Layout::Kazoo => Record::parse(path, data),
-            Layout::Consul => Record::parse_consul(path, data),
-        }
-    }
-
-    /// The record as Consul's `api.Semaphore` writes it.
+    /// The record in `layout`'s format: dlock's
+    /// `{"limit":N,"holders":["<id>",...]}`, or Consul's
+    /// `{"Limit":N,"Holders":{"<UUID>":true,...}}` with [`Layout::Consul`].
     ///
     /// ```
-    /// use dlock::recipes::kv_semaphore::Record;
+    /// use dlock::{recipes::kv_semaphore::Record, Layout};
     /// let r = Record { limit: 2, holders: vec!["9a2aef2d-ec29-bf90-d2ae-ab04937b1019".into()] };
-    /// let json = r.to_consul_json();
+    /// let json = r.encode(Layout::Consul);
     /// assert_eq!(json, r#"{"Limit":2,"Holders":{"9a2aef2d-ec29-bf90-d2ae-ab04937b1019":true}}"#);
-    /// assert_eq!(Record::parse_consul("/s/.lock", json.as_bytes()).unwrap(), r);
+    /// assert_eq!(Record::decode(Layout::Consul, "/s/.lock", json.as_bytes()).unwrap(), r);
+    /// assert_eq!(r.encode(Layout::Curator), r#"{"limit":2,"holders":["9a2aef2d-ec29-bf90-d2ae-ab04937b1019"]}"#);
     /// ```
-    pub fn to_consul_json(&self) -> String {
-        let stored = ConsulStored {
-            limit: self.limit,
-            holders: Some(self.holders.iter().map(|h| (h.clone(), true)).collect()),
+    pub fn encode(&self, layout: Layout) -> String {
+        let holders = match layout {
+            Layout::Curator | Layout::Kazoo => Value::from(self.holders.clone()),
+            Layout::Consul => {
+                let held = self.holders.iter().map(|h| (h.clone(), Value::Bool(true)));
+                Value::Object(held.collect())
+            }
         };
-        serde_json::to_string(&stored).expect("a number and strings always serialize")
+        let (limit_key, holders_key) = keys(layout);
+        format!(
+            r#"{{"{limit_key}":{},"{holders_key}":{holders}}}"#,
+            self.limit
+        )
     }
 
-    /// Decodes Consul's `api.Semaphore` record, `{"Limit":N,"Holders":{...}}`
-    /// (holders mapped to `false` do not hold; `null` holders are none, as
-    /// Go writes an empty map). Anything else is [`Error::MalformedData`].
-    pub fn parse_consul(path: &str, data: &[u8]) -> Result<Record> {
-        let stored: ConsulStored =
-            serde_json::from_slice(data).map_err(|e| Error::MalformedData {
-                path: path.to_string(),
-                reason: format!("not a Consul semaphore record: {e}"),
-            })?;
-        if stored.limit == 0 {
-            return Err(Error::MalformedData {
-                path: path.to_string(),
-                reason: "the Consul semaphore record has a \"Limit\" of 0".into(),
-            });
-        }
-        let holders = stored.holders.unwrap_or_default().into_iter();
-        Ok(Record {
-            limit: stored.limit,
-            holders: holders.filter(|(_, held)| *held).map(|(h, _)| h).collect(),
-        })
-    }
-
-    /// The record as JSON.
-    pub fn to_json(&self) -> String {
-        let stored = Stored {
-            limit: self.limit,
-            holders: &self.holders,
-        };
-        serde_json::to_string(&stored).expect("a number and strings always serialize")
-    }
-
-    /// Decodes a record stored at `path`: a JSON object with a positive
-    /// integer `limit` and an array of strings `holders` (other keys are
-    /// ignored but must be valid JSON; duplicate holders count once).
-    /// Anything else is [`Error::MalformedData`].
-    pub fn parse(path: &str, data: &[u8]) -> Result<Record> {
+    /// Decodes a record stored at `path` in `layout`'s format: a JSON
+    /// object with a positive integer limit and the holders — dlock's an
+    /// array of strings (duplicates count once), Consul's a map of session
+    /// UUIDs to booleans (those mapped to `false` do not hold; missing or
+    /// `null` is none, as Go writes an empty map). Other keys are ignored
+    /// but must be valid JSON. Anything else is [`Error::MalformedData`]
+    /// naming the problem.
+    ///
+    /// ```
+    /// use dlock::{recipes::kv_semaphore::Record, Layout};
+    /// let r = Record::decode(Layout::Consul, "/s/.lock", br#"{"Limit":2,"Holders":{"a":true,"b":false}}"#).unwrap();
+    /// assert_eq!((r.limit, r.holders), (2, vec!["a".to_string()]));
+    /// assert!(Record::decode(Layout::Consul, "/s/.lock", br#"{"limit":2,"holders":[]}"#).is_err());
+    /// ```
+    pub fn decode(layout: Layout, path: &str, data: &[u8]) -> Result<Record> {
         let bad = |reason: String| Error::MalformedData {
             path: path.to_string(),
             reason,
@@ -122,26 +80,44 @@ impl Record {
         let Value::Object(fields) = value else {
             return Err(bad("the record is not a JSON object".into()));
         };
-        let limit = fields
-            .get("limit")
-            .ok_or_else(|| bad("the record has no \"limit\"".into()))?;
+        let (limit_key, holders_key) = keys(layout);
+        let no = |key| bad(format!("the record has no \"{key}\""));
+        let limit = fields.get(limit_key).ok_or_else(|| no(limit_key))?;
         // Through f64, as before serde: `3.0` is a limit of 3.
         let positive = |f: &f64| f.fract() == 0.0 && (1.0..=f64::from(u32::MAX)).contains(f);
         let Some(whole) = limit.as_f64().filter(positive) else {
             return Err(bad(format!(
-                "\"limit\" must be a positive integer, found {limit}"
+                "\"{limit_key}\" must be a positive integer, found {limit}"
             )));
         };
-        let items = match fields.get("holders") {
-            Some(Value::Array(items)) => items,
-            Some(other) => return Err(bad(format!("\"holders\" must be an array, found {other}"))),
-            None => return Err(bad("the record has no \"holders\"".into())),
+        // dlock lists the holders; Consul maps each to whether it holds.
+        let listed: Vec<&str> = match (layout, fields.get(holders_key)) {
+            (Layout::Curator | Layout::Kazoo, Some(Value::Array(items))) => {
+                let strings = items.iter().map(|item| {
+                    let no_string = || bad(format!("\"holders\" must hold strings, found {item}"));
+                    item.as_str().ok_or_else(no_string)
+                });
+                strings.collect::<Result<_>>()?
+            }
+            (Layout::Consul, Some(Value::Object(map))) => {
+                let held = map.iter().filter(|(_, held)| held.as_bool() == Some(true));
+                held.map(|(h, _)| h.as_str()).collect()
+            }
+            (Layout::Consul, None | Some(Value::Null)) => Vec::new(),
+            (_, None) => return Err(no(holders_key)),
+            (_, Some(other)) => {
+                let shape = if layout == Layout::Consul {
+                    "an object"
+                } else {
+                    "an array"
+                };
+                return Err(bad(format!(
+                    "\"{holders_key}\" must be {shape}, found {other}"
+                )));
+            }
         };
-        let mut holders: Vec<String> = Vec::with_capacity(items.len());
-        for item in items {
-            let h = item
-                .as_str()
-                .ok_or_else(|| bad(format!("\"holders\" must hold strings, found {item}")))?;
+        let mut holders: Vec<String> = Vec::with_capacity(listed.len());
+        for h in listed {
             if !holders.iter().any(|known| known == h) {
                 holders.push(h.to_owned());
             }
@@ -150,6 +126,38 @@ impl Record {
             limit: whole as u32,
             holders,
         })
+    }
+
+    /// The record in dlock's format: [`encode`](Self::encode) with
+    /// [`Layout::Curator`] (see [`Record`]'s example).
+    pub fn to_json(&self) -> String {
+        self.encode(Layout::Curator)
+    }
+
+    /// Decodes a record in dlock's format: [`decode`](Self::decode) with
+    /// [`Layout::Curator`] (see [`Record`]'s example).
+    pub fn parse(path: &str, data: &[u8]) -> Result<Record> {
+        Record::decode(Layout::Curator, path, data)
+    }
+
+    /// The record as Consul's `api.Semaphore` writes it:
+    /// [`encode`](Self::encode) with [`Layout::Consul`] (see its example).
+    pub fn to_consul_json(&self) -> String {
+        self.encode(Layout::Consul)
+    }
+
+    /// Decodes Consul's `api.Semaphore` record: [`decode`](Self::decode)
+    /// with [`Layout::Consul`] (see its example).
+    pub fn parse_consul(path: &str, data: &[u8]) -> Result<Record> {
+        Record::decode(Layout::Consul, path, data)
+    }
+}
+
+/// The record's keys for the limit and the holders in `layout`'s format.
+fn keys(layout: Layout) -> (&'static str, &'static str) {
+    match layout {
+        Layout::Curator | Layout::Kazoo => ("limit", "holders"),
+        Layout::Consul => ("Limit", "Holders"),
     }
 }
 

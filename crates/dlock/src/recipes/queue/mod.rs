@@ -177,6 +177,18 @@ impl WaitQueue {
         self.in_queue_order(listed)
     }
 
+    /// Whether an acquire by `deadline` may give up at once, before making
+    /// a node: the deadline has passed (a try) and someone is queued
+    /// already, who `excludes` us — so spare the store a create and a
+    /// delete.
+    pub async fn taken_now(
+        &self,
+        deadline: Deadline,
+        excludes: fn(&Child) -> bool,
+    ) -> Result<bool> {
+        Ok(deadline.passed() && self.sorted_children(false).await?.0.iter().any(excludes))
+    }
+
     /// The children in queue order, as of a moment no earlier than our
     /// node's creation (`since`), perhaps behind the latest changes: what a
     /// waiter needs after a wakeup, often without a round trip (see

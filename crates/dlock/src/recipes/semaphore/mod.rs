@@ -42,7 +42,7 @@ use std::time::Duration;
 pub(crate) use self::kazoo::{is_lease_name as is_kazoo_lease, lock_path as kazoo_lock_path};
 pub use self::lease::Lease;
 use self::max::{Holders, Max};
-use super::deadline::Deadline;
+use super::deadline::{timed_acquire, Deadline};
 use super::layout::Layout;
 use super::mutex::Mutex;
 use super::queue::{Participant, WaitQueue};
@@ -317,31 +317,25 @@ impl Semaphore {
         Ok((self.max.current() - held).max(0))
     }
 
-    /// Waits as long as it takes to acquire `qty` leases.
-    ///
-    /// Cancellation-safe: dropping the future gives back the leases taken so
-    /// far and removes every node it made. Fails at once with
-    /// [`Error::InvalidArgument`] if `qty` is 0 or more than the maximum.
-    pub async fn acquire(&self, qty: u32) -> Result<Vec<Lease>> {
-        Deadline::within(None, |d| self.acquire_until(qty, d)).await
+    timed_acquire! {
+        /// Waits as long as it takes to acquire `qty` leases.
+        ///
+        /// Cancellation-safe: dropping the future gives back the leases taken so
+        /// far and removes every node it made. Fails at once with
+        /// [`Error::InvalidArgument`] if `qty` is 0 or more than the maximum.
+        acquire,
+        /// Waits at most `timeout` (for all `qty` leases together); fails with
+        /// [`Error::Timeout`] if they could not be had in time, giving back those
+        /// already taken and leaving no node behind.
+        acquire_timeout,
+        /// Acquires `qty` leases only if they can be had without waiting.
+        try_acquire
+        => acquire_until(qty: u32) -> Vec<Lease>
     }
 
     /// Acquires one lease, waiting as long as it takes.
     pub async fn acquire_one(&self) -> Result<Lease> {
         let mut leases = self.acquire(1).await?;
         Ok(leases.pop().expect("one lease"))
-    }
-
-    /// Waits at most `timeout` (for all `qty` leases together); fails with
-    /// [`Error::Timeout`] if they could not be had in time, giving back those
-    /// already taken and leaving no node behind.
-    pub async fn acquire_timeout(&self, qty: u32, timeout: Duration) -> Result<Vec<Lease>> {
-        Deadline::within(Some(timeout), |d| self.acquire_until(qty, d)).await
-    }
-
-    /// Acquires `qty` leases only if they can be had without waiting.
-    pub async fn try_acquire(&self, qty: u32) -> Result<Option<Vec<Lease>>> {
-        self.acquire_until(qty, Deadline::after(Some(Duration::ZERO)))
-            .await
     }
 }

@@ -1,29 +1,16 @@
-//! Where a [`KvSemaphore`](super::KvSemaphore) lives, and the contender's
-//! moves there: enter, look, write the record, leave.
+//! A [`KvSemaphore`]'s contender: its moves — enter, look, write the
+//! record, leave — and its entry, which becomes a [`KvLease`]'s.
 
 use std::collections::HashSet;
 
-use super::{holder_id, KvLease, Record, RECORD};
+use super::{holder_id, KvSemaphore, Record, RECORD};
 use crate::error::{Error, Result};
 use crate::path;
-use crate::recipes::guard::Acquisition;
+use crate::recipes::entry::{in_background, Claim, Entry};
+use crate::recipes::guard::{deref_hold, Acquisition};
 use crate::recipes::layout::{Layout, CONSUL_SEMAPHORE_FLAGS};
 use crate::recipes::queue::HeldNode;
-use crate::session::Session;
 use crate::store::{CreateMode, CreateOptions, Created, FencingToken, Stat, Watch};
-
-/// Where a semaphore lives.
-#[derive(Debug, Clone)]
-pub(super) struct Place {
-    pub(super) session: Session,
-    pub(super) dir: String,
-    pub(super) record: String,
-    pub(super) layout: Layout,
-    /// Told our entry's path when someone asks for our slot.
-    pub(super) revocation: Option<crate::recipes::revocation::Listener>,
-    /// The longest a slot may be held before the library ends it.
-    pub(super) max_hold: Option<std::time::Duration>,
-}
 
 /// What a contender saw in one look.
 pub(super) struct Look {
@@ -43,72 +30,60 @@ impl Look {
     }
 }
 
-impl Place {
+impl KvSemaphore {
     /// Creates our contender entry, named after the session that owns it.
     /// `NoNode` if the caller should go again: the container reaper removed
     /// the empty directory between its creation and ours, an earlier entry
     /// of this session was on its way out, or the session was renewed
-    /// between naming the entry and creating it.
-    pub(super) async fn enter(&self) -> Result<Entry> {
-        let session = &self.session;
+    /// between naming the entry and creating it (then that entry goes, by
+    /// its token, in the background).
+    pub(super) async fn enter(&self) -> Result<Contender> {
         // Consul's contenders are named after the session's UUID, ours after
         // its number; either way the entry must end up owned by `owner`.
         let (owner, id) = match self.layout {
             Layout::Curator | Layout::Kazoo => {
-                let owner = session.session_id();
+                let owner = self.session.session_id();
                 (owner, holder_id(owner))
             }
-            Layout::Consul => session.native_session_id(),
+            Layout::Consul => self.session.native_session_id(),
         };
-        let token = uuid::Uuid::new_v4().to_string().into_bytes();
-        // Armed before the create: if we are cancelled while it is in
-        // flight, an entry it made is found by its token and removed.
-        let mut entry = Entry {
-            place: self.clone(),
-            path: path::join(&self.dir, &id),
-            id,
-            token,
-            created: None,
-            armed: true,
-        };
+        let mut entry = Entry::new(&self.session, path::join(&self.dir, &id));
         let opts = self.tagged(CreateOptions::new(CreateMode::Ephemeral).with_parents());
-        let created = session.retrying(|| session.create(&entry.path, &entry.token, opts));
-        let created = match created.await {
-            Err(Error::NodeExists { .. }) => {
-                match session.retrying(|| session.get_data(&entry.path)).await {
-                    // Our own create, whose reply was lost.
-                    Ok((data, stat)) if data == entry.token => Ok(Created {
-                        path: entry.path.clone(),
-                        stat,
-                    }),
-                    Ok(_) => Err(Error::InvalidArgument(format!(
-                        "session {} already holds or waits for the semaphore at {}: \
-                         a KvSemaphore admits one lease per session (use another session)",
-                        entry.id, self.dir
-                    ))),
-                    Err(e) => Err(e),
-                }
+        let created = match entry.claim(opts, owner).await {
+            Ok(Claim::Ours(created)) => created,
+            Ok(Claim::Other { stale: true, .. }) => {
+                return Err(Error::NoNode {
+                    path: entry.path.clone(),
+                })
             }
-            created => created,
-        };
-        match created {
-            Ok(created) if created.stat.ephemeral_owner == owner => {
-                if let Some(listener) = &self.revocation {
-                    let path = created.path.clone();
-                    crate::recipes::revocation::watch(session, path, listener.clone());
-                }
-                entry.created = Some(created);
-                Ok(entry)
+            Ok(Claim::Other { .. }) => {
+                return Err(Error::InvalidArgument(format!(
+                    "session {id} already holds or waits for the semaphore at {}: \
+                     a KvSemaphore admits one lease per session (use another session)",
+                    self.dir
+                )));
             }
-            // Made by the new session under the old one's name: it goes, by
-            // its token, in the background.
-            Ok(created) => Err(Error::NoNode { path: created.path }),
-            // Nothing of ours was created: nothing to remove.
             Err(e) => {
-                entry.armed = !matches!(e, Error::NoNode { .. });
-                Err(e)
+                // Nothing of ours was created: nothing to remove.
+                if matches!(e, Error::NoNode { .. }) {
+                    entry.keep();
+                }
+                return Err(e);
             }
+        };
+        entry.keep();
+        if let Some(listener) = &self.revocation {
+            let path = created.path.clone();
+            crate::recipes::revocation::watch(&self.session, path, listener.clone());
         }
+        Ok(Contender {
+            sem: self.clone(),
+            id,
+            created,
+            node: None,
+            taken: false,
+            left: false,
+        })
     }
 
     /// `opts` with the layout's tag, if it has one.
@@ -116,22 +91,6 @@ impl Place {
         match self.layout {
             Layout::Curator | Layout::Kazoo => opts,
             Layout::Consul => opts.with_tag(CONSUL_SEMAPHORE_FLAGS),
-        }
-    }
-
-    /// Deletes the entry at `path` if it is the one we created (it holds
-    /// our `token`).
-    async fn delete_if_ours(&self, path: &str, token: &[u8]) -> Result<()> {
-        let session = &self.session;
-        match session.retrying(|| session.get_data(path)).await {
-            Ok((data, stat)) if data == token => {
-                match session.delete(path, Some(stat.version)).await {
-                    Ok(()) | Err(Error::NoNode { .. } | Error::BadVersion { .. }) => Ok(()),
-                    Err(e) => Err(e),
-                }
-            }
-            Ok(_) | Err(Error::NoNode { .. }) => Ok(()),
-            Err(e) => Err(e),
         }
     }
 
@@ -208,17 +167,16 @@ impl Place {
 
     /// Removes holder `id` from the record by compare-and-set, pruning dead
     /// holders too, and deletes the record if nobody is left; then deletes
-    /// our entry at `path`. `None` (an entry taken away) prunes the dead
+    /// our `entry`. No entry (one taken away) and no id prune the dead
     /// only, removing nobody else: the session may have entered again since.
-    pub(super) async fn leave(&self, ours: Option<(&str, &str)>) -> Result<()> {
-        let Some((id, entry)) = ours else {
-            return self.leave_record("").await;
-        };
+    async fn leave(&self, id: &str, entry: Option<&str>) -> Result<()> {
         let left = self.leave_record(id).await;
         // The entry goes even if the record could not be updated: then the
         // others prune us from it.
-        let deleted = self.session.delete_guaranteed(entry).await;
-        left.and(deleted)
+        match entry {
+            Some(entry) => left.and(self.session.delete_guaranteed(entry).await),
+            None => left,
+        }
     }
 
     async fn leave_record(&self, id: &str) -> Result<()> {
@@ -267,88 +225,137 @@ pub(super) fn raced(e: &Error) -> bool {
     )
 }
 
-/// Our contender entry: unless turned into a lease, it is removed — with our
-/// place in the record, if any — in the background when dropped; if dropped
-/// while its create is in flight, whatever that create made is removed.
-pub(super) struct Entry {
-    place: Place,
-    pub(super) id: String,
-    path: String,
-    token: Vec<u8>,
-    created: Option<Created>,
-    armed: bool,
+/// Resolves when any of `watches` fires; at once if there are none (then
+/// look again).
+pub(super) async fn any_change(watches: Vec<Watch>) {
+    if !watches.is_empty() {
+        futures::future::select_all(watches.into_iter().map(|w| Box::pin(w.changed()))).await;
+    }
 }
 
-impl Entry {
-    /// Removes the entry (and our place in the record) now.
-    pub(super) async fn delete(mut self) -> Result<()> {
-        // Disarmed only once done: if cancelled meanwhile, Drop finishes it.
-        let left = self.place.leave(Some((&self.id, &self.path))).await;
-        self.armed = false;
+/// Our contender entry, created: unless it [`leave`](Self::leave)s, it is
+/// removed — with our place in the record, if any — in the background when
+/// dropped. A lease's contender also lets go of the lease's node first.
+#[derive(Debug)]
+pub(super) struct Contender {
+    sem: KvSemaphore,
+    pub(super) id: String,
+    created: Created,
+    /// The lease's node, once we hold.
+    node: Option<std::sync::Arc<HeldNode>>,
+    /// Whether the lease was taken away (revoked by force, or deleted by
+    /// the limit): then our entry is gone, and only the record is to be
+    /// tidied, by pruning — removing nobody by name, as the session may
+    /// have entered again since.
+    taken: bool,
+    left: bool,
+}
+
+impl Contender {
+    /// Gives up our place in the record and our entry now.
+    pub(super) async fn leave(mut self) -> Result<()> {
+        self.let_go();
+        // Done only once left: if cancelled meanwhile, Drop finishes it.
+        let left = match self.taken {
+            false => self.sem.leave(&self.id, Some(&self.created.path)).await,
+            true => self.sem.leave("", None).await,
+        };
+        self.left = true;
         left
     }
 
+    /// Stands the lease's hold down.
+    fn let_go(&mut self) {
+        self.taken |= self.node.take().is_some_and(|node| node.let_go().taken());
+    }
+
+    /// A slot fenced by `token`: our entry becomes the lease's node.
     pub(super) fn into_lease(mut self, token: FencingToken) -> KvLease {
-        self.armed = false;
-        let created = self.created.take().expect("an entry");
-        let place = &self.place;
-        let node = HeldNode::new(&place.session, &place.dir, "semaphore lease", created)
-            .limited(place.max_hold);
+        let (sem, created) = (&self.sem, self.created.clone());
+        let node =
+            HeldNode::new(&sem.session, &sem.dir, "semaphore lease", created).limited(sem.max_hold);
+        self.node = Some(node.clone());
         KvLease {
             acquisition: Acquisition::with_token(node, token),
-            place: place.clone(),
-            id: std::mem::take(&mut self.id),
-            released: false,
+            contender: self,
         }
     }
 }
 
-impl Drop for Entry {
+impl Drop for Contender {
     fn drop(&mut self) {
-        if !self.armed {
+        if self.left {
             return;
         }
-        let (id, path) = (std::mem::take(&mut self.id), std::mem::take(&mut self.path));
-        if self.created.is_some() {
-            self.place.leave_in_background(Some((id, path)));
-        } else {
-            let (place, token) = (self.place.clone(), std::mem::take(&mut self.token));
-            let what = format!("removing the semaphore entry {path}");
-            in_background(&self.place, what, async move {
-                place.delete_if_ours(&path, &token).await
-            });
-        }
-    }
-}
-
-impl Place {
-    /// [`leave`](Self::leave) in the background.
-    pub(super) fn leave_in_background(&self, ours: Option<(String, String)>) {
-        let what = match &ours {
-            Some((_, entry)) => format!("giving back the semaphore slot of {entry}"),
-            None => format!("pruning the semaphore record {}", self.record),
+        self.let_go();
+        let what = format!("giving back the semaphore slot of {}", self.created.path);
+        let (sem, path) = (self.sem.clone(), self.created.path.clone());
+        let (id, entry) = match self.taken {
+            false => (std::mem::take(&mut self.id), Some(path)),
+            true => (String::new(), None),
         };
-        let place = self.clone();
-        in_background(self, what, async move {
-            let ours = ours
-                .as_ref()
-                .map(|(id, entry)| (id.as_str(), entry.as_str()));
-            place.leave(ours).await
+        in_background(&self.sem.session, what, async move {
+            sem.leave(&id, entry.as_deref()).await
         });
     }
 }
 
-/// Runs a clean-up in the background; a closed session took its nodes
-/// already, anything else is worth a warning.
-fn in_background(
-    place: &Place,
-    what: String,
-    cleanup: impl std::future::Future<Output = Result<()>> + Send + 'static,
-) {
-    place.session.spawn_background(async move {
-        match cleanup.await {
-            Ok(()) | Err(Error::Closed) => {}
-            Err(e) => tracing::warn!(error = %e, "{what} failed"),
+/// A slot of a [`KvSemaphore`]: an owned object, free to move between
+/// tasks. Give it back with [`release`](Self::release); dropping it gives it
+/// back in the background. If the session is lost, so is the slot: the
+/// others prune it ([`lost`](crate::Acquisition::lost) tells).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// let session = dlock::connect("embedded").await?;
+/// let sem = dlock::KvSemaphore::new(&session, "/doc/kv-lease", 1)?;
+/// let lease: dlock::KvLease = sem.acquire().await?;
+/// assert_eq!(lease.holder(), dlock::recipes::kv_semaphore::holder_id(session.session_id()));
+/// lease.release().await?;
+/// assert!(sem.holders().await?.is_empty());
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[must_use = "dropping the lease gives it back"]
+pub struct KvLease {
+    acquisition: Acquisition,
+    contender: Contender,
+}
+
+deref_hold!(
+    /// The slot's acquisition. Its [`token`](Acquisition::token) is the
+    /// transaction id of the record write that admitted us, larger than that
+    /// of every earlier admission (and every earlier write) in the store; its
+    /// node is our contender entry, and guarded writes land only while the
+    /// entry (so the slot) is still ours.
+    KvLease => acquisition: Acquisition
+);
+
+impl KvLease {
+    /// Our holder id (the session id in hex), as listed in the record.
+    pub fn holder(&self) -> &str {
+        &self.contender.id
+    }
+
+    /// Gives the slot back: removes us from the record (by compare-and-set,
+    /// pruning dead holders) and deletes our entry. Reports [`Error::Lost`]
+    /// if the slot had been lost before — [`Error::Closed`] if its session
+    /// was closed (which took the entry; the others prune the record).
+    ///
+    /// Cancellation-safe: if this future is dropped before it is done, the
+    /// slot is given back in the background.
+    pub async fn release(self) -> Result<()> {
+        let KvLease {
+            acquisition,
+            mut contender,
+        } = self;
+        contender.let_go();
+        let lost = acquisition.is_lost();
+        contender.leave().await?;
+        if lost {
+            Err(acquisition.lost_error())
+        } else {
+            Ok(())
         }
-    });
+    }
 }

@@ -1,0 +1,134 @@
+//! [`Entry`]: an ephemeral node at a name of our choosing (not a queue's
+//! sequenced node), marked as ours by a random token. Consul's layouts hold
+//! this way — [`ConsulLock`](super::consul_lock::ConsulLock)'s
+//! `<prefix>/.lock` and the [`KvSemaphore`](super::kv_semaphore::KvSemaphore)'s
+//! contender entries — and both build on it.
+//!
+//! The token tells our node from anyone else's at that name: a create whose
+//! reply was lost is recognised by reading the node back, and an entry
+//! dropped before it was kept (its acquire cancelled, timed out or failed,
+//! even with its create in flight) is deleted in the background — only if
+//! it still holds our token, never a node someone else made there since.
+
+use std::future::Future;
+
+use crate::error::{Error, Result};
+use crate::session::Session;
+use crate::store::{CreateOptions, Created, SessionId, Stat, Watch};
+
+/// Our node at `path`: deleted (if still ours) when dropped, unless kept.
+pub(crate) struct Entry {
+    pub session: Session,
+    pub path: String,
+    token: Vec<u8>,
+    armed: bool,
+}
+
+/// What [`Entry::claim`] found at the entry's path.
+pub(crate) enum Claim {
+    /// Ours, owned by the session we named it for.
+    Ours(Created),
+    /// Someone else's node — or (`stale`) our own create's, owned by
+    /// another session than we named it for (the session was renewed in
+    /// between), which goes when the entry is dropped. `watch` fires when
+    /// it changes (none for a node we created just now).
+    Other {
+        stat: Stat,
+        watch: Option<Watch>,
+        stale: bool,
+    },
+}
+
+impl Entry {
+    /// Our entry at `path`, with a new token; armed before its create, so
+    /// that a create cancelled in flight is cleaned up too.
+    pub fn new(session: &Session, path: String) -> Self {
+        let token = uuid::Uuid::new_v4().to_string().into_bytes();
+        Entry {
+            session: session.clone(),
+            path,
+            token,
+            armed: true,
+        }
+    }
+
+    /// Creates the node with `opts` for the session `owner`. A node there
+    /// already — or a create whose reply was lost — is read back (arming a
+    /// watch on it): ours if it holds our token and `owner` owns it.
+    pub async fn claim(&self, opts: CreateOptions, owner: SessionId) -> Result<Claim> {
+        let session = &self.session;
+        let (stat, watch, mine) = loop {
+            match session.create(&self.path, &self.token, opts).await {
+                Ok(created) => break (created.stat, None, true),
+                Err(Error::NodeExists { .. } | Error::ConnectionLoss) => {}
+                Err(e) => return Err(e),
+            }
+            match session.get_data_watch(&self.path).await {
+                Ok((data, stat, watch)) => break (stat, Some(watch), data == self.token),
+                // Gone since (or never made): create again.
+                Err(Error::NoNode { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        };
+        Ok(match stat.ephemeral_owner == owner && mine {
+            true => Claim::Ours(Created {
+                path: self.path.clone(),
+                stat,
+            }),
+            false => Claim::Other {
+                stat,
+                watch,
+                stale: mine,
+            },
+        })
+    }
+
+    /// Keeps the node (it now holds, or someone else removes it): dropping
+    /// no longer deletes it.
+    pub fn keep(&mut self) {
+        self.armed = false;
+    }
+
+    /// The deletion of the node if it still holds our token, as a future
+    /// of its own.
+    fn removal(&self) -> impl Future<Output = Result<()>> + Send + 'static {
+        let (session, path) = (self.session.clone(), self.path.clone());
+        let token = self.token.clone();
+        async move {
+            match session.get_data(&path).await {
+                Ok((data, stat)) if data == token => {
+                    match session.delete(&path, Some(stat.version)).await {
+                        Ok(()) | Err(Error::NoNode { .. } | Error::BadVersion { .. }) => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                }
+                Ok(_) | Err(Error::NoNode { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        if self.armed {
+            let what = format!("removing the entry {}", self.path);
+            in_background(&self.session, what, self.removal());
+        }
+    }
+}
+
+/// Runs a clean-up in the background; a closed session took its nodes
+/// already, anything else is worth a warning.
+pub(crate) fn in_background(
+    session: &Session,
+    what: String,
+    cleanup: impl Future<Output = Result<()>> + Send + 'static,
+) {
+    session.spawn_background(async move {
+        match cleanup.await {
+            Ok(()) | Err(Error::Closed) => {}
+            Err(e) => tracing::warn!(error = %e, "{what} failed"),
+        }
+    });
+}
