@@ -151,78 +151,82 @@ in_turn() {
   fi
 }
 
-# Each round runs every implementation once per workload, so dlock and its
-# peers alternate over the rounds (dlock first in odd rounds, last in even).
-zk_workloads() {
-  local r
+# each_round <title> <round>: runs the function <round> (one round of a
+# server's workloads, every implementation once per workload) $rounds times,
+# the round's number in $r, so that dlock and its peers alternate over the
+# rounds (dlock first in odd rounds, last in even ones).
+each_round() {
+  local title="$1" round="$2" r
   for r in $(seq "$rounds"); do
-    echo "round $r (ZooKeeper)" >&2
-    in_turn "$r" \
-      'run "zk mutex 1" dlock "$dlock" --endpoint "zk://$zk" bench mutex --clients 1 --seconds "$seconds" --path /b/m1' \
-      'run "zk mutex 1" curator curator mutex --connect "$zk" --clients 1 --seconds "$seconds" --path /b/c1' \
-      'run "zk mutex 1" kazoo kazoo mutex --connect "$zk" --clients 1 --seconds "$seconds" --path /b/k1'
-    in_turn "$r" \
-      'run "zk mutex 8" dlock "$dlock" --endpoint "zk://$zk" bench mutex --clients 8 --seconds "$seconds" --path /b/m8' \
-      'run "zk mutex 8" curator curator mutex --connect "$zk" --clients 8 --seconds "$seconds" --path /b/c8' \
-      'run "zk mutex 8" kazoo kazoo mutex --connect "$zk" --clients 8 --seconds "$seconds" --path /b/k8'
-    # Many waiters: a handoff must not cost more with more of them waiting
-    # (goal: at least 0.85x dlock's zk mutex 8 rate).
-    in_turn "$r" \
-      'run "zk mutex 32" dlock "$dlock" --endpoint "zk://$zk" bench mutex --clients 32 --seconds "$seconds" --path /b/m32' \
-      'run "zk mutex 32" curator curator mutex --connect "$zk" --clients 32 --seconds "$seconds" --path /b/c32' \
-      'run "zk mutex 32" kazoo kazoo mutex --connect "$zk" --clients 32 --seconds "$seconds" --path /b/k32'
-    in_turn "$r" \
-      'run "zk semaphore 8/3" dlock "$dlock" --endpoint "zk://$zk" bench semaphore --clients 8 --leases 3 --seconds "$seconds" --path /b/s' \
-      'run "zk semaphore 8/3" curator curator semaphore --connect "$zk" --clients 8 --leases 3 --seconds "$seconds" --path /b/cs' \
-      'run "zk semaphore 8/3" kazoo kazoo semaphore --connect "$zk" --clients 8 --leases 3 --seconds "$seconds" --path /b/ks'
-    in_turn "$r" \
-      'run "zk rwlock 8 (1 write in 10)" dlock "$dlock" --endpoint "zk://$zk" bench rwlock --clients 8 --write-every 10 --seconds "$seconds" --path /b/rw' \
-      'run "zk rwlock 8 (1 write in 10)" curator curator rwlock --connect "$zk" --clients 8 --write-every 10 --seconds "$seconds" --path /b/crw'
-    run "zk election 8" dlock "$dlock" --endpoint "zk://$zk" bench election --clients 8 --seconds "$seconds" --path /b/e
-    run "zk raw create+delete (ceiling)" dlock "$dlock" --endpoint "zk://$zk" bench raw --clients 1 --seconds "$seconds" --path /b/raw
+    echo "round $r ($title)" >&2
+    "$round"
   done
+}
+
+# ceiling <label> <endpoint> <path>: dlock's raw loop (create and delete one
+# node, one client) on a server: the rate the server allows at all.
+ceiling() {
+  run "$1" dlock "$dlock" --endpoint "$2" bench raw --clients 1 --seconds "$seconds" --path "$3"
+}
+
+zk_round() {
+  in_turn "$r" \
+    'run "zk mutex 1" dlock "$dlock" --endpoint "zk://$zk" bench mutex --clients 1 --seconds "$seconds" --path /b/m1' \
+    'run "zk mutex 1" curator curator mutex --connect "$zk" --clients 1 --seconds "$seconds" --path /b/c1' \
+    'run "zk mutex 1" kazoo kazoo mutex --connect "$zk" --clients 1 --seconds "$seconds" --path /b/k1'
+  in_turn "$r" \
+    'run "zk mutex 8" dlock "$dlock" --endpoint "zk://$zk" bench mutex --clients 8 --seconds "$seconds" --path /b/m8' \
+    'run "zk mutex 8" curator curator mutex --connect "$zk" --clients 8 --seconds "$seconds" --path /b/c8' \
+    'run "zk mutex 8" kazoo kazoo mutex --connect "$zk" --clients 8 --seconds "$seconds" --path /b/k8'
+  # Many waiters: a handoff must not cost more with more of them waiting
+  # (goal: at least 0.85x dlock's zk mutex 8 rate).
+  in_turn "$r" \
+    'run "zk mutex 32" dlock "$dlock" --endpoint "zk://$zk" bench mutex --clients 32 --seconds "$seconds" --path /b/m32' \
+    'run "zk mutex 32" curator curator mutex --connect "$zk" --clients 32 --seconds "$seconds" --path /b/c32' \
+    'run "zk mutex 32" kazoo kazoo mutex --connect "$zk" --clients 32 --seconds "$seconds" --path /b/k32'
+  in_turn "$r" \
+    'run "zk semaphore 8/3" dlock "$dlock" --endpoint "zk://$zk" bench semaphore --clients 8 --leases 3 --seconds "$seconds" --path /b/s' \
+    'run "zk semaphore 8/3" curator curator semaphore --connect "$zk" --clients 8 --leases 3 --seconds "$seconds" --path /b/cs' \
+    'run "zk semaphore 8/3" kazoo kazoo semaphore --connect "$zk" --clients 8 --leases 3 --seconds "$seconds" --path /b/ks'
+  in_turn "$r" \
+    'run "zk rwlock 8 (1 write in 10)" dlock "$dlock" --endpoint "zk://$zk" bench rwlock --clients 8 --write-every 10 --seconds "$seconds" --path /b/rw' \
+    'run "zk rwlock 8 (1 write in 10)" curator curator rwlock --connect "$zk" --clients 8 --write-every 10 --seconds "$seconds" --path /b/crw'
+  run "zk election 8" dlock "$dlock" --endpoint "zk://$zk" bench election --clients 8 --seconds "$seconds" --path /b/e
+  ceiling "zk raw create+delete (ceiling)" "zk://$zk" /b/raw
 }
 
 # The AtomicCounter against Curator's DistributedAtomicLong (PeerBench
 # `counter`: 4 clients x 200 increments, optimistic then promoted to a
 # lock), and the DoubleBarrier against DistributedDoubleBarrier.
-counter_workloads() {
-  local r
-  for r in $(seq "$rounds"); do
-    echo "round $r (ZooKeeper counter, double barrier)" >&2
-    in_turn "$r" \
-      'run "zk counter 4x200 (optimistic)" dlock "$dlock" --endpoint "zk://$zk" bench counter --clients 4 --rounds 200 --path /b/dc' \
-      'run "zk counter 4x200 (optimistic)" curator curator counter --connect "$zk" --clients 4 --rounds 200 --path /b/cc'
-    in_turn "$r" \
-      'run "zk counter 4x200 (promoted to a lock)" dlock "$dlock" --endpoint "zk://$zk" bench counter --clients 4 --rounds 200 --path /b/dcp --lock-path /b/dcl' \
-      'run "zk counter 4x200 (promoted to a lock)" curator curator counter --connect "$zk" --clients 4 --rounds 200 --path /b/ccp --lock-path /b/ccl'
-    in_turn "$r" \
-      'run "zk double-barrier 4 (1000 / median first-in-to-last-out ms)" dlock span_rate "$dlock" --endpoint "zk://$zk" bench double-barrier --clients 4 --seconds "$seconds" --path /b/ddb/$r' \
-      'run "zk double-barrier 4 (1000 / median first-in-to-last-out ms)" curator curator_barrier_cycles 4 /b/cdb/$r'
-    run "zk double-barrier 4 (whole cycles per s, sessions kept)" dlock "$dlock" --endpoint "zk://$zk" bench double-barrier --clients 4 --seconds "$seconds" --path /b/ddc/$r
-  done
+counter_round() {
+  in_turn "$r" \
+    'run "zk counter 4x200 (optimistic)" dlock "$dlock" --endpoint "zk://$zk" bench counter --clients 4 --rounds 200 --path /b/dc' \
+    'run "zk counter 4x200 (optimistic)" curator curator counter --connect "$zk" --clients 4 --rounds 200 --path /b/cc'
+  in_turn "$r" \
+    'run "zk counter 4x200 (promoted to a lock)" dlock "$dlock" --endpoint "zk://$zk" bench counter --clients 4 --rounds 200 --path /b/dcp --lock-path /b/dcl' \
+    'run "zk counter 4x200 (promoted to a lock)" curator curator counter --connect "$zk" --clients 4 --rounds 200 --path /b/ccp --lock-path /b/ccl'
+  in_turn "$r" \
+    'run "zk double-barrier 4 (1000 / median first-in-to-last-out ms)" dlock span_rate "$dlock" --endpoint "zk://$zk" bench double-barrier --clients 4 --seconds "$seconds" --path /b/ddb/$r' \
+    'run "zk double-barrier 4 (1000 / median first-in-to-last-out ms)" curator curator_barrier_cycles 4 /b/cdb/$r'
+  run "zk double-barrier 4 (whole cycles per s, sessions kept)" dlock "$dlock" --endpoint "zk://$zk" bench double-barrier --clients 4 --seconds "$seconds" --path /b/ddc/$r
 }
 
-etcd_workloads() {
-  local r
-  for r in $(seq "$rounds"); do
-    echo "round $r (etcd)" >&2
-    in_turn "$r" \
-      'run "etcd mutex 1" dlock "$dlock" --endpoint "etcd://$etcd" bench mutex --clients 1 --seconds "$seconds" --path /b/em1' \
-      'run "etcd mutex 1" etcd-go etcdgo mutex --endpoints "$etcd" --clients 1 --seconds "$seconds" --path /b/gm1'
-    in_turn "$r" \
-      'run "etcd mutex 8" dlock "$dlock" --endpoint "etcd://$etcd" bench mutex --clients 8 --seconds "$seconds" --path /b/em8' \
-      'run "etcd mutex 8" etcd-go etcdgo mutex --endpoints "$etcd" --clients 8 --seconds "$seconds" --path /b/gm8'
-    # Many waiters: Go's rate grows with its clients, dlock's shared
-    # directory watch costs the server two messages per waiting client.
-    in_turn "$r" \
-      'run "etcd mutex 32" dlock "$dlock" --endpoint "etcd://$etcd" bench mutex --clients 32 --seconds "$seconds" --path /b/em32' \
-      'run "etcd mutex 32" etcd-go etcdgo mutex --endpoints "$etcd" --clients 32 --seconds "$seconds" --path /b/gm32'
-    in_turn "$r" \
-      'run "etcd election 8" dlock "$dlock" --endpoint "etcd://$etcd" bench election --clients 8 --seconds "$seconds" --path /b/ee' \
-      'run "etcd election 8" etcd-go etcdgo election --endpoints "$etcd" --clients 8 --seconds "$seconds" --path /b/ge'
-    run "etcd raw put+delete (ceiling)" dlock "$dlock" --endpoint "etcd://$etcd" bench raw --clients 1 --seconds "$seconds" --path /b/eraw
-  done
+etcd_round() {
+  in_turn "$r" \
+    'run "etcd mutex 1" dlock "$dlock" --endpoint "etcd://$etcd" bench mutex --clients 1 --seconds "$seconds" --path /b/em1' \
+    'run "etcd mutex 1" etcd-go etcdgo mutex --endpoints "$etcd" --clients 1 --seconds "$seconds" --path /b/gm1'
+  in_turn "$r" \
+    'run "etcd mutex 8" dlock "$dlock" --endpoint "etcd://$etcd" bench mutex --clients 8 --seconds "$seconds" --path /b/em8' \
+    'run "etcd mutex 8" etcd-go etcdgo mutex --endpoints "$etcd" --clients 8 --seconds "$seconds" --path /b/gm8'
+  # Many waiters: Go's rate grows with its clients, dlock's shared
+  # directory watch costs the server two messages per waiting client.
+  in_turn "$r" \
+    'run "etcd mutex 32" dlock "$dlock" --endpoint "etcd://$etcd" bench mutex --clients 32 --seconds "$seconds" --path /b/em32' \
+    'run "etcd mutex 32" etcd-go etcdgo mutex --endpoints "$etcd" --clients 32 --seconds "$seconds" --path /b/gm32'
+  in_turn "$r" \
+    'run "etcd election 8" dlock "$dlock" --endpoint "etcd://$etcd" bench election --clients 8 --seconds "$seconds" --path /b/ee' \
+    'run "etcd election 8" etcd-go etcdgo election --endpoints "$etcd" --clients 8 --seconds "$seconds" --path /b/ge'
+  ceiling "etcd raw put+delete (ceiling)" "etcd://$etcd" /b/eraw
 }
 
 # loops <impl> <command...>: <command> (one process per acquisition: it
@@ -262,29 +266,28 @@ loops() {
 # The Consul rows: `dlock` and `consul lock` as commands, a process per
 # acquisition on both sides, each on a prefix of its own; then the library
 # itself (sessions kept, `bench mutex`) and the raw ceiling.
-consul_workloads() {
-  local r
-  for r in $(seq "$rounds"); do
-    echo "round $r (Consul)" >&2
-    in_turn "$r" \
-      'run "consul lock 8 (a process each)" dlock loops dlock "$dlock" --endpoint "consul://$consul" lock --layout consul /b/dl -- true' \
-      'run "consul lock 8 (a process each)" consul-lock loops consul-lock "$consul_bin" lock "-http-addr=$consul" b/cl true'
-    in_turn "$r" \
-      'run "consul semaphore 8/3 (a process each)" dlock loops dlock "$dlock" --endpoint "consul://$consul" semaphore --kv --layout consul --leases 3 /b/ds -- true' \
-      'run "consul semaphore 8/3 (a process each)" consul-lock loops consul-lock "$consul_bin" lock "-http-addr=$consul" -n=3 b/cs true'
-    run "consul mutex 8 (library, sessions kept)" dlock "$dlock" --endpoint "consul://$consul" bench mutex --clients 8 --seconds "$seconds" --path /b/m8
-    run "consul raw create+delete (ceiling)" dlock "$dlock" --endpoint "consul://$consul" bench raw --clients 1 --seconds "$seconds" --path /b/raw
-  done
+consul_round() {
+  in_turn "$r" \
+    'run "consul lock 8 (a process each)" dlock loops dlock "$dlock" --endpoint "consul://$consul" lock --layout consul /b/dl -- true' \
+    'run "consul lock 8 (a process each)" consul-lock loops consul-lock "$consul_bin" lock "-http-addr=$consul" b/cl true'
+  in_turn "$r" \
+    'run "consul semaphore 8/3 (a process each)" dlock loops dlock "$dlock" --endpoint "consul://$consul" semaphore --kv --layout consul --leases 3 /b/ds -- true' \
+    'run "consul semaphore 8/3 (a process each)" consul-lock loops consul-lock "$consul_bin" lock "-http-addr=$consul" -n=3 b/cs true'
+  run "consul mutex 8 (library, sessions kept)" dlock "$dlock" --endpoint "consul://$consul" bench mutex --clients 8 --seconds "$seconds" --path /b/m8
+  ceiling "consul raw create+delete (ceiling)" "consul://$consul" /b/raw
 }
 
-embedded_workloads() {
-  for r in $(seq "$rounds"); do
-    echo "round $r (embedded)" >&2
-    run "embedded mutex 1" dlock "$dlock" bench mutex --clients 1 --seconds "$seconds"
-    run "embedded mutex 8" dlock "$dlock" bench mutex --clients 8 --seconds "$seconds"
-    run "embedded rwlock 8" dlock "$dlock" bench rwlock --clients 8 --seconds "$seconds"
-  done
+embedded_round() {
+  run "embedded mutex 1" dlock "$dlock" bench mutex --clients 1 --seconds "$seconds"
+  run "embedded mutex 8" dlock "$dlock" bench mutex --clients 8 --seconds "$seconds"
+  run "embedded rwlock 8" dlock "$dlock" bench rwlock --clients 8 --seconds "$seconds"
 }
+
+zk_workloads() { each_round ZooKeeper zk_round; }
+counter_workloads() { each_round "ZooKeeper counter, double barrier" counter_round; }
+etcd_workloads() { each_round etcd etcd_round; }
+embedded_workloads() { each_round embedded embedded_round; }
+consul_workloads() { each_round Consul consul_round; }
 
 case "$only" in
   "") zk_workloads; counter_workloads; etcd_workloads; embedded_workloads; consul_workloads ;;

@@ -1,16 +1,14 @@
 //! The operator commands: run a command under a lock, inspect, revoke.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
 use dlock::{Hold, Layout, Lockable, ReadWriteLock, Session};
-use tokio::sync::Notify;
 
 use crate::exit::Exit;
-use crate::run::{listener, HoldOptions, Holding, RunOptions, Runner};
+use crate::run::{HeldRun, Holding, Limits, RunOptions, Runner};
 use crate::Global;
 
 /// Arguments of `lock`, `read-lock` and `write-lock`.
@@ -27,9 +25,7 @@ pub struct LockArgs {
     #[arg(long, default_value_t = Layout::Curator)]
     pub layout: Layout,
     #[command(flatten)]
-    pub hold: HoldOptions,
-    #[command(flatten)]
-    pub run: RunOptions,
+    pub held: HeldRun,
 }
 
 /// Which lock `dlock lock`-style commands take.
@@ -55,6 +51,61 @@ where
     let result = work(session.clone()).await;
     session.close().await;
     result
+}
+
+/// A command that runs CMD under holds it takes at one path: `lock`,
+/// `read-lock`, `write-lock` and `semaphore`.
+trait HeldCommand {
+    /// The path whose queue is shown while waiting.
+    fn path(&self) -> &str;
+
+    /// How to hold, and what to run.
+    fn held(&self) -> &HeldRun;
+}
+
+impl HeldCommand for LockArgs {
+    fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn held(&self) -> &HeldRun {
+        &self.held
+    }
+}
+
+impl HeldCommand for SemaphoreArgs {
+    fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn held(&self) -> &HeldRun {
+        &self.held
+    }
+}
+
+/// Runs the command's CMD once under the holds `acquire` takes in a new
+/// session. `acquire` gets the session and the [`Limits`] to apply to its
+/// recipes; it fails with [`dlock::Error::Timeout`] when `--timeout`
+/// passed.
+async fn run_held<A, Acquired>(
+    global: &Global,
+    command: &impl HeldCommand,
+    acquire: A,
+) -> Result<u8>
+where
+    A: FnOnce(Session, Limits) -> Acquired,
+    Acquired: Future<Output = dlock::Result<Vec<Box<dyn Hold>>>>,
+{
+    let (path, held) = (command.path(), command.held());
+    let endpoint = global.endpoint()?;
+    let limits = held.limits();
+    in_session(global, |session| async move {
+        let holds = acquire(session.clone(), limits.clone());
+        let holding = async { Ok(limits.hold(Holding::of(holds.await?))) };
+        let mut runner = Runner::new(&session, &endpoint, &held.run)?;
+        Ok(runner.run(path, holding).await?.code)
+    })
+    .await
 }
 
 /// The library's acquire-with-timeout, or its acquire-forever without one.
@@ -87,7 +138,7 @@ impl LockArgs {
                 .into());
         }
         if self.layout == Layout::Consul
-            && (self.hold.revocable.is_some() || self.hold.max_hold.is_some())
+            && (self.held.hold.revocable.is_some() || self.held.hold.max_hold.is_some())
         {
             return Err(Exit::Usage
                 .with("--layout consul is Consul's api.Lock, which has neither revocation nor a hold limit: drop --revocable and --max-hold")
@@ -100,54 +151,32 @@ impl LockArgs {
 /// `dlock lock|read-lock|write-lock PATH -- CMD...`
 pub async fn lock(global: &Global, args: LockArgs, kind: LockKind) -> Result<u8> {
     args.check(kind)?;
-    let endpoint = global.endpoint()?;
-    let revocation = args.hold.revocation(&args.run);
-    in_session(global, |session| async move {
+    let args = &args;
+    run_held(global, args, |session, limits| async move {
         let lock: Box<dyn Lockable> = match kind {
             LockKind::Mutex if args.layout == Layout::Consul => {
                 Box::new(dlock::ConsulLock::new(&session, &args.path)?)
             }
             LockKind::Mutex => {
                 let mutex = dlock::Mutex::new(&session, &args.path)?.with_layout(args.layout)?;
-                Box::new(args.hold.apply(
-                    mutex,
-                    &revocation,
-                    |m, requested| m.revocable(listener(requested)),
-                    dlock::Mutex::with_max_hold,
-                ))
+                Box::new(limits.apply(mutex, dlock::Mutex::revocable, dlock::Mutex::with_max_hold))
             }
             LockKind::Read | LockKind::Write => {
-                let rw = args.hold.apply(
-                    ReadWriteLock::new(&session, &args.path)?,
-                    &revocation,
-                    |rw, requested| rw.revocable(listener(requested)),
-                    ReadWriteLock::with_max_hold,
-                );
+                let rw = ReadWriteLock::new(&session, &args.path)?;
+                let rw = limits.apply(rw, ReadWriteLock::revocable, ReadWriteLock::with_max_hold);
                 match kind {
                     LockKind::Read => Box::new(rw.read_half()),
                     _ => Box::new(rw.write_half()),
                 }
             }
         };
-        let t = args.run.timeout;
-        let acquire = async {
-            // `lock_for` answers None only when a timeout passed.
-            let hold = lock.lock_for(t).await?;
-            let hold = hold.ok_or_else(|| dlock::Error::Timeout(t.unwrap_or_default()))?;
-            Ok(revocable(Holding::of(vec![hold]), revocation.clone()))
-        };
-        let mut runner = Runner::new(&session, &endpoint, &args.run)?;
-        Ok(runner.run(&args.path, acquire).await?.code)
+        let t = args.held.run.timeout;
+        // `lock_for` answers None only when a timeout passed.
+        let held = lock.lock_for(t).await?;
+        let held = held.ok_or_else(|| dlock::Error::Timeout(t.unwrap_or_default()))?;
+        Ok(vec![held])
     })
     .await
-}
-
-/// The holding, told of revocation requests if `--revocable` asked.
-fn revocable(holding: Holding, revocation: Option<(Arc<Notify>, Duration)>) -> Holding {
-    match revocation {
-        Some((requested, grace)) => holding.revocable(requested, grace),
-        None => holding,
-    }
 }
 
 /// Arguments of `revoke`.
@@ -302,9 +331,7 @@ pub struct SemaphoreArgs {
     #[arg(long, default_value_t = Layout::Curator)]
     pub layout: Layout,
     #[command(flatten)]
-    pub hold: HoldOptions,
-    #[command(flatten)]
-    pub run: RunOptions,
+    pub held: HeldRun,
 }
 
 impl SemaphoreArgs {
@@ -341,44 +368,37 @@ impl SemaphoreArgs {
 /// `dlock semaphore PATH --leases N [--qty K] -- CMD...`
 pub async fn semaphore(global: &Global, args: SemaphoreArgs) -> Result<u8> {
     args.check()?;
-    let endpoint = global.endpoint()?;
-    let revocation = args.hold.revocation(&args.run);
-    in_session(global, |session| async move {
-        let t = args.run.timeout;
-        let acquire = async {
-            let holds: Vec<Box<dyn Hold>> = if args.uses_kv() {
-                let sem = args.hold.apply(
-                    dlock::KvSemaphore::new(&session, &args.path, args.leases)?
-                        .with_layout(args.layout),
-                    &revocation,
-                    |sem, requested| sem.revocable(listener(requested)),
-                    dlock::KvSemaphore::with_max_hold,
-                );
-                let lease = within(t, |t| sem.acquire_timeout(t), sem.acquire()).await?;
-                vec![Box::new(lease)]
-            } else {
-                let sem = args.hold.apply(
-                    dlock::Semaphore::new(&session, &args.path, args.leases)?
-                        .with_layout(args.layout)?,
-                    &revocation,
-                    |sem, requested| sem.revocable(listener(requested)),
-                    dlock::Semaphore::with_max_hold,
-                );
-                let leases = within(
-                    t,
-                    |t| sem.acquire_timeout(args.qty, t),
-                    sem.acquire(args.qty),
-                )
-                .await?;
-                leases
-                    .into_iter()
-                    .map(|lease| Box::new(lease) as Box<dyn Hold>)
-                    .collect()
-            };
-            Ok(revocable(Holding::of(holds), revocation.clone()))
-        };
-        let mut runner = Runner::new(&session, &endpoint, &args.run)?;
-        Ok(runner.run(&args.path, acquire).await?.code)
+    let args = &args;
+    run_held(global, args, |session, limits| async move {
+        let t = args.held.run.timeout;
+        if args.uses_kv() {
+            let sem = dlock::KvSemaphore::new(&session, &args.path, args.leases)?
+                .with_layout(args.layout);
+            let sem = limits.apply(
+                sem,
+                dlock::KvSemaphore::revocable,
+                dlock::KvSemaphore::with_max_hold,
+            );
+            let lease = within(t, |t| sem.acquire_timeout(t), sem.acquire()).await?;
+            return Ok(vec![Box::new(lease) as Box<dyn Hold>]);
+        }
+        let sem =
+            dlock::Semaphore::new(&session, &args.path, args.leases)?.with_layout(args.layout)?;
+        let sem = limits.apply(
+            sem,
+            dlock::Semaphore::revocable,
+            dlock::Semaphore::with_max_hold,
+        );
+        let leases = within(
+            t,
+            |t| sem.acquire_timeout(args.qty, t),
+            sem.acquire(args.qty),
+        )
+        .await?;
+        Ok(leases
+            .into_iter()
+            .map(|lease| Box::new(lease) as Box<dyn Hold>)
+            .collect())
     })
     .await
 }

@@ -137,41 +137,77 @@ pub struct HoldOptions {
     pub max_hold: Option<Duration>,
 }
 
-impl HoldOptions {
-    /// With `--revocable`: what a listener notifies, and the grace after
-    /// SIGTERM.
-    pub fn revocation(&self, run: &RunOptions) -> Option<(Arc<Notify>, Duration)> {
-        self.revocable
-            .map(|grace| (Arc::new(Notify::new()), grace.unwrap_or(run.grace)))
-    }
+/// What the commands that take a lock or leases share: how to hold it
+/// (revocation, a hold limit) and the command to run under it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct HeldRun {
+    #[command(flatten)]
+    pub hold: HoldOptions,
+    #[command(flatten)]
+    pub run: RunOptions,
+}
 
-    /// `recipe` made revocable if `--revocable` asked (`revocation`, as
-    /// [`revocation`](Self::revocation) made it) and limited by
-    /// `--max-hold`, each by the recipe's own builder method.
+impl HeldRun {
+    /// The limits `--revocable` and `--max-hold` put on one run's holds.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            revocation: self
+                .hold
+                .revocable
+                .map(|grace| (Arc::new(Notify::new()), grace.unwrap_or(self.run.grace))),
+            max_hold: self.hold.max_hold,
+        }
+    }
+}
+
+/// The limits on one run's holds: with `--revocable`, what a revocation
+/// request notifies and the grace after SIGTERM; with `--max-hold`, how
+/// long a hold may last.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    revocation: Option<(Arc<Notify>, Duration)>,
+    max_hold: Option<Duration>,
+}
+
+impl Limits {
+    /// `recipe` made revocable if `--revocable` asked (listening with a
+    /// [`Listener`] that stops the command) and limited by `--max-hold`,
+    /// each by the recipe's own builder method, e.g.
+    /// `limits.apply(mutex, Mutex::revocable, Mutex::with_max_hold)`.
     pub fn apply<R>(
         &self,
         mut recipe: R,
-        revocation: &Option<(Arc<Notify>, Duration)>,
-        revocable: impl FnOnce(R, &Arc<Notify>) -> R,
+        revocable: impl FnOnce(R, Listener) -> R,
         limited: impl FnOnce(R, Duration) -> R,
     ) -> R {
-        if let Some((requested, _)) = revocation {
-            recipe = revocable(recipe, requested);
+        if let Some((requested, _)) = &self.revocation {
+            recipe = revocable(recipe, listener(requested));
         }
         if let Some(max_hold) = self.max_hold {
             recipe = limited(recipe, max_hold);
         }
         recipe
     }
+
+    /// `holding`, told of revocation requests if `--revocable` asked.
+    pub fn hold(&self, holding: Holding) -> Holding {
+        match &self.revocation {
+            Some((requested, grace)) => holding.revocable(requested.clone(), *grace),
+            None => holding,
+        }
+    }
 }
 
+/// A revocation listener, as the recipes' `revocable` takes it.
+pub type Listener = Box<dyn Fn(&str) + Send + Sync>;
+
 /// A revocation listener that notifies `requested`.
-pub fn listener(requested: &Arc<Notify>) -> impl Fn(&str) + Send + Sync + 'static {
+fn listener(requested: &Arc<Notify>) -> Listener {
     let requested = requested.clone();
-    move |node: &str| {
+    Box::new(move |node: &str| {
         eprintln!("dlock: revocation requested for {node}");
         requested.notify_one();
-    }
+    })
 }
 
 /// How a run ended.

@@ -2,7 +2,8 @@
 //! processes against real servers: ZooKeeper for every case, and the
 //! forced revocation of every kind of holder on etcd and Consul too.
 
-use std::process::{Command, Output, Stdio};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -20,24 +21,6 @@ fn participants(endpoint: &str, path: &str) -> Vec<serde_json::Value> {
     json["participants"].as_array().cloned().unwrap_or_default()
 }
 
-/// The node of the one holder at `path`.
-fn holder_node(endpoint: &str, path: &str) -> String {
-    let all = participants(endpoint, path);
-    let holders: Vec<_> = all.iter().filter(|p| p["role"] == "holder").collect();
-    assert_eq!(holders.len(), 1, "one holder at {path}: {all:?}");
-    holders[0]["node"].as_str().unwrap().to_string()
-}
-
-/// Waits for the holder's command at `path` to log that it started; the
-/// holder's node.
-fn started_holder(endpoint: &str, path: &str, log: &std::path::Path) -> String {
-    assert!(
-        await_line(log, "started", BOUND),
-        "{path}: the holder's command never started"
-    );
-    holder_node(endpoint, path)
-}
-
 /// `dlock revoke ARGS`, which must succeed.
 fn revoke(endpoint: &str, args: &[&str]) -> Output {
     let out = dlock_on(endpoint)
@@ -49,16 +32,95 @@ fn revoke(endpoint: &str, args: &[&str]) -> Output {
     out
 }
 
-/// `dlock ARGS -- sh -c CMD` where CMD says it started, and on SIGTERM
-/// says so but carries on: only SIGKILL ends it.
-fn stubborn(endpoint: &str, args: &[&str], log: &std::path::Path) -> Command {
-    let script = format!(
-        "trap 'echo TERM >> {0}' TERM; echo started >> {0}; while :; do sleep 0.05; done",
-        log.display()
-    );
-    let mut c = dlock_on(endpoint);
-    c.args(args).args(["--", "sh", "-c", &script]);
-    c
+/// One case: a fresh path on a server, and a directory for the logs of
+/// the commands its holder and its waiter run.
+struct Case {
+    endpoint: String,
+    path: String,
+    dir: tempfile::TempDir,
+}
+
+impl Case {
+    /// A fresh path named after `name` on `endpoint`.
+    fn on(endpoint: &str, name: &str) -> Case {
+        Case {
+            endpoint: endpoint.to_string(),
+            path: unique(name),
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// The log of the holder's command.
+    fn log(&self) -> PathBuf {
+        self.dir.path().join("holder")
+    }
+
+    /// `dlock COMMAND PATH FLAGS -- sh -c CMD` where CMD logs that it
+    /// started, and on SIGTERM logs so but carries on: only SIGKILL ends
+    /// it.
+    fn stubborn(&self, command: &[&str], flags: &[&str]) -> Command {
+        let script = format!(
+            "trap 'echo TERM >> {0}' TERM; echo started >> {0}; while :; do sleep 0.05; done",
+            self.log().display()
+        );
+        let mut c = dlock_on(&self.endpoint);
+        c.args(command).arg(&self.path).args(flags);
+        c.args(["--", "sh", "-c", &script]);
+        c
+    }
+
+    /// Waits for the holder's command to log that it started; the node of
+    /// the one holder at the path.
+    fn started_holder(&self) -> String {
+        assert!(
+            await_line(&self.log(), "started", BOUND),
+            "{}: the holder's command never started",
+            self.path
+        );
+        self.holder_node()
+    }
+
+    /// The node of the one holder at the path.
+    fn holder_node(&self) -> String {
+        let all = participants(&self.endpoint, &self.path);
+        let holders: Vec<_> = all.iter().filter(|p| p["role"] == "holder").collect();
+        assert_eq!(holders.len(), 1, "one holder at {}: {all:?}", self.path);
+        holders[0]["node"].as_str().unwrap().to_string()
+    }
+
+    /// `dlock COMMAND PATH -- sh -c CMD` where CMD logs that it got in.
+    fn waiter(&self, command: &[&str]) -> Child {
+        let args = [command, &[self.path.as_str()]].concat();
+        let script = format!("echo in >> {}", self.dir.path().join("waiter").display());
+        spawn_sh(&self.endpoint, &args, &script)
+    }
+
+    /// The waiter gets in: exits 0 having run its command.
+    fn assert_waiter_got_in(&self, waiter: Child) {
+        assert_eq!(
+            exit_within(waiter, BOUND),
+            Some(0),
+            "{}: the waiter",
+            self.path
+        );
+        let waiter_log = self.dir.path().join("waiter");
+        assert!(
+            await_line(&waiter_log, "in", Duration::ZERO),
+            "{}",
+            self.path
+        );
+    }
+
+    /// `dlock revoke FLAGS NODE`, which must succeed.
+    fn revoke(&self, flags: &[&str], node: &str) -> Output {
+        revoke(&self.endpoint, &[flags, &[node]].concat())
+    }
+
+    /// Nobody holds or waits at the path any more.
+    fn assert_nothing_left(&self) {
+        let left = participants(&self.endpoint, &self.path);
+        assert!(left.is_empty(), "{}: left behind: {left:?}", self.path);
+    }
 }
 
 /// `--revocable=GRACE`: a revocation request stops a command that ignores
@@ -66,60 +128,50 @@ fn stubborn(endpoint: &str, args: &[&str], log: &std::path::Path) -> Command {
 /// waiter gets in.
 #[test]
 fn a_revocable_lock_kills_a_stubborn_command_after_its_grace() {
-    let endpoint = zk();
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("log");
-    let path = unique("revocable");
+    let case = Case::on(&zk(), "revocable");
     let grace = Duration::from_millis(600);
-    let mut holder = stubborn(&endpoint, &["lock", &path, "--revocable=600ms"], &log)
+    let mut holder = case
+        .stubborn(&["lock"], &["--revocable=600ms"])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let node = started_holder(&endpoint, &path, &log);
-    let waiter_log = dir.path().join("waiter");
-    let waiter = spawn_sh(
-        &endpoint,
-        &["lock", &path],
-        &format!("echo in >> {}", waiter_log.display()),
-    );
+    let node = case.started_holder();
+    let waiter = case.waiter(&["lock"]);
     let asked = Instant::now();
-    revoke(&endpoint, &[&node]);
+    case.revoke(&[], &node);
     let holder_stderr = holder.stderr.take().unwrap();
     assert_eq!(exit_within(holder, BOUND), Some(68), "exit 68: revoked");
     let took = asked.elapsed();
     assert!(
-        await_line(&log, "TERM", BOUND),
+        await_line(&case.log(), "TERM", BOUND),
         "the command got SIGTERM first"
     );
     assert!(took >= grace, "SIGKILL came before the grace: {took:?}");
     let stderr = std::io::read_to_string(holder_stderr).unwrap();
     assert!(stderr.contains("revocation requested"), "{stderr}");
-    assert_eq!(exit_within(waiter, BOUND), Some(0));
-    assert!(await_line(&waiter_log, "in", Duration::ZERO));
-    assert!(participants(&endpoint, &path).is_empty());
+    case.assert_waiter_got_in(waiter);
+    case.assert_nothing_left();
 }
 
 /// Without `--revocable`, a revocation request is not listened to: the
 /// command runs to its end.
 #[test]
 fn a_lock_without_revocable_ignores_requests() {
-    let endpoint = zk();
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("log");
-    let path = unique("not-revocable");
+    let case = Case::on(&zk(), "not-revocable");
+    let log = case.log();
     let mut holder = spawn_sh(
-        &endpoint,
-        &["lock", &path],
+        &case.endpoint,
+        &["lock", &case.path],
         &format!(
             "echo started >> {0}; while [ ! -e {0}.go ]; do sleep 0.05; done",
             log.display()
         ),
     );
-    let node = started_holder(&endpoint, &path, &log);
-    revoke(&endpoint, &[&node]);
+    let node = case.started_holder();
+    case.revoke(&[], &node);
     // Still holding after the request was written and seen by everyone:
     // inspect reads after the revoke's write.
-    assert_eq!(holder_node(&endpoint, &path), node);
+    assert_eq!(case.holder_node(), node);
     assert!(holder.try_wait().unwrap().is_none());
     std::fs::write(format!("{}.go", log.display()), b"").unwrap();
     assert_eq!(exit_within(holder, BOUND), Some(0));
@@ -129,27 +181,21 @@ fn a_lock_without_revocable_ignores_requests() {
 /// stopped, dlock exits 66, and a waiter gets in.
 #[test]
 fn max_hold_stops_the_command_and_lets_the_waiter_in() {
-    let endpoint = zk();
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("log");
-    let path = unique("max-hold");
+    let case = Case::on(&zk(), "max-hold");
     let started = Instant::now();
-    let holder = stubborn(
-        &endpoint,
-        &["lock", &path, "--max-hold", "700ms", "--grace", "200ms"],
-        &log,
-    )
-    .spawn()
-    .unwrap();
-    assert!(await_line(&log, "started", BOUND));
-    let waiter = dlock_on(&endpoint)
-        .args(["lock", &path, "--", "true"])
+    let holder = case
+        .stubborn(&["lock"], &["--max-hold", "700ms", "--grace", "200ms"])
+        .spawn()
+        .unwrap();
+    assert!(await_line(&case.log(), "started", BOUND));
+    let waiter = dlock_on(&case.endpoint)
+        .args(["lock", &case.path, "--", "true"])
         .spawn()
         .unwrap();
     assert_eq!(exit_within(holder, BOUND), Some(66), "exit 66: lost");
     assert!(started.elapsed() >= Duration::from_millis(700));
     assert_eq!(exit_within(waiter, BOUND), Some(0));
-    assert!(participants(&endpoint, &path).is_empty());
+    case.assert_nothing_left();
 }
 
 /// One kind of holder: its name, and the dlock command that holds it.
@@ -189,21 +235,15 @@ const KINDS: &[Kind] = &[
 /// the holder stops its command and exits 66, the waiter gets in, nothing
 /// is left.
 fn revoke_force_reaches_every_kind_of_holder(endpoint: &str) {
-    let dir = tempfile::tempdir().unwrap();
     for kind in KINDS {
-        let log = dir.path().join(kind.name);
-        let path = unique(kind.name);
-        let args = [kind.args, &[path.as_str(), "--grace", "200ms"]].concat();
-        let holder = stubborn(endpoint, &args, &log).spawn().unwrap();
-        let node = started_holder(endpoint, &path, &log);
-        let waiter_log = dir.path().join(format!("{}-waiter", kind.name));
-        let waiter_args = [kind.args, &[path.as_str()]].concat();
-        let waiter = spawn_sh(
-            endpoint,
-            &waiter_args,
-            &format!("echo in >> {}", waiter_log.display()),
-        );
-        let out = revoke(endpoint, &["--force", &node]);
+        let case = Case::on(endpoint, kind.name);
+        let holder = case
+            .stubborn(kind.args, &["--grace", "200ms"])
+            .spawn()
+            .unwrap();
+        let node = case.started_holder();
+        let waiter = case.waiter(kind.args);
+        let out = case.revoke(&["--force"], &node);
         assert!(String::from_utf8_lossy(&out.stdout).contains("revoked by force"));
         assert_eq!(
             exit_within(holder, BOUND),
@@ -211,19 +251,8 @@ fn revoke_force_reaches_every_kind_of_holder(endpoint: &str) {
             "{}: the holder stops, exit 66",
             kind.name
         );
-        assert_eq!(
-            exit_within(waiter, BOUND),
-            Some(0),
-            "{}: the waiter",
-            kind.name
-        );
-        assert!(
-            await_line(&waiter_log, "in", Duration::ZERO),
-            "{}",
-            kind.name
-        );
-        let left = participants(endpoint, &path);
-        assert!(left.is_empty(), "{}: left behind: {left:?}", kind.name);
+        case.assert_waiter_got_in(waiter);
+        case.assert_nothing_left();
     }
 }
 
@@ -232,21 +261,15 @@ on_every_server!(revoke_force_reaches_every_kind_of_holder);
 /// `--revocable` on a semaphore: the lease holder stops at a request.
 #[test]
 fn a_revocable_semaphore_lease_stops_at_a_request() {
-    let endpoint = zk();
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("log");
-    let path = unique("sem-revocable");
-    let holder = stubborn(
-        &endpoint,
-        &["semaphore", &path, "--leases", "2", "--revocable=200ms"],
-        &log,
-    )
-    .spawn()
-    .unwrap();
-    let node = started_holder(&endpoint, &path, &log);
-    revoke(&endpoint, &[&node]);
+    let case = Case::on(&zk(), "sem-revocable");
+    let holder = case
+        .stubborn(&["semaphore"], &["--leases", "2", "--revocable=200ms"])
+        .spawn()
+        .unwrap();
+    let node = case.started_holder();
+    case.revoke(&[], &node);
     assert_eq!(exit_within(holder, BOUND), Some(68));
-    assert!(participants(&endpoint, &path).is_empty());
+    case.assert_nothing_left();
 }
 
 /// `--layout consul` has neither revocation nor a hold limit: refused as a

@@ -83,6 +83,21 @@ public class CuratorProbe {
         }).start();
     }
 
+    /** What a command does with one named entry; its answer, or null for none now. */
+    interface Named<T> { String apply(T entry) throws Exception; }
+
+    /**
+     * Applies `command` to the entry of `map` named `key` (taken out of the
+     * map first if `take`) and answers what it returns; answers
+     * "error MISSING KEY" if there is no such entry.
+     */
+    static <T> void withNamed(Map<String, T> map, String key, boolean take, String missing, Named<T> command) throws Exception {
+        T entry = take ? map.remove(key) : map.get(key);
+        if (entry == null) { say("error " + missing + " " + key); return; }
+        String answer = command.apply(entry);
+        if (answer != null) say(answer);
+    }
+
     static synchronized void say(String line) {
         System.out.println(line);
         System.out.flush();
@@ -127,13 +142,9 @@ public class CuratorProbe {
                         say("acquired " + (lock instanceof InterProcessMutex ? nodeOf((InterProcessMutex) lock) : path));
                         break;
                     }
-                    case "release": {
-                        InterProcessLock lock = held.remove(w[1]);
-                        if (lock == null) { say("error not held " + w[1]); break; }
-                        lock.release();
-                        say("released");
+                    case "release":
+                        withNamed(held, w[1], true, "not held", lock -> { lock.release(); return "released"; });
                         break;
-                    }
                     case "revoke":
                         Revoker.attemptRevoke(client, w[1]);
                         say("revoke-sent");
@@ -175,13 +186,13 @@ public class CuratorProbe {
                         background("entered " + w[1], () -> b.enter(60, TimeUnit.SECONDS));
                         break;
                     }
-                    case "dbleave": {
+                    case "dbleave":
                         // dbleave ID: answers "left ID" once every member has left.
-                        DistributedDoubleBarrier b = members.remove(w[1]);
-                        if (b == null) { say("error no member " + w[1]); break; }
-                        background("left " + w[1], () -> b.leave(60, TimeUnit.SECONDS));
+                        withNamed(members, w[1], true, "no member", b -> {
+                            background("left " + w[1], () -> b.leave(60, TimeUnit.SECONDS));
+                            return null;
+                        });
                         break;
-                    }
                     case "member-join": {
                         GroupMember m = new GroupMember(client, w[1], w[2], w[3].getBytes(java.nio.charset.StandardCharsets.UTF_8));
                         m.start();
@@ -189,35 +200,29 @@ public class CuratorProbe {
                         say(awaitNode(client, w[1] + "/" + w[2], 30000) ? "joined " + w[2] : "timeout");
                         break;
                     }
-                    case "members": {
+                    case "members":
                         // GroupMember tells no listener of its cache's changes, so
                         // its view is read again until it matches or time is up.
-                        GroupMember m = groupMembers.get(w[1]);
-                        if (m == null) { say("error no member " + w[1]); break; }
-                        String expect = w[2].equals("-") ? "" : w[2];
-                        long end = System.currentTimeMillis() + Long.parseLong(w[3]);
-                        String seen = render(m.getCurrentMembers());
-                        while (!seen.equals(expect) && System.currentTimeMillis() < end) {
-                            Thread.sleep(20);
-                            seen = render(m.getCurrentMembers());
-                        }
-                        say("members " + seen);
+                        withNamed(groupMembers, w[1], false, "no member", m -> {
+                            String expect = w[2].equals("-") ? "" : w[2];
+                            long end = System.currentTimeMillis() + Long.parseLong(w[3]);
+                            String seen = render(m.getCurrentMembers());
+                            while (!seen.equals(expect) && System.currentTimeMillis() < end) {
+                                Thread.sleep(20);
+                                seen = render(m.getCurrentMembers());
+                            }
+                            return "members " + seen;
+                        });
                         break;
-                    }
-                    case "member-update": {
-                        GroupMember m = groupMembers.get(w[1]);
-                        if (m == null) { say("error no member " + w[1]); break; }
-                        m.setThisData(w[2].getBytes(java.nio.charset.StandardCharsets.UTF_8));
-                        say("updated " + w[1]);
+                    case "member-update":
+                        withNamed(groupMembers, w[1], false, "no member", m -> {
+                            m.setThisData(w[2].getBytes(java.nio.charset.StandardCharsets.UTF_8));
+                            return "updated " + w[1];
+                        });
                         break;
-                    }
-                    case "member-leave": {
-                        GroupMember m = groupMembers.remove(w[1]);
-                        if (m == null) { say("error no member " + w[1]); break; }
-                        m.close();
-                        say("left " + w[1]);
+                    case "member-leave":
+                        withNamed(groupMembers, w[1], true, "no member", m -> { m.close(); return "left " + w[1]; });
                         break;
-                    }
                     case "latch-start": {
                         LeaderLatch latch = new LeaderLatch(client, w[1], w[2]);
                         latch.start();
@@ -225,13 +230,9 @@ public class CuratorProbe {
                         say("started " + w[2]);
                         break;
                     }
-                    case "latch-close": {
-                        LeaderLatch latch = latches.remove(w[1]);
-                        if (latch == null) { say("error no latch " + w[1]); break; }
-                        latch.close();
-                        say("closed " + w[1]);
+                    case "latch-close":
+                        withNamed(latches, w[1], true, "no latch", latch -> { latch.close(); return "closed " + w[1]; });
                         break;
-                    }
                     case "counter-get":
                         say("counter " + new DistributedAtomicLong(client, w[1], new RetryNTimes(3, 1)).get().postValue());
                         break;

@@ -15,8 +15,7 @@ use anyhow::{Context, Result};
 
 use crate::process::is_executable;
 use crate::server::{
-    expect_shared, group_methods, not_installed, shared, single_server_methods, Flavor, Launcher,
-    Layout, Member,
+    expect_shared, not_installed, server_handle, shared, Flavor, Launcher, Layout, Member,
 };
 use crate::util::{consul_leader, consul_node_healthy, http_request};
 
@@ -105,6 +104,13 @@ impl Flavor for Consul {
     const INSTALL_HINT: &'static str =
         "get it with `scripts/consul.sh get` (or `scripts/test.sh`, \
         which gets every test server); or point $DLOCK_CONSUL at a consul binary";
+
+    type Options = ConsulOptions;
+
+    fn new(opts: ConsulOptions) -> Result<Self> {
+        let bin = consul_binary()?;
+        Ok(Consul { bin, opts })
+    }
 
     fn port_roles(&self, _cluster: bool) -> Vec<&'static str> {
         vec!["http", "serf-lan", "serf-wan", "server"]
@@ -213,23 +219,17 @@ impl Flavor for Consul {
     }
 }
 
-/// A private Consul dev agent (a single server, store in memory) on free
-/// loopback ports, with its log in a temporary directory.
-///
-/// Dropping it kills the agent (`SIGKILL`), waits for it and removes the
-/// directory; if the test process dies first, a watchdog does the same.
-#[derive(Debug)]
-pub struct ConsulServer {
-    inner: Launcher<Consul>,
-}
-
-impl ConsulServer {
+server_handle! {
+    /// A private Consul dev agent (a single server, store in memory) on free
+    /// loopback ports, with its log in a temporary directory. Its
+    /// [`endpoint`](Self::endpoint) is the HTTP API's.
+    ///
+    /// Dropping it kills the agent (`SIGKILL`), waits for it and removes the
+    /// directory; if the test process dies first, a watchdog does the same.
+    pub struct ConsulServer(Consul, ConsulOptions, "Consul"): single;
     /// Starts a dev agent with [`ConsulOptions::default`] and waits until
     /// it knows a leader (itself) and its node is in the catalog.
-    pub fn start() -> Result<ConsulServer> {
-        ConsulServer::start_with(ConsulOptions::default())
-    }
-
+    fn start;
     /// Starts a dev agent with `opts` and waits (at most
     /// `opts.startup_timeout`) until `GET /v1/status/leader` names a leader
     /// and the agent's node is registered with a passing `serfHealth` check
@@ -241,27 +241,14 @@ impl ConsulServer {
     /// If the `consul` binary is missing (the message says how to get it) or
     /// the agent does not come up; the message names the binary and ports
     /// and shows the end of its log.
-    pub fn start_with(opts: ConsulOptions) -> Result<ConsulServer> {
-        let (port, timeout) = (opts.port, opts.startup_timeout);
-        let flavor = Consul {
-            bin: consul_binary()?,
-            opts,
-        };
-        let inner = Launcher::single(flavor, port, timeout)?;
-        Ok(ConsulServer { inner })
-    }
+    fn start_with;
+}
 
-    /// The HTTP endpoint as `"127.0.0.1:PORT"` (no scheme).
-    pub fn endpoint(&self) -> String {
-        self.inner.endpoint(0)
-    }
-
+impl ConsulServer {
     /// The HTTP URL, `"http://127.0.0.1:PORT"`.
     pub fn url(&self) -> String {
         format!("http://{}", self.endpoint())
     }
-
-    single_server_methods!("Consul");
 
     /// Sends one HTTP request to the agent's API and returns the status code
     /// and the body, e.g. `http("GET", "/v1/kv/app/?recurse", None)` or
@@ -283,23 +270,16 @@ fn consul_http(
         .with_context(|| format!("{method} http://{}{path}", inner.endpoint(i)))
 }
 
-/// A private cluster of `n` Consul servers on loopback (non-dev agents with
-/// `-bootstrap-expect n`), each with its own ports and temporary directory.
-/// Members are numbered `0..n`.
-///
-/// Dropping it kills every member and removes their directories.
-#[derive(Debug)]
-pub struct ConsulCluster {
-    inner: Launcher<Consul>,
-}
-
-impl ConsulCluster {
+server_handle! {
+    /// A private cluster of `n` Consul servers on loopback (non-dev agents with
+    /// `-bootstrap-expect n`), each with its own ports and temporary directory.
+    /// Members are numbered `0..n`; their endpoints are the HTTP API's.
+    ///
+    /// Dropping it kills every member and removes their directories.
+    pub struct ConsulCluster(Consul, ConsulOptions, "Consul"): group;
     /// Starts `n` servers with [`ConsulOptions::default`] and waits until
     /// every one names the same leader and has its node registered.
-    pub fn start(n: usize) -> Result<ConsulCluster> {
-        ConsulCluster::start_with(n, ConsulOptions::default())
-    }
-
+    fn start;
     /// Like [`ConsulCluster::start`] with `opts` (`opts.port` is ignored).
     ///
     /// # Errors
@@ -307,39 +287,10 @@ impl ConsulCluster {
     /// As [`ConsulServer::start_with`]; the message names the member that
     /// did not come up and shows the end of its log (or, if the members
     /// disagree on the leader, the end of every log).
-    pub fn start_with(n: usize, opts: ConsulOptions) -> Result<ConsulCluster> {
-        let timeout = opts.startup_timeout;
-        let flavor = Consul {
-            bin: consul_binary()?,
-            opts,
-        };
-        let inner = Launcher::group(flavor, n, timeout)?;
-        Ok(ConsulCluster { inner })
-    }
+    fn start_with;
+}
 
-    group_methods!("Consul");
-
-    /// Every member's HTTP endpoint, `"127.0.0.1:PORT"`.
-    pub fn endpoints(&self) -> Vec<String> {
-        self.inner.endpoints()
-    }
-
-    /// All members' HTTP endpoints in one string: `"127.0.0.1:P1,127.0.0.1:P2,..."`.
-    pub fn connect_string(&self) -> String {
-        self.inner.endpoints().join(",")
-    }
-
-    /// Member `i`'s HTTP endpoint, `"127.0.0.1:PORT"`.
-    pub fn endpoint(&self, i: usize) -> String {
-        self.inner.endpoint(i)
-    }
-
-    /// True if member `i` runs, knows a leader and its node is registered
-    /// (sessions can be created on it) right now.
-    pub fn knows_leader(&self, i: usize) -> bool {
-        self.inner.is_ready(i)
-    }
-
+impl ConsulCluster {
     /// As [`ConsulServer::http`], to member `i`.
     pub fn http(
         &self,

@@ -9,10 +9,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 
 use crate::process::find_executable;
-use crate::server::{
-    expect_shared, group_methods, not_installed, shared, single_server_methods, Flavor, Launcher,
-    Layout, Member,
-};
+use crate::server::{expect_shared, not_installed, server_handle, shared, Flavor, Layout, Member};
 use crate::util::{etcd_healthy, etcd_is_leader, http_get};
 
 /// Settings for a private etcd server or cluster.
@@ -111,6 +108,13 @@ impl Flavor for Etcd {
     const DIR: &'static str = "etcd";
     const INSTALL_HINT: &'static str = "install it with `scripts/test.sh` (installs the test \
         servers) or `apt-get install -y etcd-server`; or point $DLOCK_ETCD at an etcd binary";
+
+    type Options = EtcdOptions;
+
+    fn new(opts: EtcdOptions) -> Result<Self> {
+        let bin = etcd_binary()?;
+        Ok(Etcd { bin, opts })
+    }
 
     fn port_roles(&self, _cluster: bool) -> Vec<&'static str> {
         let mut roles = vec!["client", "peer"];
@@ -220,23 +224,16 @@ impl Flavor for Etcd {
     }
 }
 
-/// A private single-member etcd on free loopback ports (client and peer),
-/// with its data and log in a temporary directory.
-///
-/// Dropping it kills etcd (`SIGKILL`), waits for it and removes the
-/// directory; if the test process dies first, a watchdog does the same.
-#[derive(Debug)]
-pub struct EtcdServer {
-    inner: Launcher<Etcd>,
-}
-
-impl EtcdServer {
+server_handle! {
+    /// A private single-member etcd on free loopback ports (client and peer),
+    /// with its data and log in a temporary directory.
+    ///
+    /// Dropping it kills etcd (`SIGKILL`), waits for it and removes the
+    /// directory; if the test process dies first, a watchdog does the same.
+    pub struct EtcdServer(Etcd, EtcdOptions, "etcd"): single;
     /// Starts etcd with [`EtcdOptions::default`] and waits until `/health`
     /// says `true`.
-    pub fn start() -> Result<EtcdServer> {
-        EtcdServer::start_with(EtcdOptions::default())
-    }
-
+    fn start;
     /// Starts etcd with `opts` and waits (at most `opts.startup_timeout`)
     /// until `GET /health` answers `{"health":"true"}`. Retries with other
     /// ports if a chosen port turns out to be taken (3 attempts).
@@ -246,21 +243,10 @@ impl EtcdServer {
     /// If the `etcd` binary is missing (the message says how to install it)
     /// or etcd does not come up; the message names the binary and ports and
     /// shows the end of its log.
-    pub fn start_with(opts: EtcdOptions) -> Result<EtcdServer> {
-        let (port, timeout) = (opts.port, opts.startup_timeout);
-        let flavor = Etcd {
-            bin: etcd_binary()?,
-            opts,
-        };
-        let inner = Launcher::single(flavor, port, timeout)?;
-        Ok(EtcdServer { inner })
-    }
+    fn start_with;
+}
 
-    /// The client endpoint as `"127.0.0.1:PORT"` (host:port, no scheme).
-    pub fn endpoint(&self) -> String {
-        self.inner.endpoint(0)
-    }
-
+impl EtcdServer {
     /// The client URL, `"http://127.0.0.1:PORT"` (`https://` with TLS).
     pub fn url(&self) -> String {
         format!("{}://{}", self.scheme(), self.endpoint())
@@ -316,67 +302,28 @@ impl EtcdServer {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    single_server_methods!("etcd");
-
     /// The peer (raft) port.
     pub fn peer_port(&self) -> u16 {
         self.inner.member(0).ports()[1]
     }
-
-    /// True if `/health` says `true` right now.
-    pub fn is_healthy(&self) -> bool {
-        self.inner.flavor().ready(self.inner.member(0))
-    }
 }
 
-/// A private etcd cluster of `n` members on loopback, each with its own
-/// client and peer port and temporary directory. Members are numbered `0..n`.
-///
-/// Dropping it kills every member and removes their directories.
-#[derive(Debug)]
-pub struct EtcdCluster {
-    inner: Launcher<Etcd>,
-}
-
-impl EtcdCluster {
+server_handle! {
+    /// A private etcd cluster of `n` members on loopback, each with its own
+    /// client and peer port and temporary directory. Members are numbered `0..n`.
+    ///
+    /// Dropping it kills every member and removes their directories.
+    pub struct EtcdCluster(Etcd, EtcdOptions, "etcd"): group;
     /// Starts an `n`-member cluster with [`EtcdOptions::default`] and waits
     /// until every member's `/health` says `true`.
-    pub fn start(n: usize) -> Result<EtcdCluster> {
-        EtcdCluster::start_with(n, EtcdOptions::default())
-    }
-
+    fn start;
     /// Like [`EtcdCluster::start`] with `opts` (`opts.port` is ignored).
     ///
     /// # Errors
     ///
     /// As [`EtcdServer::start_with`]; the message names the member that did
     /// not become healthy and shows the end of its log.
-    pub fn start_with(n: usize, opts: EtcdOptions) -> Result<EtcdCluster> {
-        let timeout = opts.startup_timeout;
-        let flavor = Etcd {
-            bin: etcd_binary()?,
-            opts,
-        };
-        let inner = Launcher::group(flavor, n, timeout)?;
-        Ok(EtcdCluster { inner })
-    }
-
-    group_methods!("etcd");
-
-    /// Every member's client endpoint, `"127.0.0.1:PORT"`.
-    pub fn endpoints(&self) -> Vec<String> {
-        self.inner.endpoints()
-    }
-
-    /// Member `i`'s client endpoint, `"127.0.0.1:PORT"`.
-    pub fn endpoint(&self, i: usize) -> String {
-        self.inner.endpoint(i)
-    }
-
-    /// True if member `i`'s `/health` says `true` right now.
-    pub fn is_healthy(&self, i: usize) -> bool {
-        self.inner.is_ready(i)
-    }
+    fn start_with;
 }
 
 static SHARED_ETCD: OnceLock<Result<EtcdServer, String>> = OnceLock::new();

@@ -54,6 +54,17 @@ pub(crate) trait Flavor {
     /// How to get the server when it is missing.
     const INSTALL_HINT: &'static str;
 
+    /// The settings a test passes (`ZkOptions`, `EtcdOptions`, ...). Each
+    /// has a `port` (`Option<u16>`) and a `startup_timeout` (`Duration`)
+    /// field, which the handles read.
+    type Options: Default;
+
+    /// The flavor for `opts`, once its binaries are found (else the error
+    /// of [`not_installed`]).
+    fn new(opts: Self::Options) -> Result<Self>
+    where
+        Self: Sized;
+
     /// What each port of a member is for; the first is the port clients
     /// use, and the count is how many ports a member gets.
     fn port_roles(&self, cluster: bool) -> Vec<&'static str>;
@@ -435,149 +446,244 @@ pub(crate) fn expect_shared<T>(server: Result<&'static T>, name: &str) -> &'stat
     server.unwrap_or_else(|e| panic!("dlock-testkit: cannot start the shared {name} server: {e:#}"))
 }
 
-/// The methods every single-server handle has, written once. The handle is
-/// a struct with a field `inner: Launcher<_>`; `$name` names the server in
-/// the docs.
-macro_rules! single_server_methods {
-    ($name:literal) => {
-        /// The port clients connect to.
-        pub fn port(&self) -> u16 {
-            self.inner.port(0)
+/// Defines a server handle, single server or group (ensemble, cluster): a
+/// struct around a [`Launcher`] of one flavor, its `start` and `start_with`,
+/// and the methods every single server or every group has, written once.
+/// The caller gives the handle's docs and those of its two constructors;
+/// `$name` names the server in the other docs. A group's `start_with`
+/// ignores `opts.port`.
+///
+/// ```text
+/// server_handle! {
+///     /// A private standalone ZooKeeper server ...
+///     pub struct ZkServer(Zk, ZkOptions, "ZooKeeper"): single;
+///     /// Starts a server with [`ZkOptions::default`] ...
+///     fn start;
+///     /// Starts a server with `opts` ...
+///     fn start_with;
+/// }
+/// ```
+macro_rules! server_handle {
+    (
+        $(#[$doc:meta])*
+        pub struct $handle:ident($flavor:ty, $opts:ty, $name:literal): $kind:ident;
+        $(#[$start_doc:meta])*
+        fn start;
+        $(#[$start_with_doc:meta])*
+        fn start_with;
+    ) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $handle {
+            inner: $crate::server::Launcher<$flavor>,
         }
 
-        #[doc = concat!("Kills ", $name, " (`SIGKILL`, like a crash) and waits for it to exit. ")]
-        /// The directory is kept, so [`restart`](Self::restart) finds the
-        /// data again. Does nothing if it is already stopped.
-        pub fn stop(&mut self) {
-            self.inner.kill(0);
-        }
+        server_handle!(@$kind $handle, $flavor, $opts, $name,
+            [$(#[$start_doc])*], [$(#[$start_with_doc])*]);
+    };
+    (
+        @single $handle:ident, $flavor:ty, $opts:ty, $name:literal,
+        [$(#[$start_doc:meta])*], [$(#[$start_with_doc:meta])*]
+    ) => {
+        impl $handle {
+            $(#[$start_doc])*
+            pub fn start() -> anyhow::Result<$handle> {
+                $handle::start_with(<$opts>::default())
+            }
 
-        #[doc = concat!("Starts ", $name, " again on the same ports with the same directory ")]
-        /// (stopping it first if it runs) and waits until it serves.
-        pub fn restart(&mut self) -> anyhow::Result<()> {
-            self.inner.restart(0)
-        }
+            $(#[$start_with_doc])*
+            pub fn start_with(opts: $opts) -> anyhow::Result<$handle> {
+                let (port, timeout) = (opts.port, opts.startup_timeout);
+                let flavor = <$flavor as $crate::server::Flavor>::new(opts)?;
+                let inner = $crate::server::Launcher::single(flavor, port, timeout)?;
+                Ok($handle { inner })
+            }
 
-        #[doc = concat!("Freezes ", $name, " with `SIGSTOP`: connections stay open but ")]
-        /// nothing is answered (as in a long GC pause or a partition).
-        ///
-        /// # Panics
-        ///
-        /// If the server is not running.
-        pub fn pause(&self) {
-            self.inner.pause(0);
-        }
+            /// The port clients connect to.
+            pub fn port(&self) -> u16 {
+                self.inner.port(0)
+            }
 
-        /// Lets a [`pause`](Self::pause)d server run again with `SIGCONT`.
-        ///
-        /// # Panics
-        ///
-        /// If the server is not running.
-        pub fn resume(&self) {
-            self.inner.resume(0);
-        }
+            /// The client endpoint, `"127.0.0.1:PORT"` (no scheme).
+            pub fn endpoint(&self) -> String {
+                self.inner.endpoint(0)
+            }
 
-        /// True while the server process exists and has not exited (a
-        /// paused server counts as running).
-        pub fn is_running(&self) -> bool {
-            self.inner.is_running(0)
-        }
+            #[doc = concat!("Kills ", $name, " (`SIGKILL`, like a crash) and waits for it to exit. ")]
+            /// The directory is kept, so [`restart`](Self::restart) finds the
+            /// data again. Does nothing if it is already stopped.
+            pub fn stop(&mut self) {
+                self.inner.kill(0);
+            }
 
-        /// The server process's pid while it runs (not the watchdog's).
-        pub fn pid(&self) -> Option<u32> {
-            self.inner.pid(0)
-        }
+            #[doc = concat!("Starts ", $name, " again on the same ports with the same directory ")]
+            /// (stopping it first if it runs) and waits until it serves.
+            pub fn restart(&mut self) -> anyhow::Result<()> {
+                self.inner.restart(0)
+            }
 
-        /// The server's temporary directory (holds its data and
-        /// `server.log`); removed on drop.
-        pub fn dir(&self) -> &std::path::Path {
-            self.inner.dir(0)
-        }
+            #[doc = concat!("Freezes ", $name, " with `SIGSTOP`: connections stay open but ")]
+            /// nothing is answered (as in a long GC pause or a partition).
+            ///
+            /// # Panics
+            ///
+            /// If the server is not running.
+            pub fn pause(&self) {
+                self.inner.pause(0);
+            }
 
-        /// The server log file.
-        pub fn log_path(&self) -> &std::path::Path {
-            self.inner.log_path(0)
-        }
+            /// Lets a [`pause`](Self::pause)d server run again with `SIGCONT`.
+            ///
+            /// # Panics
+            ///
+            /// If the server is not running.
+            pub fn resume(&self) {
+                self.inner.resume(0);
+            }
 
-        /// The last `n` lines of the server log.
-        pub fn log_tail(&self, n: usize) -> String {
-            self.inner.log_tail(0, n)
+            /// True while the server process exists and has not exited (a
+            /// paused server counts as running).
+            pub fn is_running(&self) -> bool {
+                self.inner.is_running(0)
+            }
+
+            /// True if the server runs and serves right now: the probe
+            /// [`start`](Self::start) waits for holds.
+            pub fn is_serving(&self) -> bool {
+                self.inner.is_ready(0)
+            }
+
+            /// The server process's pid while it runs (not the watchdog's).
+            pub fn pid(&self) -> Option<u32> {
+                self.inner.pid(0)
+            }
+
+            /// The server's temporary directory (holds its data and
+            /// `server.log`); removed on drop.
+            pub fn dir(&self) -> &std::path::Path {
+                self.inner.dir(0)
+            }
+
+            /// The server log file.
+            pub fn log_path(&self) -> &std::path::Path {
+                self.inner.log_path(0)
+            }
+
+            /// The last `n` lines of the server log.
+            pub fn log_tail(&self, n: usize) -> String {
+                self.inner.log_tail(0, n)
+            }
+        }
+    };
+    (
+        @group $handle:ident, $flavor:ty, $opts:ty, $name:literal,
+        [$(#[$start_doc:meta])*], [$(#[$start_with_doc:meta])*]
+    ) => {
+        impl $handle {
+            $(#[$start_doc])*
+            pub fn start(n: usize) -> anyhow::Result<$handle> {
+                $handle::start_with(n, <$opts>::default())
+            }
+
+            $(#[$start_with_doc])*
+            pub fn start_with(n: usize, opts: $opts) -> anyhow::Result<$handle> {
+                let timeout = opts.startup_timeout;
+                let flavor = <$flavor as $crate::server::Flavor>::new(opts)?;
+                let inner = $crate::server::Launcher::group(flavor, n, timeout)?;
+                Ok($handle { inner })
+            }
+
+            /// Number of members.
+            pub fn len(&self) -> usize {
+                self.inner.len()
+            }
+
+            /// True if there are no members (never, for a started one).
+            pub fn is_empty(&self) -> bool {
+                self.inner.len() == 0
+            }
+
+            /// Member `i`'s client port.
+            pub fn port(&self, i: usize) -> u16 {
+                self.inner.port(i)
+            }
+
+            /// Kills member `i` (`SIGKILL`) and waits for it to exit; its data
+            /// is kept for [`restart`](Self::restart).
+            pub fn kill(&mut self, i: usize) {
+                self.inner.kill(i);
+            }
+
+            /// Starts member `i` again (killing it first if it runs), same ports
+            /// and data, and waits until it serves again.
+            pub fn restart(&mut self, i: usize) -> anyhow::Result<()> {
+                self.inner.restart(i)
+            }
+
+            /// Freezes member `i` with `SIGSTOP`. Panics if it is not running.
+            pub fn pause(&self, i: usize) {
+                self.inner.pause(i);
+            }
+
+            /// Resumes member `i` with `SIGCONT`. Panics if it is not running.
+            pub fn resume(&self, i: usize) {
+                self.inner.resume(i);
+            }
+
+            /// True while member `i`'s process runs (paused counts).
+            pub fn is_running(&self, i: usize) -> bool {
+                self.inner.is_running(i)
+            }
+
+            /// True if member `i` runs and serves right now: the probe
+            /// [`start`](Self::start) waits for holds.
+            pub fn is_serving(&self, i: usize) -> bool {
+                self.inner.is_ready(i)
+            }
+
+            /// The index of the member that is the leader right now.
+            pub fn leader_index(&self) -> Option<usize> {
+                self.inner.leader_index()
+            }
+
+            #[doc = concat!("Waits until a majority of the ", $name, " members serve and one of ")]
+            /// them leads, e.g. after [`kill`](Self::kill) of the leader.
+            pub fn wait_for_quorum(&self, timeout: std::time::Duration) -> anyhow::Result<()> {
+                self.inner.wait_for_quorum(timeout)
+            }
+
+            /// Member `i`'s temporary directory.
+            pub fn dir(&self, i: usize) -> &std::path::Path {
+                self.inner.dir(i)
+            }
+
+            /// Member `i`'s pid while it runs.
+            pub fn pid(&self, i: usize) -> Option<u32> {
+                self.inner.pid(i)
+            }
+
+            /// The last `n` lines of member `i`'s log.
+            pub fn log_tail(&self, i: usize, n: usize) -> String {
+                self.inner.log_tail(i, n)
+            }
+
+            /// Member `i`'s client endpoint, `"127.0.0.1:PORT"`.
+            pub fn endpoint(&self, i: usize) -> String {
+                self.inner.endpoint(i)
+            }
+
+            /// Every member's client endpoint, `"127.0.0.1:PORT"`.
+            pub fn endpoints(&self) -> Vec<String> {
+                self.inner.endpoints()
+            }
+
+            /// All members' client endpoints in one string:
+            /// `"127.0.0.1:P1,127.0.0.1:P2,..."`.
+            pub fn connect_string(&self) -> String {
+                self.inner.endpoints().join(",")
+            }
         }
     };
 }
 
-/// The methods every group handle (ensemble, cluster) has, written once;
-/// as [`single_server_methods`], for a struct with `inner: Launcher<_>`.
-macro_rules! group_methods {
-    ($name:literal) => {
-        /// Number of members.
-        pub fn len(&self) -> usize {
-            self.inner.len()
-        }
-
-        /// True if there are no members (never, for a started one).
-        pub fn is_empty(&self) -> bool {
-            self.inner.len() == 0
-        }
-
-        /// Member `i`'s client port.
-        pub fn port(&self, i: usize) -> u16 {
-            self.inner.port(i)
-        }
-
-        /// Kills member `i` (`SIGKILL`) and waits for it to exit; its data
-        /// is kept for [`restart`](Self::restart).
-        pub fn kill(&mut self, i: usize) {
-            self.inner.kill(i);
-        }
-
-        /// Starts member `i` again (killing it first if it runs), same ports
-        /// and data, and waits until it serves again.
-        pub fn restart(&mut self, i: usize) -> anyhow::Result<()> {
-            self.inner.restart(i)
-        }
-
-        /// Freezes member `i` with `SIGSTOP`. Panics if it is not running.
-        pub fn pause(&self, i: usize) {
-            self.inner.pause(i);
-        }
-
-        /// Resumes member `i` with `SIGCONT`. Panics if it is not running.
-        pub fn resume(&self, i: usize) {
-            self.inner.resume(i);
-        }
-
-        /// True while member `i`'s process runs (paused counts).
-        pub fn is_running(&self, i: usize) -> bool {
-            self.inner.is_running(i)
-        }
-
-        /// The index of the member that is the leader right now.
-        pub fn leader_index(&self) -> Option<usize> {
-            self.inner.leader_index()
-        }
-
-        #[doc = concat!("Waits until a majority of the ", $name, " members serve and one of ")]
-        /// them leads, e.g. after [`kill`](Self::kill) of the leader.
-        pub fn wait_for_quorum(&self, timeout: std::time::Duration) -> anyhow::Result<()> {
-            self.inner.wait_for_quorum(timeout)
-        }
-
-        /// Member `i`'s temporary directory.
-        pub fn dir(&self, i: usize) -> &std::path::Path {
-            self.inner.dir(i)
-        }
-
-        /// Member `i`'s pid while it runs.
-        pub fn pid(&self, i: usize) -> Option<u32> {
-            self.inner.pid(i)
-        }
-
-        /// The last `n` lines of member `i`'s log.
-        pub fn log_tail(&self, i: usize, n: usize) -> String {
-            self.inner.log_tail(i, n)
-        }
-    };
-}
-
-pub(crate) use {group_methods, single_server_methods};
+pub(crate) use server_handle;

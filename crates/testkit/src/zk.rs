@@ -9,10 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::process::{find_executable, is_executable};
-use crate::server::{
-    expect_shared, group_methods, not_installed, shared, single_server_methods, Flavor, Launcher,
-    Layout, Member,
-};
+use crate::server::{expect_shared, not_installed, server_handle, shared, Flavor, Layout, Member};
 use crate::util::{zk_conf_contains, zk_four_letter, zk_mode, zk_serving};
 
 const MAIN_CLASS: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
@@ -149,6 +146,13 @@ impl Flavor for Zk {
         servers) or `apt-get install -y zookeeper` (Java and the ZooKeeper jars); or point \
         $DLOCK_JAVA / $DLOCK_ZK_CLASSPATH at an existing installation";
 
+    type Options = ZkOptions;
+
+    fn new(opts: ZkOptions) -> Result<Self> {
+        let install = zk_install()?;
+        Ok(Zk { install, opts })
+    }
+
     fn port_roles(&self, cluster: bool) -> Vec<&'static str> {
         if cluster {
             vec!["client", "quorum", "election"]
@@ -265,22 +269,15 @@ impl Flavor for Zk {
     }
 }
 
-/// A private standalone ZooKeeper server on a free loopback port, with its
-/// data and log in a temporary directory.
-///
-/// Dropping it kills the server (`SIGKILL`), waits for it and removes the
-/// directory; if the test process dies first, a watchdog does the same.
-#[derive(Debug)]
-pub struct ZkServer {
-    inner: Launcher<Zk>,
-}
-
-impl ZkServer {
+server_handle! {
+    /// A private standalone ZooKeeper server on a free loopback port, with its
+    /// data and log in a temporary directory.
+    ///
+    /// Dropping it kills the server (`SIGKILL`), waits for it and removes the
+    /// directory; if the test process dies first, a watchdog does the same.
+    pub struct ZkServer(Zk, ZkOptions, "ZooKeeper"): single;
     /// Starts a server with [`ZkOptions::default`] and waits until it serves.
-    pub fn start() -> Result<ZkServer> {
-        ZkServer::start_with(ZkOptions::default())
-    }
-
+    fn start;
     /// Starts a server with `opts` and waits (at most `opts.startup_timeout`)
     /// until `ruok` answers `imok` and `srvr` shows `Mode: standalone`.
     ///
@@ -292,84 +289,47 @@ impl ZkServer {
     /// If Java or the ZooKeeper jars are missing (the message says how to
     /// install them), or the server does not come up; the message names the
     /// binary and port and shows the end of the server log.
-    pub fn start_with(opts: ZkOptions) -> Result<ZkServer> {
-        let (port, timeout) = (opts.port, opts.startup_timeout);
-        let flavor = Zk {
-            install: zk_install()?,
-            opts,
-        };
-        let inner = Launcher::single(flavor, port, timeout)?;
-        Ok(ZkServer { inner })
-    }
+    fn start_with;
+}
 
+impl ZkServer {
     /// `"127.0.0.1:PORT"`, the client connect string.
     pub fn connect_string(&self) -> String {
-        self.inner.endpoint(0)
+        self.endpoint()
     }
-
-    single_server_methods!("ZooKeeper");
 
     /// Sends a four-letter word (`ruok`, `srvr`, `mntr`, `cons`, ...) and
     /// returns the answer.
     pub fn four_letter(&self, word: &str) -> std::io::Result<String> {
         zk_four_letter(self.port(), word)
     }
-
-    /// True if the server answers `ruok` and `srvr` shows it serving.
-    pub fn is_serving(&self) -> bool {
-        zk_serving(self.port())
-    }
 }
 
-/// A private ZooKeeper ensemble: `n` members on loopback, each with its own
-/// client, quorum and election port (all from [`free_port`](crate::free_port)) and its own
-/// temporary directory. Members are numbered `0..n` (their ZooKeeper `myid`
-/// is `i + 1`).
-///
-/// Dropping it kills every member and removes their directories.
-#[derive(Debug)]
-pub struct ZkEnsemble {
-    inner: Launcher<Zk>,
-}
-
-impl ZkEnsemble {
+server_handle! {
+    /// A private ZooKeeper ensemble: `n` members on loopback, each with its own
+    /// client, quorum and election port (all from [`free_port`](crate::free_port)) and its own
+    /// temporary directory. Members are numbered `0..n` (their ZooKeeper `myid`
+    /// is `i + 1`).
+    ///
+    /// Dropping it kills every member and removes their directories.
+    pub struct ZkEnsemble(Zk, ZkOptions, "ZooKeeper"): group;
     /// Starts an `n`-member ensemble with [`ZkOptions::default`] and waits
     /// until every member serves (one leader, the others followers).
-    pub fn start(n: usize) -> Result<ZkEnsemble> {
-        ZkEnsemble::start_with(n, ZkOptions::default())
-    }
-
+    fn start;
     /// Like [`ZkEnsemble::start`] with `opts` (`opts.port` is ignored).
     ///
     /// # Errors
     ///
     /// As [`ZkServer::start_with`]; the message names the member that did not
     /// come up and shows the end of its log.
-    pub fn start_with(n: usize, opts: ZkOptions) -> Result<ZkEnsemble> {
-        let timeout = opts.startup_timeout;
-        let flavor = Zk {
-            install: zk_install()?,
-            opts,
-        };
-        let inner = Launcher::group(flavor, n, timeout)?;
-        Ok(ZkEnsemble { inner })
-    }
+    fn start_with;
+}
 
-    group_methods!("ZooKeeper");
-
-    /// All members' client addresses: `"127.0.0.1:P1,127.0.0.1:P2,..."`.
-    pub fn connect_string(&self) -> String {
-        self.inner.endpoints().join(",")
-    }
-
-    /// Member `i`'s client address, `"127.0.0.1:PORT"`.
+impl ZkEnsemble {
+    /// Member `i`'s client address, `"127.0.0.1:PORT"` (as
+    /// [`endpoint`](Self::endpoint)).
     pub fn address(&self, i: usize) -> String {
-        self.inner.endpoint(i)
-    }
-
-    /// True if member `i` answers `ruok` and `srvr` shows it serving.
-    pub fn is_serving(&self, i: usize) -> bool {
-        self.is_running(i) && zk_serving(self.port(i))
+        self.endpoint(i)
     }
 
     /// Member `i`'s mode from `srvr` (`"leader"`, `"follower"`, ...), `None`

@@ -121,10 +121,17 @@ pub struct FlashSale {
     ledger: Option<String>,
 }
 
+impl FlashSale {
+    /// The lock's, the stock's and the ledger's paths.
+    pub(super) fn paths(&self) -> Vec<&str> {
+        let mut paths = vec![self.lock_path.as_str(), &self.stock_path];
+        paths.extend(self.ledger.as_deref());
+        paths
+    }
+}
+
 /// Runs the flash sale.
 pub async fn run(global: &Global, args: FlashSale) -> Result<()> {
-    dlock::path::validate(&args.lock_path)?;
-    dlock::path::validate(&args.stock_path)?;
     if args.layout != Layout::Curator && args.lock != LockKind::Mutex {
         return Err(crate::exit::Exit::Usage
             .with(format!("--layout {} is for --lock mutex only", args.layout))
@@ -134,9 +141,6 @@ pub async fn run(global: &Global, args: FlashSale) -> Result<()> {
         return Err(crate::exit::Exit::Usage
             .with("the flash sale's mutex has the curator and kazoo layouts, not consul")
             .into());
-    }
-    if let Some(ledger) = &args.ledger {
-        dlock::path::validate(ledger)?;
     }
     let admin = global.connect().await?;
     if let Some(ledger) = &args.ledger {

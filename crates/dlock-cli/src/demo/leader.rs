@@ -7,14 +7,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use dlock::recipes::leader_latch::{LeaderLatch, Leadership};
 use dlock::recipes::leader_selector::LeaderSelector;
-use dlock::store::{CreateMode, CreateOptions};
-use dlock::{Error, Session};
+use dlock::Session;
 use tokio::sync::watch;
 
+use super::probe::Probe;
 use crate::Global;
 
 /// Which election recipe the candidates use.
@@ -64,20 +64,30 @@ pub struct Leader {
     hold_ms: u64,
 }
 
+impl Leader {
+    /// The election's and the leader counter's paths.
+    pub(super) fn paths(&self) -> Vec<&str> {
+        vec![&self.path, &self.probe_path]
+    }
+}
+
+/// One candidate: its own session, and its handle on the leader counter.
+struct Candidate {
+    session: Session,
+    probe: Probe,
+}
+
 /// Runs the election.
 pub async fn run(global: &Global, args: Leader) -> Result<()> {
-    dlock::path::validate(&args.path)?;
-    dlock::path::validate(&args.probe_path)?;
-    let admin = global.connect().await?;
-    create_probe(&admin, &args.probe_path).await?;
-    let mut sessions = Vec::with_capacity(args.candidates as usize);
+    let mut candidates = Vec::with_capacity(args.candidates as usize);
     for _ in 0..args.candidates {
-        sessions.push(global.connect().await?);
+        let session = global.connect().await?;
+        let probe = Probe::open(&session, &args.probe_path).await?;
+        candidates.push(Candidate { session, probe });
     }
     let election = Arc::new(Election {
         terms: args.terms,
         hold: Duration::from_millis(args.hold_ms),
-        probe: args.probe_path.clone(),
         claimed: AtomicU32::new(0),
         served: AtomicU32::new(0),
         violations: AtomicU32::new(0),
@@ -86,14 +96,14 @@ pub async fn run(global: &Global, args: Leader) -> Result<()> {
     });
     let started = Instant::now();
     match args.recipe {
-        Recipe::Selector => run_selectors(&sessions, &args.path, &election).await?,
-        Recipe::Latch => run_latches(&sessions, &args.path, &election).await?,
+        Recipe::Selector => run_selectors(&candidates, &args.path, &election).await?,
+        Recipe::Latch => run_latches(&candidates, &args.path, &election).await?,
     }
     let seconds = started.elapsed().as_secs_f64();
-    for s in &sessions {
-        s.close().await;
+    for c in &candidates {
+        c.probe.close().await;
+        c.session.close().await;
     }
-    admin.close().await;
     if let Some(e) = election
         .error
         .lock()
@@ -117,7 +127,6 @@ pub async fn run(global: &Global, args: Leader) -> Result<()> {
 struct Election {
     terms: u32,
     hold: Duration,
-    probe: String,
     /// Terms begun (a leader that finds all of them begun just leaves).
     claimed: AtomicU32,
     /// Terms served to the end.
@@ -136,15 +145,15 @@ impl Election {
 
     /// One term: count ourselves in, lead for the hold time (or until the
     /// term is cancelled), count ourselves out.
-    async fn serve(&self, session: &Session, term: &Leadership) -> Result<()> {
-        if probe_add(session, &self.probe, 1).await? > 1 {
+    async fn serve(&self, probe: &Probe, term: &Leadership) -> Result<()> {
+        if probe.add(1).await? > 1 {
             self.violations.fetch_add(1, Ordering::SeqCst);
         }
         tokio::select! {
             _ = tokio::time::sleep(self.hold) => {}
             _ = term.cancelled() => {}
         }
-        probe_add(session, &self.probe, -1).await?;
+        probe.add(-1).await?;
         if self.served.fetch_add(1, Ordering::SeqCst) + 1 >= self.terms {
             self.over.send_replace(true);
         }
@@ -165,17 +174,21 @@ impl Election {
 }
 
 /// Candidates as auto-requeueing selectors, until all terms were served.
-async fn run_selectors(sessions: &[Session], path: &str, election: &Arc<Election>) -> Result<()> {
-    let mut selectors = Vec::with_capacity(sessions.len());
-    for (i, session) in sessions.iter().enumerate() {
-        let (election, session_for_term) = (election.clone(), session.clone());
-        let selector = LeaderSelector::new(session, path, move |term: Leadership| {
-            let (election, session) = (election.clone(), session_for_term.clone());
+async fn run_selectors(
+    candidates: &[Candidate],
+    path: &str,
+    election: &Arc<Election>,
+) -> Result<()> {
+    let mut selectors = Vec::with_capacity(candidates.len());
+    for (i, candidate) in candidates.iter().enumerate() {
+        let (election, probe_for_term) = (election.clone(), candidate.probe.clone());
+        let selector = LeaderSelector::new(&candidate.session, path, move |term: Leadership| {
+            let (election, probe) = (election.clone(), probe_for_term.clone());
             async move {
                 if !election.claim() {
                     return;
                 }
-                if let Err(e) = election.serve(&session, &term).await {
+                if let Err(e) = election.serve(&probe, &term).await {
                     election.fail(e);
                 }
             }
@@ -198,12 +211,13 @@ async fn run_selectors(sessions: &[Session], path: &str, election: &Arc<Election
 
 /// Candidates as latches: the leader serves a term, leaves, and joins again
 /// with a new latch, until all terms were served.
-async fn run_latches(sessions: &[Session], path: &str, election: &Arc<Election>) -> Result<()> {
-    let mut tasks = Vec::with_capacity(sessions.len());
-    for (i, session) in sessions.iter().enumerate() {
-        let (session, path, election) = (session.clone(), path.to_string(), election.clone());
+async fn run_latches(candidates: &[Candidate], path: &str, election: &Arc<Election>) -> Result<()> {
+    let mut tasks = Vec::with_capacity(candidates.len());
+    for (i, candidate) in candidates.iter().enumerate() {
+        let (session, probe) = (candidate.session.clone(), candidate.probe.clone());
+        let (path, election) = (path.to_string(), election.clone());
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = latch_candidate(&session, &path, i, &election).await {
+            if let Err(e) = latch_candidate(&session, &probe, &path, i, &election).await {
                 election.fail(e);
             }
         }));
@@ -216,6 +230,7 @@ async fn run_latches(sessions: &[Session], path: &str, election: &Arc<Election>)
 
 async fn latch_candidate(
     session: &Session,
+    probe: &Probe,
     path: &str,
     i: usize,
     election: &Election,
@@ -232,7 +247,7 @@ async fn latch_candidate(
         };
         let claimed = election.claim();
         let served = match claimed {
-            true => election.serve(session, &term).await,
+            true => election.serve(probe, &term).await,
             false => Ok(()),
         };
         latch.close().await?;
@@ -242,48 +257,4 @@ async fn latch_candidate(
         }
     }
     Ok(())
-}
-
-/// Creates the probe with 0, unless it exists (it is never reset).
-async fn create_probe(session: &Session, path: &str) -> Result<()> {
-    let options = CreateOptions::new(CreateMode::Persistent).with_parents();
-    match session.create(path, &0i32.to_be_bytes(), options).await {
-        Ok(_) | Err(Error::NodeExists { .. }) => Ok(()),
-        Err(e) => bail!(e),
-    }
-}
-
-/// Adds `delta` to the probe by compare-and-set (get the data and its
-/// version, set with that version, again if someone came between); returns
-/// the new value.
-async fn probe_add(session: &Session, path: &str, delta: i32) -> Result<i32> {
-    loop {
-        let (data, stat) = match session.get_data(path).await {
-            Ok(read) => read,
-            Err(Error::NoNode { .. }) => {
-                create_probe(session, path).await?;
-                continue;
-            }
-            Err(e) => bail!(e),
-        };
-        let bytes: [u8; 4] = data
-            .as_slice()
-            .try_into()
-            .map_err(|_| Error::MalformedData {
-                path: path.to_string(),
-                reason: format!(
-                    "the probe is a 4-byte big-endian count, found {} bytes",
-                    data.len()
-                ),
-            })?;
-        let value = i32::from_be_bytes(bytes) + delta;
-        match session
-            .set_data(path, &value.to_be_bytes(), Some(stat.version))
-            .await
-        {
-            Ok(_) => return Ok(value),
-            Err(Error::BadVersion { .. }) => continue,
-            Err(e) => bail!(e),
-        }
-    }
 }

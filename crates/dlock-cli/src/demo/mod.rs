@@ -8,6 +8,7 @@ use crate::Global;
 mod flash_sale;
 mod leader;
 mod parking_lot;
+mod probe;
 
 /// The demos.
 #[derive(Debug, Subcommand)]
@@ -31,8 +32,22 @@ pub enum Demo {
     Leader(leader::Leader),
 }
 
-/// Runs a demo.
+impl Demo {
+    /// Every path the demo's arguments name.
+    fn paths(&self) -> Vec<&str> {
+        match self {
+            Demo::FlashSale(args) => args.paths(),
+            Demo::ParkingLot(args) => args.paths(),
+            Demo::Leader(args) => args.paths(),
+        }
+    }
+}
+
+/// Runs a demo, once every path it names was found valid.
 pub async fn run(global: &Global, demo: Demo) -> Result<()> {
+    for path in demo.paths() {
+        dlock::path::validate(path)?;
+    }
     match demo {
         Demo::FlashSale(args) => flash_sale::run(global, args).await,
         Demo::Leader(args) => leader::run(global, args).await,

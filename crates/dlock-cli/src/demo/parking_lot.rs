@@ -12,9 +12,9 @@ use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use dlock::recipes::kv_semaphore::{KvLease, KvSemaphore};
 use dlock::recipes::semaphore::{Lease, Semaphore};
-use dlock::recipes::shared_count::SharedCount;
 use dlock::{Layout, Session};
 
+use super::probe::Probe;
 use crate::Global;
 
 /// Which semaphore guards the lot.
@@ -80,10 +80,15 @@ pub struct ParkingLot {
     hold_ms: u64,
 }
 
+impl ParkingLot {
+    /// The semaphore's and the in-use counter's paths.
+    pub(super) fn paths(&self) -> Vec<&str> {
+        vec![&self.path, &self.probe_path]
+    }
+}
+
 /// Runs the parking lot.
 pub async fn run(global: &Global, args: ParkingLot) -> Result<()> {
-    dlock::path::validate(&args.path)?;
-    dlock::path::validate(&args.probe_path)?;
     // Consul's layout exists only for the KvSemaphore; asking for it picks
     // that semaphore, as `dlock semaphore --layout consul` implies --kv.
     if args.layout == Layout::Kazoo && args.semaphore == SemaphoreKind::Kv {
@@ -111,8 +116,7 @@ pub async fn run(global: &Global, args: ParkingLot) -> Result<()> {
     let mut cars = Vec::with_capacity(args.cars as usize);
     for _ in 0..args.cars {
         let session = global.connect().await?;
-        let counter = SharedCount::new(&session, &args.probe_path, 0)?;
-        counter.start().await?;
+        let counter = Probe::open(&session, &args.probe_path).await?;
         let lot = match kind {
             SemaphoreKind::V2 => Lot::V2(Box::new(
                 Semaphore::new(&session, &args.path, args.spaces)?.with_layout(args.layout)?,
@@ -205,7 +209,7 @@ impl Space {
 struct Car {
     session: Session,
     lot: Lot,
-    counter: SharedCount,
+    counter: Probe,
     log: Option<Arc<File>>,
 }
 
@@ -217,13 +221,13 @@ impl Car {
         for _ in 0..rounds {
             let space = self.lot.enter().await?;
             self.record("in")?;
-            let inside = i64::from(self.add(1).await?);
+            let inside = i64::from(self.counter.add(1).await?);
             stats.max_inside.fetch_max(inside, Ordering::Relaxed);
             if inside > spaces {
                 stats.violations.fetch_add(1, Ordering::Relaxed);
             }
             tokio::time::sleep(hold).await;
-            self.add(-1).await?;
+            self.counter.add(-1).await?;
             // Before the space is given back: the exit line precedes any
             // entry the freed space lets in.
             self.record("out")?;
@@ -241,18 +245,5 @@ impl Car {
                 .context("cannot append to --log")?;
         }
         Ok(())
-    }
-
-    /// Adds `delta` to the in-use counter by compare-and-set; returns the new
-    /// value.
-    async fn add(&self, delta: i32) -> Result<i32> {
-        loop {
-            let seen = self.counter.versioned();
-            let next = seen.value.wrapping_add(delta);
-            // A failed try refreshes the local copy for the next round.
-            if self.counter.try_set(&seen, next).await? {
-                return Ok(next);
-            }
-        }
     }
 }
