@@ -526,3 +526,4 @@ macro_rules! per_backend {
         }
     };
 }
+pub mod tests2;

@@ -1,0 +1,104 @@
+//! Scenarios several test files ran each in their own words, written once.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use dlock::store::{CreateOptions, Created, Stat, Watch};
+use dlock::Session;
+use futures::stream::BoxStream;
+use futures::StreamExt;
+
+use super::{ephemeral, persistent};
+
+/// `result` is exactly the error `want` (the same kind, naming the same
+/// node), not a success and not another error.
+pub fn failed_with<T: Debug>(result: dlock::Result<T>, want: dlock::Error) -> Result<()> {
+    match result {
+        Ok(got) => bail!("expected {want}, got Ok({got:?})"),
+        Err(err) => {
+            ensure!(err == want, "expected {want}, got {err}");
+            Ok(())
+        }
+    }
+}
+
+/// The next item of `events` within `within`; an ended stream is an error.
+pub async fn next_within<T>(events: &mut BoxStream<'static, T>, within: Duration) -> Result<T> {
+    tokio::time::timeout(within, events.next())
+        .await
+        .with_context(|| format!("nothing within {within:?}"))?
+        .context("the stream ended")
+}
+
+/// The error for a missing node at `path`.
+pub fn no_node(path: impl Into<String>) -> dlock::Error {
+    dlock::Error::NoNode { path: path.into() }
+}
+
+/// The error for a node at `path` whose ACL refuses the session.
+pub fn no_auth(path: impl Into<String>) -> dlock::Error {
+    dlock::Error::NoAuth { path: path.into() }
+}
+
+/// Two sessions create `n` nodes in turn (`path_of(i)`, with `options`):
+/// each node's czxid is above the one before, its fencing token is that
+/// czxid, and a read of its stat agrees. Returns the nodes.
+pub async fn tokens_grow_across_sessions(
+    sessions: [&Session; 2],
+    n: usize,
+    path_of: impl Fn(usize) -> String,
+    options: CreateOptions,
+) -> Result<Vec<Created>> {
+    let mut created: Vec<Created> = Vec::new();
+    for i in 0..n {
+        let s = sessions[i % 2];
+        let c = s.create(&path_of(i), b"", options).await?;
+        let last = created.last().map_or(0, |l| l.stat.czxid);
+        ensure!(c.stat.czxid > last, "czxid {} after {last}", c.stat.czxid);
+        ensure!(c.token().0 == c.stat.czxid);
+        let (_, stat) = s.get_data(&c.path).await?;
+        ensure!(stat.czxid == c.stat.czxid, "stat agrees with create");
+        created.push(c);
+    }
+    Ok(created)
+}
+
+/// A node at `p` guards writes by version: created at version 0, set at
+/// version 0 (now 1, a later mzxid), then a set and a delete at a stale
+/// version are refused with `BadVersion` naming `p`. Returns the node as
+/// created and its stat after the set.
+pub async fn versions_guard_writes_at(s: &Session, p: &str) -> Result<(Created, Stat)> {
+    let created = s.create(p, b"a", persistent()).await?;
+    ensure!(created.stat.version == 0);
+    let st = s.set_data(p, b"b", Some(0)).await?;
+    ensure!(st.version == 1 && st.mzxid > created.stat.mzxid);
+    let bad_version = dlock::Error::BadVersion { path: p.into() };
+    failed_with(s.set_data(p, b"c", Some(0)).await, bad_version.clone())?;
+    failed_with(s.delete(p, Some(7)).await, bad_version)?;
+    Ok((created, st))
+}
+
+/// How a watcher watches a node: `exists_watch` or `get_data_watch`.
+#[derive(Clone, Copy)]
+pub enum WatchBy {
+    Exists,
+    Data,
+}
+
+/// `owner` creates an ephemeral node at `path` (with parents) and
+/// `watcher` (the owner itself or another session) then watches it.
+pub async fn watched_ephemeral(
+    owner: &Session,
+    watcher: &Session,
+    path: &str,
+    by: WatchBy,
+) -> Result<(Created, Watch)> {
+    let node = owner.create(path, b"", ephemeral()).await?;
+    ensure!(node.stat.ephemeral_owner == owner.session_id());
+    let watch = match by {
+        WatchBy::Exists => watcher.exists_watch(&node.path).await?.1,
+        WatchBy::Data => watcher.get_data_watch(&node.path).await?.2,
+    };
+    Ok((node, watch))
+}
