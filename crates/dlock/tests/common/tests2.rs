@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use dlock::store::{CreateOptions, Created, Stat, Watch};
-use dlock::Session;
+use dlock::{Hold, Session};
 use futures::stream::BoxStream;
 use futures::StreamExt;
+use tokio::task::JoinHandle;
 
 use super::{ephemeral, persistent};
 
@@ -101,4 +102,19 @@ pub async fn watched_ephemeral(
         WatchBy::Data => watcher.get_data_watch(&node.path).await?.2,
     };
     Ok((node, watch))
+}
+
+/// The holders let go in order (`held`); then each waiter in turn gets
+/// its hold (the task ends with it) and lets go too.
+pub async fn release_then_waiters<H: Hold + 'static>(
+    held: Vec<Box<dyn Hold>>,
+    waiting: Vec<JoinHandle<dlock::Result<H>>>,
+) -> Result<()> {
+    for hold in held {
+        hold.release().await?;
+    }
+    for waiter in waiting {
+        Box::new(waiter.await??).release().await?;
+    }
+    Ok(())
 }
