@@ -118,3 +118,19 @@ pub async fn release_then_waiters<H: Hold + 'static>(
     }
     Ok(())
 }
+
+/// `waiting` still waits (else `early`, an error); once `let_go` is done,
+/// it gets in within `within`. Returns what it got.
+pub async fn gets_in_after<H, E>(
+    waiting: JoinHandle<dlock::Result<H>>,
+    let_go: impl std::future::Future<Output = std::result::Result<(), E>>,
+    early: &str,
+    within: Duration,
+) -> Result<H>
+where
+    anyhow::Error: From<E>,
+{
+    ensure!(!waiting.is_finished(), "{early}");
+    let_go.await?;
+    Ok(tokio::time::timeout(within, waiting).await???)
+}
