@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use common::{await_children, await_state, ended_as_the_policy_says, sorted_names, Harness};
+use common::tests2::{a_silent_leader_is_replaced, the_policy_ends_the_term};
+use common::{await_children, await_state, sorted_names, Harness};
 use dlock::recipes::error_policy::ErrorPolicy;
 use dlock::recipes::leader_latch::{
     CloseMode, LatchState, LeaderLatch, Leadership, LeadershipEvent,
@@ -22,7 +23,7 @@ use dlock::recipes::leader_latch::{
 use dlock::store::Op;
 use dlock::{Error, Session, SessionState};
 use tokio::sync::{broadcast, watch};
-use tokio::time::{timeout, Instant};
+use tokio::time::timeout;
 
 const WITHIN: Duration = Duration::from_secs(20);
 /// How long "nothing else happens" is watched for.
@@ -380,16 +381,15 @@ async fn error_policies_decide_when_leadership_ends(h: &Harness) -> Result<()> {
             next_event(&mut events).await?,
             LeadershipEvent::IsLeader { .. }
         ));
-        let id = s.session_id();
-        s.faults().context("faults")?.suspend(h.timeout() * 2);
-        await_state(&s, SessionState::Suspended, WITHIN).await?;
-        let event = next_event(&mut events).await?;
-        ensure!(
-            matches!(event, LeadershipEvent::NotLeader { .. }),
-            "{policy:?}: {event:?}"
-        );
-        ended_as_the_policy_says(&s, id, policy, WITHIN).await?;
-        latch.close().await?;
+        let term_ended = async {
+            let event = next_event(&mut events).await?;
+            ensure!(
+                matches!(event, LeadershipEvent::NotLeader { .. }),
+                "{policy:?}: {event:?}"
+            );
+            Ok(())
+        };
+        the_policy_ends_the_term(&latch, policy, h.timeout(), WITHIN, term_ended).await?;
     }
     Ok(())
 }
@@ -521,30 +521,7 @@ async fn a_silent_leader_is_replaced_within_the_timeout(h: &Harness) -> Result<(
     let (s0, s1) = (h.session().await, h.session().await);
     let latch0 = LeaderLatch::new(&s0, &path)?.with_error_policy(ErrorPolicy::Session);
     let latch1 = LeaderLatch::new(&s1, &path)?;
-    latch0.start()?;
-    let term0 = latch0.await_leadership_timeout(WITHIN).await?;
-    latch1.start()?;
-    await_children(&s1, &path, 2, WITHIN).await?;
-    let started = Instant::now();
-    s0.faults().context("faults")?.suspend(h.timeout() * 3);
-    let term1 = latch1
-        .await_leadership_timeout(h.timeout() + Duration::from_secs(1))
-        .await?;
-    // Not before the session could expire: its last heartbeat was at most
-    // a third of the timeout before the suspension (plus its lateness).
-    ensure!(
-        started.elapsed() >= h.timeout() / 3,
-        "not before the session could expire"
-    );
-    timeout(WITHIN, term0.cancelled())
-        .await
-        .context("the old leader learns it lost")?;
-    ensure!(term1.epoch() > term0.epoch());
-    let err = term0.guarded(&[]).await.unwrap_err();
-    ensure!(matches!(err, Error::Lost { .. }), "{err}");
-    latch1.close().await?;
-    latch0.close().await?;
-    Ok(())
+    a_silent_leader_is_replaced(&latch0, &latch1, h.timeout(), WITHIN).await
 }
 
 /// CURATOR-18: closing right after starting (the create may be in flight)

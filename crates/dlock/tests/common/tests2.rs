@@ -4,13 +4,16 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
+use dlock::recipes::election::Candidate;
+use dlock::recipes::leader_latch::{LeaderLatch, Leadership};
+use dlock::recipes::leader_selector::LeaderSelector;
 use dlock::store::{CreateOptions, Created, Stat, Watch};
-use dlock::{Hold, Session};
+use dlock::{ErrorPolicy, Hold, Session, SessionState};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use tokio::task::JoinHandle;
 
-use super::{ephemeral, persistent};
+use super::{await_children, await_state, ended_as_the_policy_says, ephemeral, persistent};
 
 /// `result` is exactly the error `want` (the same kind, naming the same
 /// node), not a success and not another error.
@@ -133,4 +136,105 @@ where
     ensure!(!waiting.is_finished(), "{early}");
     let_go.await?;
     Ok(tokio::time::timeout(within, waiting).await???)
+}
+
+/// What the election scenarios do to a `LeaderLatch` or a
+/// `LeaderSelector` besides what their common [`Candidate`] offers: start
+/// and close it.
+pub trait Elector: std::ops::Deref<Target = Candidate> {
+    fn start(&self) -> dlock::Result<()>;
+    fn close(&self) -> impl std::future::Future<Output = dlock::Result<()>>;
+}
+
+impl Elector for LeaderLatch {
+    fn start(&self) -> dlock::Result<()> {
+        LeaderLatch::start(self)
+    }
+    fn close(&self) -> impl std::future::Future<Output = dlock::Result<()>> {
+        LeaderLatch::close(self)
+    }
+}
+
+impl Elector for LeaderSelector {
+    fn start(&self) -> dlock::Result<()> {
+        LeaderSelector::start(self)
+    }
+    fn close(&self) -> impl std::future::Future<Output = dlock::Result<()>> {
+        LeaderSelector::close(self)
+    }
+}
+
+/// The term `candidate` leads in, once it leads (within `within`).
+pub async fn leading(candidate: &Candidate, within: Duration) -> Result<Leadership> {
+    let mut leadership = candidate.watch_leadership();
+    let term = tokio::time::timeout(within, leadership.wait_for(Option::is_some))
+        .await
+        .context("no leadership in time")??
+        .clone();
+    term.context("a term")
+}
+
+/// A leader that goes silent is replaced within the session timeout:
+/// `first` (under [`ErrorPolicy::Session`], so it keeps leading through
+/// suspensions) leads and `second` queues behind it; then `first`'s
+/// session is cut off for three timeouts (`timeout`). `second` leads
+/// within the timeout plus a second, yet not before the first's session
+/// could expire (its last heartbeat was at most a third of the timeout
+/// before the cut), with a larger epoch; the old term learns it lost and
+/// its fenced writes are refused, the new term's pass. Both are closed.
+pub async fn a_silent_leader_is_replaced<E: Elector>(
+    first: &E,
+    second: &E,
+    timeout: Duration,
+    within: Duration,
+) -> Result<()> {
+    first.start()?;
+    let old = leading(first, within).await?;
+    second.start()?;
+    await_children(second.session(), second.path(), 2, within).await?;
+    let started = tokio::time::Instant::now();
+    first
+        .session()
+        .faults()
+        .context("faults")?
+        .suspend(timeout * 3);
+    let new = leading(second, within).await?;
+    let took = started.elapsed();
+    ensure!(
+        took >= timeout / 3,
+        "not before the session could expire: {took:?}"
+    );
+    ensure!(took <= timeout + Duration::from_secs(1), "took {took:?}");
+    tokio::time::timeout(within, old.cancelled())
+        .await
+        .context("the old leader learns it lost")?;
+    ensure!(new.epoch() > old.epoch());
+    let err = old.guarded(&[]).await.unwrap_err();
+    ensure!(matches!(err, dlock::Error::Lost { .. }), "{err}");
+    new.guarded(&[]).await?;
+    second.close().await?;
+    first.close().await?;
+    Ok(())
+}
+
+/// Curator's `testErrorPolicies`, once `leader` leads under `policy`: its
+/// session is suspended for twice its timeout (`timeout`); once suspended,
+/// the candidate's own word that its term ended (`term_ended`) comes, when
+/// the policy says it does ([`ended_as_the_policy_says`]). Then it is
+/// closed.
+pub async fn the_policy_ends_the_term<E: Elector>(
+    leader: &E,
+    policy: ErrorPolicy,
+    timeout: Duration,
+    within: Duration,
+    term_ended: impl std::future::Future<Output = Result<()>>,
+) -> Result<()> {
+    let s = leader.session();
+    let id = s.session_id();
+    s.faults().context("faults")?.suspend(timeout * 2);
+    await_state(s, SessionState::Suspended, within).await?;
+    term_ended.await?;
+    ended_as_the_policy_says(s, id, policy, within).await?;
+    leader.close().await?;
+    Ok(())
 }
