@@ -18,7 +18,7 @@ use common::{
     await_gone, await_state, ephemeral, persistent, persistent_only, remove_tree, sequential,
 };
 use dlock::store::{
-    BackendKind, CreateMode, CreateOptions, Created, Op, OpResult, SessionState, WatchEvent,
+    BackendKind, CreateMode, CreateOptions, Created, Op, OpResult, SessionState, Watch, WatchEvent,
 };
 use dlock::{Error, Session, SessionOptions};
 use dlock_testkit::{shared_zk, ZkServer};
@@ -82,6 +82,14 @@ impl ZkTest {
         let session = connect(url).await;
         self.sessions.lock().unwrap().push(session.clone());
         session
+    }
+
+    /// A session owning an ephemeral node at `/e`, and another session
+    /// watching it (`by`).
+    async fn watched_by_another(&self, by: WatchBy) -> Result<(Session, Session, Created, Watch)> {
+        let (s, observer) = (self.session().await, self.session().await);
+        let (node, watch) = watched_ephemeral(&s, &observer, &self.path("/e"), by).await?;
+        Ok((s, observer, node, watch))
     }
 
     /// Closes the test's sessions, then removes its tree.
@@ -444,10 +452,8 @@ async fn multi_is_atomic(t: &ZkTest) -> Result<()> {
 }
 
 async fn expire_loses_the_session_and_the_next_operation_renews_it(t: &ZkTest) -> Result<()> {
-    let s = t.session().await;
-    let observer = t.session().await;
+    let (s, observer, node, gone) = t.watched_by_another(WatchBy::Exists).await?;
     let old = s.status();
-    let (node, gone) = watched_ephemeral(&s, &observer, &t.path("/e"), WatchBy::Exists).await?;
     s.faults().expect("faults").expire().await?;
     let lost = s.status();
     ensure!(
@@ -497,10 +503,8 @@ async fn suspension_holds_operations_and_keeps_the_session(t: &ZkTest) -> Result
 }
 
 async fn suspension_past_the_timeout_loses_the_session(t: &ZkTest) -> Result<()> {
-    let s = t.session().await;
-    let observer = t.session().await;
+    let (s, _observer, node, watch) = t.watched_by_another(WatchBy::Data).await?;
     let id = s.session_id();
-    let (node, watch) = watched_ephemeral(&s, &observer, &t.path("/e"), WatchBy::Data).await?;
     s.faults().expect("faults").suspend(TIMEOUT * 2);
     // Issued while suspended: runs in the new session once the old is lost.
     let held = s.exists(&node.path).await?;
