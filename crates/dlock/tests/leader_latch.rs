@@ -14,7 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use common::tests2::{a_silent_leader_is_replaced, the_policy_ends_the_term};
+use common::tests2::{
+    a_silent_leader_is_replaced, all_ended_well, alone_inside, bad_paths_refused,
+    curators_protected_name, failed_with, the_policy_ends_the_term,
+};
 use common::{await_children, await_state, sorted_names, Harness};
 use dlock::recipes::error_policy::ErrorPolicy;
 use dlock::recipes::leader_latch::{
@@ -92,13 +95,7 @@ async fn node_layout_is_curators(h: &Harness) -> Result<()> {
     ensure!(term.node() == node && latch.last_path_is_leader().as_deref() == Some(node.as_str()));
     let name = node.rsplit('/').next().unwrap();
     ensure!(node == format!("{path}/{name}"));
-    ensure!(name.len() == 40 + "latch-".len() + 10, "{name}");
-    ensure!(
-        name.starts_with("_c_") && name.as_bytes()[39] == b'-',
-        "{name}"
-    );
-    uuid::Uuid::parse_str(&name[3..39])?;
-    ensure!(name[40..].starts_with("latch-") && name[46..].bytes().all(|b| b.is_ascii_digit()));
+    curators_protected_name(name, "latch-")?;
     let (data, stat) = s.get_data(&node).await?;
     ensure!(data == "Ünïcode id".as_bytes());
     ensure!(stat.ephemeral_owner == s.session_id() && term.session_id() == s.session_id());
@@ -189,19 +186,12 @@ async fn candidates_take_turns_alone(h: &Harness) -> Result<()> {
             tasks.push(tokio::spawn(async move {
                 latch.start()?;
                 latch.await_leadership_timeout(WITHIN).await?;
-                ensure!(
-                    !leading.swap(true, Ordering::SeqCst),
-                    "more than one leader"
-                );
-                tokio::task::yield_now().await;
-                leading.store(false, Ordering::SeqCst);
+                alone_inside(&leading, "more than one leader").await?;
                 latch.close().await?;
                 anyhow::Ok(())
             }));
         }
-        for t in tasks {
-            t.await??;
-        }
+        all_ended_well(tasks).await?;
     }
     Ok(())
 }
@@ -320,11 +310,8 @@ async fn starts_without_a_connection(h: &Harness) -> Result<()> {
 /// Curator `testRelativePath` (and dlock's other path rules).
 async fn relative_paths_are_refused(h: &Harness) -> Result<()> {
     let s = h.session().await;
-    for bad in ["parent", "/a//b", "/trailing/", "/", ""] {
-        let err = LeaderLatch::new(&s, bad).unwrap_err();
-        ensure!(matches!(err, Error::InvalidPath { .. }), "{bad:?}: {err}");
-    }
-    Ok(())
+    let bad = ["parent", "/a//b", "/trailing/", "/", ""];
+    bad_paths_refused(&bad, |path| LeaderLatch::new(&s, path))
 }
 
 /// Curator `testLostConnection`: ten candidates on one session; an outage
@@ -592,10 +579,7 @@ async fn an_uncreated_path_has_no_leader(h: &Harness) -> Result<()> {
         "started twice"
     );
     latch.close().await?;
-    ensure!(
-        matches!(latch.close().await, Err(Error::Closed)),
-        "closed twice"
-    );
+    failed_with(latch.close().await, Error::Closed).context("closed twice")?;
     Ok(())
 }
 

@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use common::tests2::{a_silent_leader_is_replaced, the_policy_ends_the_term};
+use common::tests2::{
+    a_silent_leader_is_replaced, curators_protected_name, the_policy_ends_the_term,
+};
 use common::{await_children, await_state, queued, Harness};
 use dlock::recipes::error_policy::ErrorPolicy;
 use dlock::recipes::leader_selector::{LeaderSelector, Leadership};
@@ -123,12 +125,7 @@ async fn layout_is_a_mutex_with_the_id(h: &Harness) -> Result<()> {
     let (_, term) = next(&mut rx).await?;
     let name = term.node().rsplit('/').next().unwrap().to_string();
     ensure!(term.node() == format!("{path}/{name}"));
-    ensure!(
-        name.len() == 40 + "lock-".len() + 10
-            && name.starts_with("_c_")
-            && name[40..].starts_with("lock-"),
-        "{name}"
-    );
+    curators_protected_name(&name, "lock-")?;
     let (data, stat) = s.get_data(term.node()).await?;
     ensure!(data == b"A is A" && term.epoch().0 == stat.czxid);
     // A plain mutex on the path waits for the leader.

@@ -1,6 +1,7 @@
 //! Scenarios several test files ran each in their own words, written once.
 
 use std::fmt::Debug;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -236,5 +237,54 @@ pub async fn the_policy_ends_the_term<E: Elector>(
     term_ended.await?;
     ended_as_the_policy_says(s, id, policy, within).await?;
     leader.close().await?;
+    Ok(())
+}
+
+/// `name` is a Curator "protected" node name: `_c_<uuid>-<kind><10
+/// digits>`, `kind` being the recipe's ("lock-", "latch-").
+pub fn curators_protected_name(name: &str, kind: &str) -> Result<()> {
+    ensure!(name.len() == 40 + kind.len() + 10, "{name}");
+    ensure!(
+        name.starts_with("_c_") && name.as_bytes()[39] == b'-',
+        "{name}"
+    );
+    uuid::Uuid::parse_str(&name[3..39])?;
+    let sequence = &name[40 + kind.len()..];
+    ensure!(
+        name[40..].starts_with(kind) && sequence.bytes().all(|b| b.is_ascii_digit()),
+        "{name}"
+    );
+    Ok(())
+}
+
+/// `make` refuses each of the `bad` paths with `InvalidPath`.
+pub fn bad_paths_refused<T: Debug>(
+    bad: &[&str],
+    make: impl Fn(&str) -> dlock::Result<T>,
+) -> Result<()> {
+    for bad in bad {
+        let err = make(bad).unwrap_err();
+        ensure!(
+            matches!(err, dlock::Error::InvalidPath { .. }),
+            "{bad:?}: {err}"
+        );
+    }
+    Ok(())
+}
+
+/// A turn in a section that must be exclusive: nobody else is `inside`
+/// (else `what`), for one yield to the scheduler.
+pub async fn alone_inside(inside: &AtomicBool, what: &str) -> Result<()> {
+    ensure!(!inside.swap(true, Ordering::SeqCst), "{what}");
+    tokio::task::yield_now().await;
+    inside.store(false, Ordering::SeqCst);
+    Ok(())
+}
+
+/// Every task ended well.
+pub async fn all_ended_well<T>(tasks: Vec<JoinHandle<Result<T>>>) -> Result<()> {
+    for task in tasks {
+        task.await??;
+    }
     Ok(())
 }
