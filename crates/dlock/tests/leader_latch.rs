@@ -83,6 +83,18 @@ async fn start_in_order(h: &Harness, path: &str, n: usize) -> Result<(Vec<Leader
     Ok((latches, observer))
 }
 
+/// Two latches at the test's election path (returned first), each in a
+/// session of its own; `make` sets up the first (0) and the second (1).
+async fn two_latches(
+    h: &Harness,
+    make: impl Fn(usize, LeaderLatch) -> LeaderLatch,
+) -> Result<(String, [LeaderLatch; 2])> {
+    let path = h.path("/one/two/me");
+    let first = make(0, LeaderLatch::new(&h.session().await, &path)?);
+    let second = make(1, LeaderLatch::new(&h.session().await, &path)?);
+    Ok((path, [first, second]))
+}
+
 /// Curator's layout: `<path>/_c_<uuid>-latch-<10 digits>`, ephemeral, the id
 /// as UTF-8 (an empty id stores nothing); the epoch is the node's czxid.
 async fn node_layout_is_curators(h: &Harness) -> Result<()> {
@@ -441,15 +453,13 @@ async fn a_short_outage_keeps_the_node(h: &Harness) -> Result<()> {
 /// behind it without leading again. Its old term is stale: cancelled,
 /// smaller epoch, fenced writes refused.
 async fn an_expired_leader_does_not_lead_again(h: &Harness) -> Result<()> {
-    let path = h.path("/one/two/me");
-    let (s0, s1) = (h.session().await, h.session().await);
-    let latch0 = LeaderLatch::new(&s0, &path)?.with_id("0");
-    let latch1 = LeaderLatch::new(&s1, &path)?.with_id("1");
+    let (path, [latch0, latch1]) = two_latches(h, |i, latch| latch.with_id(i.to_string())).await?;
+    let (s0, s1) = (latch0.session(), latch1.session());
     let mut events0 = latch0.subscribe();
     latch0.start()?;
     let term0 = latch0.await_leadership_timeout(WITHIN).await?;
     latch1.start()?;
-    await_children(&s1, &path, 2, WITHIN).await?;
+    await_children(s1, &path, 2, WITHIN).await?;
     ensure!(matches!(
         next_event(&mut events0).await?,
         LeadershipEvent::IsLeader { .. }
@@ -466,7 +476,7 @@ async fn an_expired_leader_does_not_lead_again(h: &Harness) -> Result<()> {
     );
     ensure!(term0.is_cancelled() && term1.epoch() > term0.epoch());
     // latch0 rejoins with a node of its new session, behind latch1.
-    await_children(&s1, &path, 2, WITHIN).await?;
+    await_children(s1, &path, 2, WITHIN).await?;
     let listed = latch1.participants().await?;
     ensure!(
         listed
@@ -504,10 +514,11 @@ async fn an_expired_leader_does_not_lead_again(h: &Harness) -> Result<()> {
 /// candidate leads within the session timeout plus a second, with a larger
 /// epoch, and the old term can no longer write.
 async fn a_silent_leader_is_replaced_within_the_timeout(h: &Harness) -> Result<()> {
-    let path = h.path("/one/two/me");
-    let (s0, s1) = (h.session().await, h.session().await);
-    let latch0 = LeaderLatch::new(&s0, &path)?.with_error_policy(ErrorPolicy::Session);
-    let latch1 = LeaderLatch::new(&s1, &path)?;
+    let first_keeps_leading = |i, latch: LeaderLatch| match i {
+        0 => latch.with_error_policy(ErrorPolicy::Session),
+        _ => latch,
+    };
+    let (_, [latch0, latch1]) = two_latches(h, first_keeps_leading).await?;
     a_silent_leader_is_replaced(&latch0, &latch1, h.timeout(), WITHIN).await
 }
 
