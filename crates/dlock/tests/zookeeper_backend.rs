@@ -284,7 +284,7 @@ async fn create_and_list_sees_its_own_node(t: &ZkTest) -> Result<()> {
     )?;
     failed_with(
         store
-            .create_and_list(&t.path("/x/y"), b"", persistent_only(), &root)
+            .create_and_list(&t.path("/x/y"), b"", persistent_only(), root)
             .await,
         no_node(t.path("/x")),
     )?;
@@ -333,7 +333,7 @@ async fn watches_fire_on_node_events(t: &ZkTest) -> Result<()> {
     let root = &t.root;
     let (s, other) = (t.session().await, t.session().await);
     let p = t.path("/w");
-    s.create(&root, b"", persistent()).await?;
+    s.create(root, b"", persistent()).await?;
 
     other.create(&p, b"", persistent()).await?;
     other.create(&format!("{p}/c"), b"", persistent()).await?;
@@ -350,7 +350,7 @@ async fn watches_fire_on_node_events(t: &ZkTest) -> Result<()> {
     ensure!(data_watch.changed().await == WatchEvent::DataChanged);
 
     let (_, _, deleted) = s.get_data_watch(&p).await?;
-    let (_, parent_watch) = s.children_watch(&root).await?;
+    let (_, parent_watch) = s.children_watch(root).await?;
     other.delete(&p, None).await?;
     ensure!(deleted.changed().await == WatchEvent::NodeDeleted);
     ensure!(parent_watch.changed().await == WatchEvent::ChildrenChanged);
@@ -368,7 +368,7 @@ async fn a_watch_fires_on_session_expiry(t: &ZkTest) -> Result<()> {
     let s = t.session().await;
     let p = s.create(&t.path("/n"), b"", persistent()).await?.path;
     let (_, _, watch) = s.get_data_watch(&p).await?;
-    let (_, child_watch) = s.children_watch(&root).await?;
+    let (_, child_watch) = s.children_watch(root).await?;
     s.faults().expect("faults").expire().await?;
     ensure!(watch.changed().await == WatchEvent::Session(SessionState::Lost));
     ensure!(child_watch.changed().await == WatchEvent::Session(SessionState::Lost));
@@ -604,8 +604,8 @@ async fn digest_credentials_protect_the_nodes_created_with_them(t: &ZkTest) -> R
     alice.set_data(&child, b"t", None).await?;
     ensure!(alice.state() == SessionState::Reconnected);
     alice2.delete(&child, None).await?;
-    remove_tree(&alice, &root).await?;
-    ensure!(anonymous.exists(&root).await?.is_none());
+    remove_tree(&alice, root).await?;
+    ensure!(anonymous.exists(root).await?.is_none());
     Ok(())
 }
 
