@@ -514,28 +514,6 @@ async fn suspension_past_the_timeout_loses_the_session(t: &ZkTest) -> Result<()>
     Ok(())
 }
 
-async fn a_lost_create_reply_still_creates_the_node(t: &ZkTest) -> Result<()> {
-    let s = t.session().await;
-    let before = s.status();
-    s.faults().expect("faults").lose_next_create_reply();
-    let p = t.path("/n");
-    let err = s.create(&p, b"", ephemeral()).await.unwrap_err();
-    ensure!(err == Error::ConnectionLoss, "{err}");
-    let after = s.status();
-    ensure!(after.state == SessionState::Reconnected && after.session_id == before.session_id);
-    ensure!(
-        after.changes == before.changes + 2,
-        "Suspended, then Reconnected"
-    );
-    ensure!(
-        s.exists(&p).await?.is_some(),
-        "applied although the reply was lost"
-    );
-    // Only the next one.
-    s.create(&t.path("/m"), b"", ephemeral()).await?;
-    Ok(())
-}
-
 async fn a_chroot_keeps_paths_relative(t: &ZkTest) -> Result<()> {
     let chroot = t.path("/app");
     let s = t.connect(&format!("{}{chroot}", url())).await;
@@ -721,7 +699,6 @@ per_backend!(shared_server => super::ZkTest::new(); {
     expire_loses_the_session_and_the_next_operation_renews_it,
     suspension_holds_operations_and_keeps_the_session,
     suspension_past_the_timeout_loses_the_session,
-    a_lost_create_reply_still_creates_the_node,
     a_chroot_keeps_paths_relative,
     digest_credentials_protect_the_nodes_created_with_them,
     dropping_the_session_closes_it,

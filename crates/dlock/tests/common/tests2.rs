@@ -8,7 +8,7 @@ use anyhow::{bail, ensure, Context, Result};
 use dlock::recipes::election::Candidate;
 use dlock::recipes::leader_latch::{LeaderLatch, Leadership};
 use dlock::recipes::leader_selector::LeaderSelector;
-use dlock::store::{CreateOptions, Created, Stat, Watch};
+use dlock::store::{CreateOptions, Created, Faults, Stat, Watch};
 use dlock::{ErrorPolicy, Hold, Session, SessionState};
 use futures::stream::BoxStream;
 use futures::StreamExt;
@@ -286,5 +286,27 @@ pub async fn all_ended_well<T>(tasks: Vec<JoinHandle<Result<T>>>) -> Result<()> 
     for task in tasks {
         task.await??;
     }
+    Ok(())
+}
+
+/// A reply lost on its way back (`lose` arms the store's hook for the next
+/// one): `op` fails with `ConnectionLoss`, and the session's status
+/// blipped `Suspended` → `Reconnected`, the same session. Whether the
+/// server applied `op` anyway is the caller's to check.
+pub async fn a_lost_reply<T: Debug>(
+    s: &Session,
+    lose: impl FnOnce(&dyn Faults),
+    op: impl std::future::Future<Output = dlock::Result<T>>,
+) -> Result<()> {
+    let before = s.status();
+    lose(s.faults().context("faults")?);
+    failed_with(op.await, dlock::Error::ConnectionLoss)?;
+    let after = s.status();
+    ensure!(
+        after.session_id == before.session_id
+            && after.state == SessionState::Reconnected
+            && after.changes == before.changes + 2,
+        "a blip in the same session: {before:?} -> {after:?}"
+    );
     Ok(())
 }
