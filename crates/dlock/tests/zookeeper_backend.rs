@@ -146,11 +146,9 @@ async fn an_unreachable_server_is_reported_with_its_address() -> Result<()> {
         bail!("expected Unreachable, got {err:?}");
     };
     ensure!(message.contains(&format!("127.0.0.1:{port}")), "{message}");
-    ensure!(
-        started.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        started.elapsed()
-    );
+    // The message reports the very duration that was checked.
+    let took = started.elapsed();
+    ensure!(took < Duration::from_secs(5), "took {took:?}");
     Ok(())
 }
 
