@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use common::{await_children, await_gone, Harness};
-use dlock::{Barrier, DoubleBarrier, Error};
+use dlock::{Barrier, DoubleBarrier, Error, Session};
 use tokio::task::JoinHandle;
 
 const WITHIN: Duration = Duration::from_secs(20);
@@ -31,12 +31,18 @@ async fn held_until<T>(
     Ok(got)
 }
 
-/// `DistributedBarrier`: one persistent node at the path, with the default
-/// data; setting twice and removing twice are no-ops.
-async fn barrier_node_is_curators(h: &Harness) -> Result<()> {
+/// A new session's `Barrier` at the test's `/b/barrier`, with that path.
+async fn a_barrier(h: &Harness) -> Result<(Session, String, Barrier)> {
     let s = h.session().await;
     let path = h.path("/b/barrier");
     let barrier = Barrier::new(&s, &path)?;
+    Ok((s, path, barrier))
+}
+
+/// `DistributedBarrier`: one persistent node at the path, with the default
+/// data; setting twice and removing twice are no-ops.
+async fn barrier_node_is_curators(h: &Harness) -> Result<()> {
+    let (s, path, barrier) = a_barrier(h).await?;
     barrier.remove_barrier().await?;
     barrier.set_barrier().await?;
     barrier.set_barrier().await?;
@@ -52,9 +58,7 @@ async fn barrier_node_is_curators(h: &Harness) -> Result<()> {
 /// Waiters in other sessions block while the barrier is set and all go on
 /// once it is removed; an unset barrier does not block.
 async fn waiters_go_when_the_barrier_is_removed(h: &Harness) -> Result<()> {
-    let s = h.session().await;
-    let path = h.path("/b/barrier");
-    let barrier = Barrier::new(&s, &path)?;
+    let (_s, path, barrier) = a_barrier(h).await?;
     barrier.wait_on_barrier().await?;
     barrier.set_barrier().await?;
     let mut waiters = Vec::new();

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use common::tests2::gets_in_after;
 use common::{await_children, queued, sold_exactly_the_stock, Harness};
 use dlock::recipes::leader_latch::LeaderLatch;
 use dlock::recipes::leader_selector::LeaderSelector;
@@ -158,17 +159,26 @@ fn field(stdout: &[u8], name: &str) -> Result<u64> {
         .with_context(|| format!("no {name}= in {line:?}"))
 }
 
-/// Starts a Go sale (`go` with `args`, three clients, on `path` and the
-/// `stock` node holding `total`) and waits until it has sold once.
+/// A mixed sale under way: the Go program selling, and the count of what
+/// dlock's sellers sold.
+struct Sale {
+    go: Child,
+    sold: Arc<AtomicU64>,
+}
+
+/// Puts `total` in the `stock` node, starts a Go sale there (the Go
+/// program `go` with `args`, three clients, on `path`) and waits until it
+/// has sold once.
 async fn go_sellers(
-    mut go: Command,
+    go: std::path::PathBuf,
     args: &[&str],
     path: &str,
     stock: &str,
     admin: &Session,
     total: u64,
-) -> Result<Child> {
-    let sellers = go
+) -> Result<Sale> {
+    put_stock(admin, stock, total).await?;
+    let sellers = Command::new(go)
         .args(args)
         .args(["--endpoints", &etcd_endpoint(), "--clients", "3"])
         .args(["--path", path, "--stock-key", stock])
@@ -176,7 +186,10 @@ async fn go_sellers(
         .kill_on_drop(true)
         .spawn()?;
     await_first_sale(admin, stock, total).await?;
-    Ok(sellers)
+    Ok(Sale {
+        go: sellers,
+        sold: Arc::new(AtomicU64::new(0)),
+    })
 }
 
 /// Every dlock seller and the Go program (`go`, named `who`) of a sale end
@@ -215,10 +228,8 @@ async fn go_and_dlock_mutex_buyers_sell_exactly_the_stock(h: &Harness) -> Result
     let total = 200;
     let (lock, stock) = (h.path("/shop/lock"), h.path("/shop/stock"));
     let admin = h.session().await;
-    put_stock(&admin, &stock, total).await?;
-    let peerbench = Command::new(dlock_testkit::etcd_go_peerbench()?);
-    let go = go_sellers(peerbench, &["buy"], &lock, &stock, &admin, total).await?;
-    let sold = Arc::new(AtomicU64::new(0));
+    let peerbench = dlock_testkit::etcd_go_peerbench()?;
+    let Sale { go, sold } = go_sellers(peerbench, &["buy"], &lock, &stock, &admin, total).await?;
     let mut buyers = Vec::new();
     for _ in 0..3 {
         let s = h.session().await;
@@ -248,10 +259,8 @@ async fn go_and_dlock_election_candidates_lead_one_at_a_time(h: &Harness) -> Res
     let total = 150;
     let (election, stock) = (h.path("/election"), h.path("/stock"));
     let admin = h.session().await;
-    put_stock(&admin, &stock, total).await?;
-    let electsale = Command::new(dlock_testkit::etcd_go_electsale()?);
-    let go = go_sellers(electsale, &[], &election, &stock, &admin, total).await?;
-    let sold = Arc::new(AtomicU64::new(0));
+    let electsale = dlock_testkit::etcd_go_electsale()?;
+    let Sale { go, sold } = go_sellers(electsale, &[], &election, &stock, &admin, total).await?;
     // dlock leaders inside a term now, across both kinds of candidate, and
     // how often a term began while another was on.
     let inside = Arc::new(AtomicI32::new(0));
@@ -451,16 +460,24 @@ async fn etcdctl_lock_revision_follows_the_dlock_token(h: &Harness) -> Result<()
     Ok(())
 }
 
-/// The roles and accesses `dlock inspect` shows at `path`, in queue order,
-/// with whether each is Go's.
-async fn queue_at(s: &Session, path: &str) -> Result<Vec<(Role, Option<Access>, bool)>> {
+/// `dlock inspect` shows a read-write lock at `path` whose queue is `want`
+/// in order (the holder, then the waiters): each one's access, and whether
+/// it is Go's.
+async fn queue_is(s: &Session, path: &str, want: &[(Option<Access>, bool)]) -> Result<()> {
     let seen = inspect(s, path).await?;
     ensure!(seen.recipe == RecipeKind::ReadWriteLock, "{seen:?}");
-    Ok(seen
+    let roles = std::iter::once(Role::Holder).chain(std::iter::repeat(Role::Waiter));
+    let want: Vec<_> = roles
+        .zip(want)
+        .map(|(role, &(access, go))| (role, access, go))
+        .collect();
+    let queue: Vec<_> = seen
         .participants
         .iter()
         .map(|p| (p.role, p.access, p.foreign == Some(Foreign::EtcdGo)))
-        .collect())
+        .collect();
+    ensure!(queue == want, "{seen:?}");
+    Ok(())
 }
 
 /// A Go mutex holder (`etcdctl lock`) on a read-write lock's path is a
@@ -477,29 +494,12 @@ async fn a_go_mutex_holder_is_a_writer_to_dlock_readers(h: &Harness) -> Result<(
     let reading = queued(&s, &path, 2, WITHIN, async move { reader.read().await }).await?;
     let writer = ReadWriteLock::new(&s, &path)?;
     let writing = queued(&s, &path, 3, WITHIN, async move { writer.write().await }).await?;
-    let (r, w, go_) = (Some(Access::Read), Some(Access::Write), true);
-    ensure!(
-        queue_at(&s, &path).await?
-            == [
-                (Role::Holder, w, go_),
-                (Role::Waiter, r, false),
-                (Role::Waiter, w, false)
-            ],
-        "{:?}",
-        inspect(&s, &path).await?
-    );
-    ensure!(
-        !reading.is_finished(),
-        "a dlock reader read while Go held {go_key}"
-    );
-    go.interrupt().await?;
-    let read = tokio::time::timeout(WITHIN, reading).await???;
-    ensure!(
-        !writing.is_finished(),
-        "the writer wrote while a reader read"
-    );
-    read.release().await?;
-    let write = tokio::time::timeout(WITHIN, writing).await???;
+    let (r, w) = (Some(Access::Read), Some(Access::Write));
+    queue_is(&s, &path, &[(w, true), (r, false), (w, false)]).await?;
+    let early = format!("a dlock reader read while Go held {go_key}");
+    let read = gets_in_after(reading, go.interrupt(), &early, WITHIN).await?;
+    let early = "the writer wrote while a reader read";
+    let write = gets_in_after(writing, read.release(), early, WITHIN).await?;
     write.release().await?;
     Ok(())
 }
@@ -517,28 +517,16 @@ async fn dlock_readers_and_writers_exclude_a_go_mutex(h: &Harness) -> Result<()>
     let later = ReadWriteLock::new(&s, &path)?;
     let reading = queued(&s, &path, 3, WITHIN, async move { later.read().await }).await?;
     let (r, w) = (Some(Access::Read), Some(Access::Write));
-    ensure!(
-        queue_at(&s, &path).await?
-            == [
-                (Role::Holder, r, false),
-                (Role::Waiter, w, true),
-                (Role::Waiter, r, false)
-            ],
-        "{:?}",
-        inspect(&s, &path).await?
-    );
+    queue_is(&s, &path, &[(r, false), (w, true), (r, false)]).await?;
     ensure!(
         !go.has_printed().await,
         "Go locked while a dlock reader read"
     );
     first.release().await?;
     go.next_line().await?;
-    ensure!(!reading.is_finished(), "a dlock reader read while Go held");
-    go.interrupt().await?;
-    tokio::time::timeout(WITHIN, reading)
-        .await???
-        .release()
-        .await?;
+    let early = "a dlock reader read while Go held";
+    let read = gets_in_after(reading, go.interrupt(), early, WITHIN).await?;
+    read.release().await?;
 
     let write = rw.write().await?;
     let mut go = Etcdctl::spawn(&["lock", &path])?;

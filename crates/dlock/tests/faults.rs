@@ -322,6 +322,70 @@ async fn kill_the_leader_midway(
     Ok(before)
 }
 
+/// A contention run on a fresh 3-member cluster: an admin session, the
+/// test's root, the clients' sessions (all knowing every member), and the
+/// count of completed sections (`progress`, watched by `sections`).
+struct ClusterRun {
+    backend: Backend,
+    cluster: Cluster,
+    admin: Session,
+    root: String,
+    sessions: Vec<Session>,
+    progress: Arc<watch::Sender<usize>>,
+    sections: watch::Receiver<usize>,
+}
+
+impl ClusterRun {
+    async fn start(backend: Backend) -> Result<Self> {
+        let cluster = backend.start_cluster()?;
+        let admin = backend.connect(&cluster.hosts(), LONG).await?;
+        let (progress, sections) = watch::channel(0usize);
+        Ok(ClusterRun {
+            backend,
+            cluster,
+            admin,
+            root: root(),
+            sessions: Vec::new(),
+            progress: Arc::new(progress),
+            sections,
+        })
+    }
+
+    /// A new client's session, checked and closed by [`Self::finish`].
+    async fn client(&mut self) -> Result<Session> {
+        let session = self.backend.connect(&self.cluster.hosts(), LONG).await?;
+        self.sessions.push(session.clone());
+        Ok(session)
+    }
+
+    /// [`kill_the_leader_midway`] of this run's cluster.
+    async fn kill_the_leader_midway(&mut self, n: usize, rounds: usize) -> Result<usize> {
+        kill_the_leader_midway(&mut self.cluster, &mut self.sections, n, rounds).await
+    }
+
+    /// [`finish`] with the admin session checking.
+    async fn finish(self) -> Result<()> {
+        finish(
+            &self.root,
+            &self.admin,
+            &self.sessions.iter().collect::<Vec<_>>(),
+        )
+        .await
+    }
+}
+
+/// A client behind a proxy the test can cut, and another connected
+/// directly, both with the session timeout `timeout`; and a fresh root.
+async fn one_behind_a_proxy(
+    backend: Backend,
+    timeout: Duration,
+) -> Result<(TcpProxy, Session, Session, String)> {
+    let proxy = TcpProxy::start(&backend.shared())?;
+    let behind = backend.connect(&proxy.address(), timeout).await?;
+    let direct = backend.connect(&backend.shared(), timeout).await?;
+    Ok((proxy, behind, direct, root()))
+}
+
 /// Runs `attempt` again while it fails with a retryable error (a lost
 /// connection); `Ok(None)` if it reports `Lost` (we no longer hold what it
 /// is guarded by).
@@ -401,22 +465,16 @@ fn parse_number(data: &[u8]) -> Result<i64> {
 /// interleave, tokens only grow, and sections keep completing after a new
 /// leader is elected.
 async fn the_ensemble_leader_dies_during_contention(backend: Backend, rounds: usize) -> Result<()> {
-    let mut cluster = backend.start_cluster()?;
-    let hosts = cluster.hosts();
-    let root = root();
+    let mut run = ClusterRun::start(backend).await?;
+    let root = &run.root;
     let (lock, resource) = (format!("{root}/lock"), format!("{root}/resource"));
-    let admin = backend.connect(&hosts, LONG).await?;
-    admin.create(&resource, b"", persistent()).await?;
-    let (progress, mut sections) = watch::channel(0usize);
-    let progress = Arc::new(progress);
+    run.admin.create(&resource, b"", persistent()).await?;
     let stop = Arc::new(AtomicBool::new(false));
-    let mut sessions = Vec::new();
     let mut clients = Vec::new();
     for _ in 0..4 {
-        let session = backend.connect(&hosts, LONG).await?;
-        sessions.push(session.clone());
+        let session = run.client().await?;
         let mutex = Mutex::new(&session, &lock)?;
-        let (resource, progress, stop) = (resource.clone(), progress.clone(), stop.clone());
+        let (resource, progress, stop) = (resource.clone(), run.progress.clone(), stop.clone());
         clients.push(tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 let guard = match mutex.acquire().await {
@@ -440,16 +498,16 @@ async fn the_ensemble_leader_dies_during_contention(backend: Backend, rounds: us
             anyhow::Ok(())
         }));
     }
-    let before = kill_the_leader_midway(&mut cluster, &mut sections, 20, rounds).await?;
+    let before = run.kill_the_leader_midway(20, rounds).await?;
     stop.store(true, Ordering::SeqCst);
     for c in clients {
         c.await??;
     }
-    let (data, _) = admin.get_data(&resource).await?;
+    let (data, _) = run.admin.get_data(&resource).await?;
     let checked = check_fenced_log(&parse_log(&data)).map_err(anyhow::Error::msg)?;
     ensure!(checked >= before + 20, "{checked} sections in the log");
-    remove(&admin, &resource, false).await?;
-    finish(&root, &admin, &sessions.iter().collect::<Vec<_>>()).await
+    remove(&run.admin, &resource, false).await?;
+    run.finish().await
 }
 
 /// Four clients contend on a semaphore of 2 leases on a 3-member cluster;
@@ -462,28 +520,17 @@ async fn a_semaphore_keeps_its_limit_when_the_leader_dies(
     backend: Backend,
     rounds: usize,
 ) -> Result<()> {
-    let mut cluster = backend.start_cluster()?;
-    let hosts = cluster.hosts();
-    let admin = backend.connect(&hosts, LONG).await?;
-    let root = root();
-    let path = format!("{root}/semaphore");
+    let mut run = ClusterRun::start(backend).await?;
+    let path = format!("{}/semaphore", run.root);
     let history = Arc::new(History::new());
-    let (progress, mut sections) = watch::channel(0usize);
-    let progress = Arc::new(progress);
     let stop = Arc::new(AtomicBool::new(false));
     let inside = Arc::new(AtomicUsize::new(0));
-    let mut sessions = Vec::new();
     let mut clients = Vec::new();
     for client in 0..4 {
-        let session = backend.connect(&hosts, LONG).await?;
-        sessions.push(session.clone());
+        let session = run.client().await?;
         let semaphore = Semaphore::new(&session, &path, 2)?;
-        let (history, progress, stop, inside) = (
-            history.clone(),
-            progress.clone(),
-            stop.clone(),
-            inside.clone(),
-        );
+        let (history, stop, inside) = (history.clone(), stop.clone(), inside.clone());
+        let progress = run.progress.clone();
         clients.push(tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 history.record(client, Event::Invoke("acquire"));
@@ -527,13 +574,14 @@ async fn a_semaphore_keeps_its_limit_when_the_leader_dies(
             anyhow::Ok(())
         }));
     }
-    let before = match kill_the_leader_midway(&mut cluster, &mut sections, 30, rounds).await {
+    let before = match run.kill_the_leader_midway(30, rounds).await {
         Ok(before) => before,
         Err(e) => {
             let tail = history.entries();
             let tail = &tail[tail.len().saturating_sub(24)..];
-            let tree = describe_tree(&admin, &path).await;
-            let states: Vec<_> = sessions
+            let tree = describe_tree(&run.admin, &path).await;
+            let states: Vec<_> = run
+                .sessions
                 .iter()
                 .map(|s| format!("{:?}", s.status()))
                 .collect();
@@ -555,9 +603,9 @@ async fn a_semaphore_keeps_its_limit_when_the_leader_dies(
         most == 2,
         "at most {most} inside at once: the limit was never used"
     );
-    let done = *sections.borrow();
+    let done = *run.sections.borrow();
     ensure!(done >= before + 30, "{done} sections");
-    finish(&root, &admin, &sessions.iter().collect::<Vec<_>>()).await
+    run.finish().await
 }
 
 /// Records the end of a leadership term when dropped: when
@@ -581,21 +629,15 @@ impl Drop for TermEnds {
 /// more than one leader, epochs only grow from term to term, and terms keep
 /// completing after the fault.
 async fn one_leader_at_a_time_when_the_leader_dies(backend: Backend, rounds: usize) -> Result<()> {
-    let mut cluster = backend.start_cluster()?;
-    let hosts = cluster.hosts();
-    let admin = backend.connect(&hosts, LONG).await?;
-    let root = root();
-    let path = format!("{root}/election");
+    let mut run = ClusterRun::start(backend).await?;
+    let path = format!("{}/election", run.root);
     let history = Arc::new(History::new());
-    let (progress, mut terms) = watch::channel(0usize);
-    let progress = Arc::new(progress);
     let failures = Arc::new(StdMutex::new(Vec::<String>::new()));
-    let mut sessions = Vec::new();
     let mut selectors = Vec::new();
     for client in 0..3 {
-        let session = backend.connect(&hosts, LONG).await?;
-        sessions.push(session.clone());
-        let (history, progress, failures) = (history.clone(), progress.clone(), failures.clone());
+        let session = run.client().await?;
+        let (history, progress, failures) =
+            (history.clone(), run.progress.clone(), failures.clone());
         let selector = LeaderSelector::new(&session, &path, move |term| {
             let (history, progress, failures) =
                 (history.clone(), progress.clone(), failures.clone());
@@ -622,7 +664,8 @@ async fn one_leader_at_a_time_when_the_leader_dies(backend: Backend, rounds: usi
         selector.start()?;
         selectors.push(selector);
     }
-    let before = kill_the_leader_midway(&mut cluster, &mut terms, 20, rounds).await?;
+    // The run's sections are leadership terms here.
+    let before = run.kill_the_leader_midway(20, rounds).await?;
     for s in &selectors {
         s.close().await?;
     }
@@ -633,16 +676,13 @@ async fn one_leader_at_a_time_when_the_leader_dies(backend: Backend, rounds: usi
     );
     let checked = history.check_leaders().map_err(anyhow::Error::msg)?;
     ensure!(checked >= before + 20, "{checked} terms");
-    finish(&root, &admin, &sessions.iter().collect::<Vec<_>>()).await
+    run.finish().await
 }
 
 /// A connection cut shorter than the session: the holder is suspended,
 /// reconnects to the same session (lease), and still holds the lock.
 async fn a_short_cut_keeps_the_lock(backend: Backend) -> Result<()> {
-    let proxy = TcpProxy::start(&backend.shared())?;
-    let holder = backend.connect(&proxy.address(), LONG).await?;
-    let observer = backend.connect(&backend.shared(), LONG).await?;
-    let root = root();
+    let (proxy, holder, observer, root) = one_behind_a_proxy(backend, LONG).await?;
     let lock = format!("{root}/lock");
     let guard = Mutex::new(&holder, &lock)?.acquire().await?;
     let session = holder.session_id();
@@ -684,10 +724,7 @@ async fn a_short_cut_keeps_the_lock(backend: Backend) -> Result<()> {
 /// next client takes the lock, and the old holder learns it lost: its
 /// guarded writes are rejected, so there is never a second accepted holder.
 async fn a_long_cut_loses_the_lock_without_a_double_holder(backend: Backend) -> Result<()> {
-    let proxy = TcpProxy::start(&backend.shared())?;
-    let holder = backend.connect(&proxy.address(), SHORT).await?;
-    let other = backend.connect(&backend.shared(), SHORT).await?;
-    let root = root();
+    let (proxy, holder, other, root) = one_behind_a_proxy(backend, SHORT).await?;
     let (lock, resource) = (format!("{root}/lock"), format!("{root}/resource"));
     other.create(&resource, b"", persistent()).await?;
     let g1 = Mutex::new(&holder, &lock)?.acquire().await?;
@@ -724,10 +761,7 @@ async fn a_long_cut_loses_the_lock_without_a_double_holder(backend: Backend) -> 
 /// corrupt the value without it.
 async fn a_paused_holder_is_fenced_and_unfenced_writes_are_unsafe(backend: Backend) -> Result<()> {
     for fenced in [true, false] {
-        let proxy = TcpProxy::start(&backend.shared())?;
-        let stalled = backend.connect(&proxy.address(), SHORT).await?;
-        let other = backend.connect(&backend.shared(), SHORT).await?;
-        let root = root();
+        let (proxy, stalled, other, root) = one_behind_a_proxy(backend, SHORT).await?;
         let (lock, counter) = (format!("{root}/lock"), format!("{root}/counter"));
         other.create(&counter, b"0", persistent()).await?;
         // Each client adds one to the counter under the lock: two increments.

@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use common::{await_gone, persistent, persistent_only, Harness};
+use common::tests2::next_within;
+use common::{await_gone, await_state, persistent, persistent_only, Harness};
 use dlock::recipes::group_member::{member_events, watch_group};
 use dlock::{CacheEvent, ChildrenCache, Error, GroupMember, MemberEvent, Session};
 use futures::stream::BoxStream;
@@ -19,10 +20,7 @@ const WITHIN: Duration = Duration::from_secs(30);
 
 /// The next event of a stream, within [`WITHIN`].
 async fn next<T>(events: &mut BoxStream<'static, T>) -> Result<T> {
-    tokio::time::timeout(WITHIN, events.next())
-        .await
-        .context("no event in time")?
-        .context("the stream ended")
+    next_within(events, WITHIN).await
 }
 
 /// The next event of a member stream is `expected`.
@@ -353,14 +351,8 @@ async fn the_cache_catches_up_after_a_cut(h: &Harness) -> Result<()> {
     let group = watch_group(&s, &dir).await?;
     ensure!(dlock::recipes::group_member::members_of(&group).len() == 2);
     let mut seen = member_events(group.events());
-    let mut status = s.watch_status();
     proxy.cut();
-    tokio::time::timeout(
-        WITHIN,
-        status.wait_for(|st| st.state == dlock::SessionState::Suspended),
-    )
-    .await
-    .context("not suspended after the cut")??;
+    await_state(&s, dlock::SessionState::Suspended, WITHIN).await?;
     a.set_payload(b"a2".to_vec()).await?;
     b.close().await?;
     let c = GroupMember::new(&sb, &dir, "c")?;
@@ -395,14 +387,8 @@ async fn a_member_comes_back_after_a_session_loss(h: &Harness) -> Result<()> {
     let dir = h.path("/g/loss");
     let (a, group, mut seen) = member_a_watched(&sa, &sb, &dir, Some(b"pa")).await?;
     let old = sa.session_id();
-    let mut status = sa.watch_status();
     proxy.cut();
-    tokio::time::timeout(
-        WITHIN,
-        status.wait_for(|st| st.state == dlock::SessionState::Lost),
-    )
-    .await
-    .context("the session outlived the cut")??;
+    await_state(&sa, dlock::SessionState::Lost, WITHIN).await?;
     sees(&mut seen, left("a")).await?;
     proxy.restore();
     sees(&mut seen, joined("a", b"pa")).await?;

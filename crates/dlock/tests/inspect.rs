@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
+use common::tests2::release_then_waiters;
 use common::{await_children, persistent, queued, Harness};
 use dlock::{inspect, Access, Contender, Inspection, RecipeKind, Role};
 
@@ -13,6 +14,24 @@ const WITHIN: Duration = Duration::from_secs(20);
 
 fn roles(seen: &Inspection) -> Vec<Role> {
     seen.participants.iter().map(|p| p.role).collect()
+}
+
+/// What `inspect` sees at `path`: `recipe`'s participants in `roles`.
+async fn inspected(
+    s: &dlock::Session,
+    path: &str,
+    recipe: RecipeKind,
+    want: &[Role],
+) -> Result<Inspection> {
+    let seen = inspect(s, path).await?;
+    ensure!(seen.recipe == recipe, "{seen:?}");
+    ensure!(roles(&seen) == want, "{seen:?}");
+    Ok(seen)
+}
+
+/// The sessions of the participants, in order.
+fn sessions(seen: &Inspection) -> Vec<dlock::store::SessionId> {
+    seen.participants.iter().map(|p| p.session).collect()
 }
 
 fn ordered(list: &[Contender]) -> bool {
@@ -32,12 +51,9 @@ async fn a_mutex_lists_its_holder_then_its_waiters(h: &Harness) -> Result<()> {
         waiters.push((s, tokio::spawn(async move { mutex.acquire().await })));
         await_children(&holder, &path, i + 2, WITHIN).await?;
     }
-    let seen = inspect(&holder, &path).await?;
-    ensure!(
-        seen.recipe == RecipeKind::Mutex && seen.path == path,
-        "{seen:?}"
-    );
-    ensure!(roles(&seen) == [Role::Holder, Role::Waiter, Role::Waiter]);
+    let held_and_waited = [Role::Holder, Role::Waiter, Role::Waiter];
+    let seen = inspected(&holder, &path, RecipeKind::Mutex, &held_and_waited).await?;
+    ensure!(seen.path == path, "{seen:?}");
     let first = &seen.participants[0];
     ensure!(first.node == guard.node() && first.token == guard.token());
     ensure!(first.session == holder.session_id());
@@ -48,10 +64,8 @@ async fn a_mutex_lists_its_holder_then_its_waiters(h: &Harness) -> Result<()> {
         .participants
         .iter()
         .all(|p| p.foreign.is_none() && p.access.is_none()));
-    guard.release().await?;
-    for (_, waiter) in waiters {
-        waiter.await??.release().await?;
-    }
+    let waiters = waiters.into_iter().map(|(_, waiter)| waiter).collect();
+    release_then_waiters(vec![Box::new(guard)], waiters).await?;
     ensure!(inspect(&holder, &path).await?.recipe == RecipeKind::None);
     Ok(())
 }
@@ -65,15 +79,12 @@ async fn a_read_write_lock_tells_readers_from_writers(h: &Harness) -> Result<()>
     let r2 = dlock::ReadWriteLock::new(&b, &path)?.read().await?;
     let writer = dlock::ReadWriteLock::new(&c, &path)?;
     let waiting = queued(&a, &path, 3, WITHIN, async move { writer.write().await }).await?;
-    let seen = inspect(&a, &path).await?;
-    ensure!(seen.recipe == RecipeKind::ReadWriteLock, "{seen:?}");
-    ensure!(roles(&seen) == [Role::Holder, Role::Holder, Role::Waiter]);
+    let two_held = [Role::Holder, Role::Holder, Role::Waiter];
+    let seen = inspected(&a, &path, RecipeKind::ReadWriteLock, &two_held).await?;
     let access: Vec<_> = seen.participants.iter().map(|p| p.access).collect();
     ensure!(access == [Some(Access::Read), Some(Access::Read), Some(Access::Write)]);
     ensure!(seen.participants[2].session == c.session_id());
-    r1.release().await?;
-    r2.release().await?;
-    waiting.await??.release().await?;
+    release_then_waiters(vec![Box::new(r1), Box::new(r2)], vec![waiting]).await?;
     Ok(())
 }
 
@@ -94,18 +105,11 @@ async fn a_semaphore_lists_leases_then_acquirers(h: &Harness) -> Result<()> {
         third.acquire_one().await
     })
     .await?;
-    let seen = inspect(&a, &path).await?;
-    ensure!(seen.recipe == RecipeKind::Semaphore, "{seen:?}");
-    ensure!(
-        roles(&seen) == [Role::Holder, Role::Waiter, Role::Waiter],
-        "{seen:?}"
-    );
-    let sessions: Vec<_> = seen.participants.iter().map(|p| p.session).collect();
-    ensure!(sessions == [a.session_id(), b.session_id(), c.session_id()]);
+    let one_held = [Role::Holder, Role::Waiter, Role::Waiter];
+    let seen = inspected(&a, &path, RecipeKind::Semaphore, &one_held).await?;
+    ensure!(sessions(&seen) == [a.session_id(), b.session_id(), c.session_id()]);
     ensure!(seen.participants[0].node == lease.node());
-    lease.release().await?;
-    second.await??.release().await?;
-    third.await??.release().await?;
+    release_then_waiters(vec![Box::new(lease)], vec![second, third]).await?;
     Ok(())
 }
 
@@ -119,16 +123,12 @@ async fn a_kv_semaphore_lists_its_record_holders_then_waiters(h: &Harness) -> Re
     let third = tokio::spawn(async move { third.acquire().await });
     // Two entries, the third, and the record.
     await_children(&a, &path, 4, WITHIN).await?;
-    let seen = inspect(&a, &path).await?;
-    ensure!(seen.recipe == RecipeKind::KvSemaphore, "{seen:?}");
-    ensure!(roles(&seen) == [Role::Holder, Role::Holder, Role::Waiter]);
-    let sessions: Vec<_> = seen.participants.iter().map(|p| p.session).collect();
-    ensure!(sessions == [a.session_id(), b.session_id(), c.session_id()]);
+    let two_held = [Role::Holder, Role::Holder, Role::Waiter];
+    let seen = inspected(&a, &path, RecipeKind::KvSemaphore, &two_held).await?;
+    ensure!(sessions(&seen) == [a.session_id(), b.session_id(), c.session_id()]);
     ensure!(seen.participants[0].node == first.node());
     ensure!(seen.participants.iter().all(|p| p.foreign.is_none()));
-    first.release().await?;
-    second.release().await?;
-    third.await??.release().await?;
+    release_then_waiters(vec![Box::new(first), Box::new(second)], vec![third]).await?;
     Ok(())
 }
 
@@ -142,9 +142,13 @@ async fn a_leader_latch_lists_its_leader_first(h: &Harness) -> Result<()> {
     let follower = dlock::LeaderLatch::new(&b, &path)?.with_id("b");
     follower.start()?;
     await_children(&a, &path, 2, WITHIN).await?;
-    let seen = inspect(&a, &path).await?;
-    ensure!(seen.recipe == RecipeKind::LeaderLatch, "{seen:?}");
-    ensure!(roles(&seen) == [Role::Holder, Role::Waiter]);
+    let seen = inspected(
+        &a,
+        &path,
+        RecipeKind::LeaderLatch,
+        &[Role::Holder, Role::Waiter],
+    )
+    .await?;
     ensure!(seen.participants[0].token == leadership.epoch());
     ensure!(seen.participants[0].data == b"a" && seen.participants[1].data == b"b");
     ensure!(seen.participants[1].session == b.session_id());
@@ -269,9 +273,7 @@ mod etcd_go {
         // by create revision.
         let waiter = dlock::Mutex::new(&s, &path)?;
         let waiting = queued(&s, &path, 2, WITHIN, async move { waiter.acquire().await }).await?;
-        let seen = inspect(&s, &path).await?;
-        ensure!(seen.recipe == RecipeKind::Mutex, "{seen:?}");
-        ensure!(roles(&seen) == [Role::Holder, Role::Waiter], "{seen:?}");
+        let seen = inspected(&s, &path, RecipeKind::Mutex, &[Role::Holder, Role::Waiter]).await?;
         ensure!(seen.participants[0].foreign == Some(Foreign::EtcdGo));
         ensure!(seen.participants[1].foreign.is_none());
         ensure!(seen.participants[1].session == s.session_id());
@@ -290,9 +292,7 @@ mod etcd_go {
         let path = h.path("/goelect");
         let (child, key) = etcdctl_holding(&["elect", &path, "proposal-a"]).await?;
         let s = h.session().await;
-        let seen = inspect(&s, &path).await?;
-        ensure!(seen.recipe == RecipeKind::LeaderElection, "{seen:?}");
-        ensure!(roles(&seen) == [Role::Holder], "{seen:?}");
+        let seen = inspected(&s, &path, RecipeKind::LeaderElection, &[Role::Holder]).await?;
         let leader = &seen.participants[0];
         ensure!(leader.node == key && leader.data == b"proposal-a");
         ensure!(leader.foreign == Some(Foreign::EtcdGo));

@@ -35,12 +35,24 @@ fn is_kazoo_name(node: &str) -> bool {
             .is_some_and(|seq| seq.len() == 10)
 }
 
+/// Where a test meets kazoo: the path `name` under the test's root, and a
+/// kazoo client on the same ZooKeeper.
+fn meeting_kazoo(h: &Harness, name: &str) -> Result<(String, Probe)> {
+    Ok((h.path(name), Probe::start(&zk_hosts(h))?))
+}
+
+/// kazoo's client lets go of what it holds at `path`.
+fn kazoo_releases(kazoo: &mut Probe, path: &str) -> Result<()> {
+    let answer = kazoo.ask(&format!("release {path}"))?;
+    ensure!(answer == "released", "{answer}");
+    Ok(())
+}
+
 /// A plain kazoo `Lock` holds: dlock's Mutex (default layout) cannot have
 /// the lock, queues behind it, and gets it when kazoo releases.
 async fn a_kazoo_holder_excludes_dlock(h: &Harness) -> Result<()> {
     let s = h.session().await;
-    let path = h.path("/kazoo/m1");
-    let mut kazoo = Probe::start(&zk_hosts(h))?;
+    let (path, mut kazoo) = meeting_kazoo(h, "/kazoo/m1")?;
     let answer = kazoo.ask(&format!("lock {path} 10000"))?;
     let node = answer.strip_prefix("acquired ").context("acquired")?;
     ensure!(is_kazoo_name(node), "{answer}");
@@ -55,7 +67,7 @@ async fn a_kazoo_holder_excludes_dlock(h: &Harness) -> Result<()> {
     ensure!(seen.participants[0].role == Role::Holder);
     ensure!(seen.participants[0].foreign == Some(dlock::Foreign::Kazoo));
     ensure!(seen.participants[1].foreign.is_none());
-    ensure!(kazoo.ask(&format!("release {path}"))? == "released");
+    kazoo_releases(&mut kazoo, &path)?;
     let g = tokio::time::timeout(WITHIN, waiting).await???;
     g.release().await?;
     Ok(())
@@ -65,8 +77,7 @@ async fn a_kazoo_holder_excludes_dlock(h: &Harness) -> Result<()> {
 /// kazoo's own `WriteLock`), in either layout.
 async fn a_kazoo_reader_excludes_dlock(h: &Harness) -> Result<()> {
     let s = h.session().await;
-    let path = h.path("/kazoo/read");
-    let mut kazoo = Probe::start(&zk_hosts(h))?;
+    let (path, mut kazoo) = meeting_kazoo(h, "/kazoo/read")?;
     let answer = kazoo.ask(&format!("read {path} 10000"))?;
     ensure!(answer.contains("__rlock__"), "{answer}");
     for layout in [Layout::Curator, Layout::Kazoo] {
@@ -77,7 +88,7 @@ async fn a_kazoo_reader_excludes_dlock(h: &Harness) -> Result<()> {
             .unwrap_err();
         ensure!(matches!(err, Error::Timeout(_)), "{layout}: {err}");
     }
-    ensure!(kazoo.ask(&format!("release {path}"))? == "released");
+    kazoo_releases(&mut kazoo, &path)?;
     let mutex = Mutex::new(&s, &path)?;
     let g = tokio::time::timeout(WITHIN, mutex.acquire()).await??;
     g.release().await?;
@@ -88,12 +99,11 @@ async fn a_kazoo_reader_excludes_dlock(h: &Harness) -> Result<()> {
 /// Curator's names (`extra_lock_patterns=["-lock-"]`) waits for it.
 async fn a_dlock_holder_excludes_kazoo_with_curator_patterns(h: &Harness) -> Result<()> {
     let s = h.session().await;
-    let path = h.path("/kazoo/m2");
-    let mut kazoo = Probe::start(&zk_hosts(h))?;
+    let (path, mut kazoo) = meeting_kazoo(h, "/kazoo/m2")?;
     let g = Mutex::new(&s, &path)?.acquire().await?;
     let lock = |timeout: &str| format!("lock {path} {timeout} -lock-");
     dlock_excludes_peer(&s, g, &mut kazoo, lock, &path, WITHIN).await?;
-    ensure!(kazoo.ask(&format!("release {path}"))? == "released");
+    kazoo_releases(&mut kazoo, &path)?;
     Ok(())
 }
 
@@ -101,8 +111,7 @@ async fn a_dlock_holder_excludes_kazoo_with_curator_patterns(h: &Harness) -> Res
 /// (no patterns) waits for the dlock holder, and the other way round.
 async fn in_kazoo_layout_plain_kazoo_and_dlock_exclude_each_other(h: &Harness) -> Result<()> {
     let s = h.session().await;
-    let path = h.path("/kazoo/m3");
-    let mut kazoo = Probe::start(&zk_hosts(h))?;
+    let (path, mut kazoo) = meeting_kazoo(h, "/kazoo/m3")?;
     let mutex = Mutex::new(&s, &path)?.with_layout(Layout::Kazoo)?;
     let g = mutex.acquire().await?;
     ensure!(is_kazoo_name(g.node()), "{}", g.node());
@@ -112,7 +121,7 @@ async fn in_kazoo_layout_plain_kazoo_and_dlock_exclude_each_other(h: &Harness) -
         mutex.try_acquire().await?.is_none(),
         "dlock got a lock kazoo holds"
     );
-    ensure!(kazoo.ask(&format!("release {path}"))? == "released");
+    kazoo_releases(&mut kazoo, &path)?;
     let g = tokio::time::timeout(WITHIN, mutex.acquire()).await??;
     g.release().await?;
     // The directory is persistent, as kazoo's ensure_path makes it.
@@ -211,8 +220,7 @@ async fn a_mixed_sale_with_curator_patterns_sells_exactly_the_stock(h: &Harness)
 /// path: one leader at a time, in queue order, both listing alike.
 async fn one_leader_across_kazoo_and_dlock(h: &Harness) -> Result<()> {
     let s = h.session().await;
-    let path = h.path("/kazoo/election");
-    let mut kazoo = Probe::start(&zk_hosts(h))?;
+    let (path, mut kazoo) = meeting_kazoo(h, "/kazoo/election")?;
     ensure!(kazoo.ask(&format!("elect {path} k1"))? == "candidate");
     ensure!(kazoo.next_line(WITHIN)? == "leader k1");
     let (tx, mut terms) = tokio::sync::mpsc::unbounded_channel();
@@ -262,8 +270,7 @@ async fn one_leader_across_kazoo_and_dlock(h: &Harness) -> Result<()> {
 /// one limit; a different maximum is refused, as kazoo refuses it.
 async fn kazoo_and_dlock_semaphores_share_one_limit(h: &Harness) -> Result<()> {
     let s = h.session().await;
-    let path = h.path("/kazoo/sem");
-    let mut kazoo = Probe::start(&zk_hosts(h))?;
+    let (path, mut kazoo) = meeting_kazoo(h, "/kazoo/sem")?;
     let mut second = Probe::start(&zk_hosts(h))?;
     let answer = kazoo.ask(&format!("semaphore {path} 2 10000"))?;
     ensure!(answer.starts_with(&format!("acquired {path}/")), "{answer}");
@@ -298,9 +305,9 @@ async fn kazoo_and_dlock_semaphores_share_one_limit(h: &Harness) -> Result<()> {
         "{err}"
     );
     // kazoo's clients release; then dlock has room again.
-    ensure!(kazoo.ask(&format!("release {path}"))? == "released");
+    kazoo_releases(&mut kazoo, &path)?;
     let lease = tokio::time::timeout(WITHIN, sem.acquire_one()).await??;
-    ensure!(second.ask(&format!("release {path}"))? == "released");
+    kazoo_releases(&mut second, &path)?;
     lease.release().await?;
     // kazoo's semaphore node keeps its maximum as data: not ours to leave.
     await_children(&s, &path, 0, WITHIN).await?;

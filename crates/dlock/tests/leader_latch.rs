@@ -14,7 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use common::{await_children, await_state, ended_as_the_policy_says, sorted_names, Harness};
+use common::tests2::{
+    a_silent_leader_is_replaced, all_ended_well, alone_inside, bad_paths_refused,
+    curators_protected_name, failed_with, the_policy_ends_the_term,
+};
+use common::{await_children, await_state, sorted_names, Harness};
 use dlock::recipes::error_policy::ErrorPolicy;
 use dlock::recipes::leader_latch::{
     CloseMode, LatchState, LeaderLatch, Leadership, LeadershipEvent,
@@ -22,7 +26,7 @@ use dlock::recipes::leader_latch::{
 use dlock::store::Op;
 use dlock::{Error, Session, SessionState};
 use tokio::sync::{broadcast, watch};
-use tokio::time::{timeout, Instant};
+use tokio::time::timeout;
 
 const WITHIN: Duration = Duration::from_secs(20);
 /// How long "nothing else happens" is watched for.
@@ -79,6 +83,18 @@ async fn start_in_order(h: &Harness, path: &str, n: usize) -> Result<(Vec<Leader
     Ok((latches, observer))
 }
 
+/// Two latches at the test's election path (returned first), each in a
+/// session of its own; `make` sets up the first (0) and the second (1).
+async fn two_latches(
+    h: &Harness,
+    make: impl Fn(usize, LeaderLatch) -> LeaderLatch,
+) -> Result<(String, [LeaderLatch; 2])> {
+    let path = h.path("/one/two/me");
+    let first = make(0, LeaderLatch::new(&h.session().await, &path)?);
+    let second = make(1, LeaderLatch::new(&h.session().await, &path)?);
+    Ok((path, [first, second]))
+}
+
 /// Curator's layout: `<path>/_c_<uuid>-latch-<10 digits>`, ephemeral, the id
 /// as UTF-8 (an empty id stores nothing); the epoch is the node's czxid.
 async fn node_layout_is_curators(h: &Harness) -> Result<()> {
@@ -91,13 +107,7 @@ async fn node_layout_is_curators(h: &Harness) -> Result<()> {
     ensure!(term.node() == node && latch.last_path_is_leader().as_deref() == Some(node.as_str()));
     let name = node.rsplit('/').next().unwrap();
     ensure!(node == format!("{path}/{name}"));
-    ensure!(name.len() == 40 + "latch-".len() + 10, "{name}");
-    ensure!(
-        name.starts_with("_c_") && name.as_bytes()[39] == b'-',
-        "{name}"
-    );
-    uuid::Uuid::parse_str(&name[3..39])?;
-    ensure!(name[40..].starts_with("latch-") && name[46..].bytes().all(|b| b.is_ascii_digit()));
+    curators_protected_name(name, "latch-")?;
     let (data, stat) = s.get_data(&node).await?;
     ensure!(data == "Ünïcode id".as_bytes());
     ensure!(stat.ephemeral_owner == s.session_id() && term.session_id() == s.session_id());
@@ -188,19 +198,12 @@ async fn candidates_take_turns_alone(h: &Harness) -> Result<()> {
             tasks.push(tokio::spawn(async move {
                 latch.start()?;
                 latch.await_leadership_timeout(WITHIN).await?;
-                ensure!(
-                    !leading.swap(true, Ordering::SeqCst),
-                    "more than one leader"
-                );
-                tokio::task::yield_now().await;
-                leading.store(false, Ordering::SeqCst);
+                alone_inside(&leading, "more than one leader").await?;
                 latch.close().await?;
                 anyhow::Ok(())
             }));
         }
-        for t in tasks {
-            t.await??;
-        }
+        all_ended_well(tasks).await?;
     }
     Ok(())
 }
@@ -319,11 +322,8 @@ async fn starts_without_a_connection(h: &Harness) -> Result<()> {
 /// Curator `testRelativePath` (and dlock's other path rules).
 async fn relative_paths_are_refused(h: &Harness) -> Result<()> {
     let s = h.session().await;
-    for bad in ["parent", "/a//b", "/trailing/", "/", ""] {
-        let err = LeaderLatch::new(&s, bad).unwrap_err();
-        ensure!(matches!(err, Error::InvalidPath { .. }), "{bad:?}: {err}");
-    }
-    Ok(())
+    let bad = ["parent", "/a//b", "/trailing/", "/", ""];
+    bad_paths_refused(&bad, |path| LeaderLatch::new(&s, path))
 }
 
 /// Curator `testLostConnection`: ten candidates on one session; an outage
@@ -380,16 +380,15 @@ async fn error_policies_decide_when_leadership_ends(h: &Harness) -> Result<()> {
             next_event(&mut events).await?,
             LeadershipEvent::IsLeader { .. }
         ));
-        let id = s.session_id();
-        s.faults().context("faults")?.suspend(h.timeout() * 2);
-        await_state(&s, SessionState::Suspended, WITHIN).await?;
-        let event = next_event(&mut events).await?;
-        ensure!(
-            matches!(event, LeadershipEvent::NotLeader { .. }),
-            "{policy:?}: {event:?}"
-        );
-        ended_as_the_policy_says(&s, id, policy, WITHIN).await?;
-        latch.close().await?;
+        let term_ended = async {
+            let event = next_event(&mut events).await?;
+            ensure!(
+                matches!(event, LeadershipEvent::NotLeader { .. }),
+                "{policy:?}: {event:?}"
+            );
+            Ok(())
+        };
+        the_policy_ends_the_term(&latch, policy, h.timeout(), WITHIN, term_ended).await?;
     }
     Ok(())
 }
@@ -454,15 +453,13 @@ async fn a_short_outage_keeps_the_node(h: &Harness) -> Result<()> {
 /// behind it without leading again. Its old term is stale: cancelled,
 /// smaller epoch, fenced writes refused.
 async fn an_expired_leader_does_not_lead_again(h: &Harness) -> Result<()> {
-    let path = h.path("/one/two/me");
-    let (s0, s1) = (h.session().await, h.session().await);
-    let latch0 = LeaderLatch::new(&s0, &path)?.with_id("0");
-    let latch1 = LeaderLatch::new(&s1, &path)?.with_id("1");
+    let (path, [latch0, latch1]) = two_latches(h, |i, latch| latch.with_id(i.to_string())).await?;
+    let (s0, s1) = (latch0.session(), latch1.session());
     let mut events0 = latch0.subscribe();
     latch0.start()?;
     let term0 = latch0.await_leadership_timeout(WITHIN).await?;
     latch1.start()?;
-    await_children(&s1, &path, 2, WITHIN).await?;
+    await_children(s1, &path, 2, WITHIN).await?;
     ensure!(matches!(
         next_event(&mut events0).await?,
         LeadershipEvent::IsLeader { .. }
@@ -479,7 +476,7 @@ async fn an_expired_leader_does_not_lead_again(h: &Harness) -> Result<()> {
     );
     ensure!(term0.is_cancelled() && term1.epoch() > term0.epoch());
     // latch0 rejoins with a node of its new session, behind latch1.
-    await_children(&s1, &path, 2, WITHIN).await?;
+    await_children(s1, &path, 2, WITHIN).await?;
     let listed = latch1.participants().await?;
     ensure!(
         listed
@@ -517,34 +514,12 @@ async fn an_expired_leader_does_not_lead_again(h: &Harness) -> Result<()> {
 /// candidate leads within the session timeout plus a second, with a larger
 /// epoch, and the old term can no longer write.
 async fn a_silent_leader_is_replaced_within_the_timeout(h: &Harness) -> Result<()> {
-    let path = h.path("/one/two/me");
-    let (s0, s1) = (h.session().await, h.session().await);
-    let latch0 = LeaderLatch::new(&s0, &path)?.with_error_policy(ErrorPolicy::Session);
-    let latch1 = LeaderLatch::new(&s1, &path)?;
-    latch0.start()?;
-    let term0 = latch0.await_leadership_timeout(WITHIN).await?;
-    latch1.start()?;
-    await_children(&s1, &path, 2, WITHIN).await?;
-    let started = Instant::now();
-    s0.faults().context("faults")?.suspend(h.timeout() * 3);
-    let term1 = latch1
-        .await_leadership_timeout(h.timeout() + Duration::from_secs(1))
-        .await?;
-    // Not before the session could expire: its last heartbeat was at most
-    // a third of the timeout before the suspension (plus its lateness).
-    ensure!(
-        started.elapsed() >= h.timeout() / 3,
-        "not before the session could expire"
-    );
-    timeout(WITHIN, term0.cancelled())
-        .await
-        .context("the old leader learns it lost")?;
-    ensure!(term1.epoch() > term0.epoch());
-    let err = term0.guarded(&[]).await.unwrap_err();
-    ensure!(matches!(err, Error::Lost { .. }), "{err}");
-    latch1.close().await?;
-    latch0.close().await?;
-    Ok(())
+    let first_keeps_leading = |i, latch: LeaderLatch| match i {
+        0 => latch.with_error_policy(ErrorPolicy::Session),
+        _ => latch,
+    };
+    let (_, [latch0, latch1]) = two_latches(h, first_keeps_leading).await?;
+    a_silent_leader_is_replaced(&latch0, &latch1, h.timeout(), WITHIN).await
 }
 
 /// CURATOR-18: closing right after starting (the create may be in flight)
@@ -615,10 +590,7 @@ async fn an_uncreated_path_has_no_leader(h: &Harness) -> Result<()> {
         "started twice"
     );
     latch.close().await?;
-    ensure!(
-        matches!(latch.close().await, Err(Error::Closed)),
-        "closed twice"
-    );
+    failed_with(latch.close().await, Error::Closed).context("closed twice")?;
     Ok(())
 }
 

@@ -12,10 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use common::{await_children, await_state, ended_as_the_policy_says, queued, Harness};
+use common::tests2::{
+    a_silent_leader_is_replaced, curators_protected_name, the_policy_ends_the_term,
+};
+use common::{await_children, await_state, queued, Harness};
 use dlock::recipes::error_policy::ErrorPolicy;
 use dlock::recipes::leader_selector::{LeaderSelector, Leadership};
-use dlock::{Error, Mutex, SessionState};
+use dlock::{Error, Mutex, Session, SessionState};
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 
@@ -47,6 +50,51 @@ fn lead_until_cancelled(
     }
 }
 
+/// How often a [`counted`] `take_leadership` was called, and how many of
+/// those calls ran to their end.
+#[derive(Clone, Default)]
+struct Calls {
+    began: Arc<AtomicUsize>,
+    ended: Arc<AtomicUsize>,
+}
+
+/// A `take_leadership` that counts its calls in `calls` and runs `body`
+/// with the number of calls before this one.
+fn counted<F>(
+    calls: &Calls,
+    body: impl Fn(usize) -> F + Send + Sync + 'static,
+) -> impl Fn(Leadership) -> futures::future::BoxFuture<'static, ()> + Send + Sync + 'static
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let calls = calls.clone();
+    move |_term: Leadership| {
+        let calls = calls.clone();
+        let body = body(calls.began.fetch_add(1, Ordering::SeqCst));
+        Box::pin(async move {
+            body.await;
+            calls.ended.fetch_add(1, Ordering::SeqCst);
+        })
+    }
+}
+
+/// A selector in a new session at `path` that leads until cancelled and
+/// reports to the returned receiver (tag 0), with `options` set; not
+/// started.
+async fn reporting_selector(
+    h: &Harness,
+    path: &str,
+    options: impl FnOnce(LeaderSelector) -> LeaderSelector,
+) -> Result<(Session, LeaderSelector, Reports)> {
+    let s = h.session().await;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let selector = options(LeaderSelector::new(&s, path, lead_until_cancelled(0, tx))?);
+    Ok((s, selector, rx))
+}
+
+/// What the `take_leadership`s of [`lead_until_cancelled`] report.
+type Reports = mpsc::UnboundedReceiver<(Seen, Leadership)>;
+
 async fn next(rx: &mut mpsc::UnboundedReceiver<(Seen, Leadership)>) -> Result<(Seen, Leadership)> {
     timeout(WITHIN, rx.recv())
         .await
@@ -71,20 +119,13 @@ async fn await_leading(selector: &LeaderSelector, leading: bool) -> Result<()> {
 /// the id; without an id, the session's default data. A plain Mutex on the
 /// same path takes turns with the selector.
 async fn layout_is_a_mutex_with_the_id(h: &Harness) -> Result<()> {
-    let s = h.session().await;
     let path = h.path("/one/two/me");
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let selector = LeaderSelector::new(&s, &path, lead_until_cancelled(0, tx))?.with_id("A is A");
+    let (s, selector, mut rx) = reporting_selector(h, &path, |sel| sel.with_id("A is A")).await?;
     selector.start()?;
     let (_, term) = next(&mut rx).await?;
     let name = term.node().rsplit('/').next().unwrap().to_string();
     ensure!(term.node() == format!("{path}/{name}"));
-    ensure!(
-        name.len() == 40 + "lock-".len() + 10
-            && name.starts_with("_c_")
-            && name[40..].starts_with("lock-"),
-        "{name}"
-    );
+    curators_protected_name(&name, "lock-")?;
     let (data, stat) = s.get_data(term.node()).await?;
     ensure!(data == b"A is A" && term.epoch().0 == stat.czxid);
     // A plain mutex on the path waits for the leader.
@@ -117,11 +158,9 @@ async fn layout_is_a_mutex_with_the_id(h: &Harness) -> Result<()> {
 /// leader makes `take_leadership` see its cancellation and return; the lock
 /// is released cleanly (the node goes).
 async fn an_interrupted_leader_stops_and_releases(h: &Harness) -> Result<()> {
-    let s = h.session().await;
     let path = h.path("/one/two/me");
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let selector =
-        LeaderSelector::new(&s, &path, lead_until_cancelled(0, tx))?.with_cancel_grace(WITHIN);
+    let grace = |sel: LeaderSelector| sel.with_cancel_grace(WITHIN);
+    let (s, selector, mut rx) = reporting_selector(h, &path, grace).await?;
     ensure!(
         !selector.interrupt_leadership(),
         "nothing to interrupt before leading"
@@ -169,10 +208,8 @@ async fn auto_requeue_leads_again(h: &Harness) -> Result<()> {
 /// (CURATOR-518): with auto-requeue, interrupting — even twice, quickly —
 /// ends the term, and leadership is taken again.
 async fn interrupts_do_not_break_auto_requeue(h: &Harness) -> Result<()> {
-    let s = h.session().await;
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let selector = LeaderSelector::new(&s, &h.path("/leader"), lead_until_cancelled(0, tx))?
-        .with_auto_requeue();
+    let requeue = |sel: LeaderSelector| sel.with_auto_requeue();
+    let (_s, selector, mut rx) = reporting_selector(h, &h.path("/leader"), requeue).await?;
     selector.start()?;
     let (_, first) = next(&mut rx).await?;
     ensure!(selector.interrupt_leadership());
@@ -434,21 +471,17 @@ async fn ids_are_listed_alike_by_all(h: &Harness) -> Result<()> {
 /// `Session` only when it is lost.
 async fn error_policies_decide_when_the_leader_is_cancelled(h: &Harness) -> Result<()> {
     for policy in [ErrorPolicy::Standard, ErrorPolicy::Session] {
-        let s = h.session().await;
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let selector = LeaderSelector::new(&s, &h.path("/test"), lead_until_cancelled(0, tx))?
-            .with_error_policy(policy)
-            .with_cancel_grace(WITHIN);
+        let options = |sel: LeaderSelector| sel.with_error_policy(policy).with_cancel_grace(WITHIN);
+        let (_s, selector, mut rx) = reporting_selector(h, &h.path("/test"), options).await?;
         selector.start()?;
         let (Seen::Took(0), _) = next(&mut rx).await? else {
             bail!("leads")
         };
-        let id = s.session_id();
-        s.faults().context("faults")?.suspend(h.timeout() * 2);
-        await_state(&s, SessionState::Suspended, WITHIN).await?;
-        ensure!(next(&mut rx).await?.0 == Seen::Cancelled(0));
-        ended_as_the_policy_says(&s, id, policy, WITHIN).await?;
-        selector.close().await?;
+        let term_ended = async {
+            ensure!(next(&mut rx).await?.0 == Seen::Cancelled(0));
+            Ok(())
+        };
+        the_policy_ends_the_term(&selector, policy, h.timeout(), WITHIN, term_ended).await?;
     }
     Ok(())
 }
@@ -456,11 +489,9 @@ async fn error_policies_decide_when_the_leader_is_cancelled(h: &Harness) -> Resu
 /// Curator `testLeaderNodeDeleteOnInterrupt`: a leader interrupted while the
 /// connection is down releases its node once the connection is back.
 async fn an_interrupt_during_an_outage_still_releases(h: &Harness) -> Result<()> {
-    let s = h.session().await;
     let path = h.path("/leader");
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let selector = LeaderSelector::new(&s, &path, lead_until_cancelled(0, tx))?
-        .with_error_policy(ErrorPolicy::Session);
+    let session_policy = |sel: LeaderSelector| sel.with_error_policy(ErrorPolicy::Session);
+    let (s, selector, mut rx) = reporting_selector(h, &path, session_policy).await?;
     selector.start()?;
     let (_, term) = next(&mut rx).await?;
     s.faults().context("faults")?.suspend(h.timeout() / 2);
@@ -486,34 +517,8 @@ async fn a_silent_leader_is_replaced_within_the_timeout(h: &Harness) -> Result<(
     let first = LeaderSelector::new(&s0, &path, lead_until_cancelled(0, tx.clone()))?
         .with_error_policy(ErrorPolicy::Session);
     let second = LeaderSelector::new(&s1, &path, lead_until_cancelled(1, tx))?;
-    first.start()?;
-    let (Seen::Took(0), old) = next(&mut rx).await? else {
-        bail!("first leads")
-    };
-    second.start()?;
-    await_children(&s1, &path, 2, WITHIN).await?;
-    let started = Instant::now();
-    s0.faults().context("faults")?.suspend(h.timeout() * 3);
-    await_leading(&second, true).await?;
-    ensure!(
-        started.elapsed() <= h.timeout() + Duration::from_secs(1),
-        "took {:?}",
-        started.elapsed()
-    );
-    let new = second
-        .watch_leadership()
-        .borrow()
-        .clone()
-        .context("a term")?;
-    ensure!(new.epoch() > old.epoch());
-    timeout(WITHIN, old.cancelled())
-        .await
-        .context("the old leader is cancelled")?;
-    let err = old.guarded(&[]).await.unwrap_err();
-    ensure!(matches!(err, Error::Lost { .. }), "{err}");
-    new.guarded(&[]).await?;
-    second.close().await?;
-    first.close().await?;
+    a_silent_leader_is_replaced(&first, &second, h.timeout(), WITHIN).await?;
+    ensure!(next(&mut rx).await?.0 == Seen::Took(0), "first leads");
     Ok(())
 }
 
@@ -523,16 +528,10 @@ async fn a_silent_leader_is_replaced_within_the_timeout(h: &Harness) -> Result<(
 async fn the_grace_bounds_a_cancelled_leader(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/leader");
-    let finished = Arc::new(AtomicUsize::new(0));
-    let done = finished.clone();
-    let stubborn = LeaderSelector::new(&s, &path, move |_term: Leadership| {
-        let done = done.clone();
-        async move {
-            std::future::pending::<()>().await;
-            done.fetch_add(1, Ordering::SeqCst);
-        }
-    })?
-    .with_cancel_grace(Duration::from_millis(100));
+    let calls = Calls::default();
+    let ignores_cancellation = counted(&calls, |_| std::future::pending::<()>());
+    let stubborn = LeaderSelector::new(&s, &path, ignores_cancellation)?
+        .with_cancel_grace(Duration::from_millis(100));
     stubborn.start()?;
     await_leading(&stubborn, true).await?;
     let started = Instant::now();
@@ -542,7 +541,7 @@ async fn the_grace_bounds_a_cancelled_leader(h: &Harness) -> Result<()> {
         "the grace was given"
     );
     ensure!(
-        finished.load(Ordering::SeqCst) == 0,
+        calls.ended.load(Ordering::SeqCst) == 0,
         "dropped, not finished"
     );
     await_children(&s, &path, 0, WITHIN).await?;
@@ -553,20 +552,16 @@ async fn the_grace_bounds_a_cancelled_leader(h: &Harness) -> Result<()> {
 async fn a_panicking_leader_gives_up(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/leader");
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counted = calls.clone();
-    let selector = LeaderSelector::new(&s, &path, move |_| {
-        let counted = counted.clone();
-        async move {
-            if counted.fetch_add(1, Ordering::SeqCst) == 0 {
-                panic!("take_leadership failed");
-            }
+    let calls = Calls::default();
+    let panics_first = counted(&calls, |before| async move {
+        if before == 0 {
+            panic!("take_leadership failed");
         }
-    })?
-    .with_auto_requeue();
+    });
+    let selector = LeaderSelector::new(&s, &path, panics_first)?.with_auto_requeue();
     selector.start()?;
     timeout(WITHIN, async {
-        while calls.load(Ordering::SeqCst) < 2 {
+        while calls.began.load(Ordering::SeqCst) < 2 {
             selector.watch_leadership().changed().await.ok();
         }
     })

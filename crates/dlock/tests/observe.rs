@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use common::tests2::next_within;
 use common::{await_children, Harness};
 use dlock::recipes::leader_selector::LeaderSelector;
 use dlock::recipes::observe::observe;
@@ -17,10 +18,7 @@ use futures::StreamExt;
 const WITHIN: Duration = Duration::from_secs(30);
 
 async fn next<T>(events: &mut BoxStream<'static, T>) -> Result<T> {
-    tokio::time::timeout(WITHIN, events.next())
-        .await
-        .context("no change in time")?
-        .context("the stream ended")
+    next_within(events, WITHIN).await
 }
 
 fn id(leader: &Option<LeaderParticipant>) -> Option<&str> {

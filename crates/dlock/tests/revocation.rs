@@ -122,56 +122,118 @@ async fn revoke_once_queued(
     Ok(())
 }
 
-/// CURATOR-150: an operator deletes a mutex holder's node.
-async fn a_mutex_holder_revoked_by_force(h: &Harness) -> Result<()> {
+/// A hold revoked by force while a waiter queues: `hold` takes the hold
+/// in the holder's session (a guarded write lands), then `wait` queues in
+/// the waiter's; an operator deletes the holder's node once `queue` lists
+/// `queued` nodes, and the hold [`hands_over`]. Returns the waiter's hold
+/// and the operator's session.
+async fn revoked_by_force<H, N, Held, Waited>(
+    h: &Harness,
+    queue: &str,
+    queued: usize,
+    hold: impl FnOnce(Session) -> Held,
+    wait: impl FnOnce(Session) -> Waited,
+) -> Result<(N, Session)>
+where
+    H: Hold,
+    N: Hold + 'static,
+    Held: std::future::Future<Output = dlock::Result<H>>,
+    Waited: std::future::Future<Output = dlock::Result<N>> + Send + 'static,
+{
     let (holder, waiter, operator) = (h.session().await, h.session().await, h.session().await);
     let resource = fenced_resource(h, &holder).await?;
-    let path = h.path("/locks/forced");
-    let guard = Mutex::new(&holder, &path)?.acquire().await?;
-    guarded_write_lands(&guard, &resource).await?;
-    let next = Mutex::new(&waiter, &path)?;
-    let waiting = tokio::spawn(async move { next.acquire().await });
-    revoke_once_queued(&operator, &path, 2, guard.node()).await?;
-    hands_over(guard, waiting, &resource, &holder)
-        .await?
-        .release()
-        .await?;
+    let taken = hold(holder.clone()).await?;
+    guarded_write_lands(taken.acquisition(), &resource).await?;
+    let waiting = tokio::spawn(wait(waiter));
+    revoke_once_queued(&operator, queue, queued, taken.acquisition().node()).await?;
+    let next = hands_over(taken, waiting, &resource, &holder).await?;
     holder.delete(&resource, None).await?;
+    Ok((next, operator))
+}
+
+/// A recipe of one permit whose holds these tests take away.
+trait OnePermit: Sized + Send + 'static {
+    type Held: Hold + 'static;
+    /// The recipe at `path`, in `session`.
+    fn at(session: &Session, path: &str) -> dlock::Result<Self>;
+    /// A hold of it ends by itself after `max_hold`.
+    fn limited_to(self, max_hold: Duration) -> Self;
+    /// Takes its permit.
+    fn take(self) -> impl std::future::Future<Output = dlock::Result<Self::Held>> + Send;
+}
+
+/// The recipes' `OnePermit`: each made with one permit, limited and
+/// taken as its own type does.
+macro_rules! one_permit {
+    ($($recipe:ident => $held:ty, |$s:ident, $p:ident| $made:expr, |$r:ident| $taken:expr;)*) => {$(
+        impl OnePermit for $recipe {
+            type Held = $held;
+            fn at($s: &Session, $p: &str) -> dlock::Result<Self> {
+                $made
+            }
+            fn limited_to(self, max_hold: Duration) -> Self {
+                self.with_max_hold(max_hold)
+            }
+            async fn take(self) -> dlock::Result<Self::Held> {
+                let $r = self;
+                $taken.await
+            }
+        }
+    )*};
+}
+
+one_permit! {
+    Mutex => dlock::MutexGuard, |s, p| Mutex::new(s, p), |m| m.acquire();
+    Semaphore => dlock::Lease, |s, p| Semaphore::new(s, p, 1), |sem| sem.acquire_one();
+    KvSemaphore => dlock::KvLease, |s, p| KvSemaphore::new(s, p, 1), |sem| sem.acquire();
+}
+
+/// `session` takes `P`'s permit at `path`, limited to `max_hold` if given.
+fn take_at<P: OnePermit>(
+    session: &Session,
+    path: &str,
+    max_hold: Option<Duration>,
+) -> impl std::future::Future<Output = dlock::Result<P::Held>> + Send + 'static {
+    let made = P::at(session, path).map(|p| match max_hold {
+        Some(max_hold) => p.limited_to(max_hold),
+        None => p,
+    });
+    async move { made?.take().await }
+}
+
+/// CURATOR-150: an operator deletes a mutex holder's node.
+async fn a_mutex_holder_revoked_by_force(h: &Harness) -> Result<()> {
+    let path = h.path("/locks/forced");
+    let acquire = |session: Session| take_at::<Mutex>(&session, &path, None);
+    let (next, _) = revoked_by_force(h, &path, 2, acquire, acquire).await?;
+    next.release().await?;
     Ok(())
 }
 
 /// The write half of a read-write lock revoked by force lets the reader in.
 async fn a_writer_revoked_by_force(h: &Harness) -> Result<()> {
-    let (holder, reader, operator) = (h.session().await, h.session().await, h.session().await);
-    let resource = fenced_resource(h, &holder).await?;
     let path = h.path("/locks/rw");
-    let writing = ReadWriteLock::new(&holder, &path)?.write().await?;
-    let lock = ReadWriteLock::new(&reader, &path)?;
-    let waiting = tokio::spawn(async move { lock.read().await });
-    revoke_once_queued(&operator, &path, 2, writing.node()).await?;
-    hands_over(writing, waiting, &resource, &holder)
-        .await?
-        .release()
-        .await?;
-    holder.delete(&resource, None).await?;
+    let lock = |session: Session| ReadWriteLock::new(&session, &path);
+    let write = |session| {
+        let lock = lock(session);
+        async move { lock?.write().await }
+    };
+    let read = |session| {
+        let lock = lock(session);
+        async move { lock?.read().await }
+    };
+    let (reading, _) = revoked_by_force(h, &path, 2, write, read).await?;
+    reading.release().await?;
     Ok(())
 }
 
 /// A semaphore lease revoked by force frees its permit for the waiter.
 async fn a_semaphore_lease_revoked_by_force(h: &Harness) -> Result<()> {
-    let (holder, waiter, operator) = (h.session().await, h.session().await, h.session().await);
-    let resource = fenced_resource(h, &holder).await?;
     let path = h.path("/sem/forced");
-    let lease = Semaphore::new(&holder, &path, 1)?.acquire_one().await?;
-    guarded_write_lands(&lease, &resource).await?;
-    let sem = Semaphore::new(&waiter, &path, 1)?;
-    let waiting = tokio::spawn(async move { sem.acquire_one().await });
-    revoke_once_queued(&operator, &format!("{path}/leases"), 2, lease.node()).await?;
-    hands_over(lease, waiting, &resource, &holder)
-        .await?
-        .release()
-        .await?;
-    holder.delete(&resource, None).await?;
+    let acquire = |session: Session| take_at::<Semaphore>(&session, &path, None);
+    let leases = format!("{path}/leases");
+    let (next, _) = revoked_by_force(h, &leases, 2, acquire, acquire).await?;
+    next.release().await?;
     Ok(())
 }
 
@@ -179,24 +241,19 @@ async fn a_semaphore_lease_revoked_by_force(h: &Harness) -> Result<()> {
 /// contender prunes it and takes the slot — in both layouts.
 async fn a_kv_lease_revoked_by_force(h: &Harness) -> Result<()> {
     for layout in [Layout::Curator, Layout::Consul] {
-        let (holder, waiter, operator) = (h.session().await, h.session().await, h.session().await);
-        let resource = fenced_resource(h, &holder).await?;
         let path = h.path(&format!("/kv/forced-{layout}"));
-        let sem = KvSemaphore::new(&holder, &path, 1)?.with_layout(layout);
-        let lease = sem.acquire().await?;
-        guarded_write_lands(&lease, &resource).await?;
-        let next = KvSemaphore::new(&waiter, &path, 1)?.with_layout(layout);
-        let waiting = tokio::spawn(async move { next.acquire().await });
+        let kv = |session: &Session| -> dlock::Result<KvSemaphore> {
+            Ok(KvSemaphore::new(session, &path, 1)?.with_layout(layout))
+        };
+        let acquire = |session: Session| {
+            let sem = kv(&session);
+            async move { sem?.acquire().await }
+        };
         // The record and both entries.
-        revoke_once_queued(&operator, &path, 3, lease.node()).await?;
-        let next = hands_over(lease, waiting, &resource, &holder).await?;
-        let holders = KvSemaphore::new(&operator, &path, 1)?
-            .with_layout(layout)
-            .holders()
-            .await?;
+        let (next, operator) = revoked_by_force(h, &path, 3, acquire, acquire).await?;
+        let holders = kv(&operator)?.holders().await?;
         ensure!(holders == [next.holder()], "{layout}: {holders:?}");
         next.release().await?;
-        holder.delete(&resource, None).await?;
     }
     Ok(())
 }
@@ -264,20 +321,13 @@ async fn a_hold_released_in_time_stands_the_limit_down(h: &Harness) -> Result<()
     Ok(())
 }
 
-/// An expired permit goes to the waiting acquirer at once: `permit`
-/// acquires one on a session, limited to `max_hold` if given.
-async fn an_expired_permit_goes_to_the_waiter<N, Permit>(
-    h: &Harness,
-    permit: impl Fn(Session, Option<Duration>) -> Permit,
-) -> Result<()>
-where
-    N: Hold + 'static,
-    Permit: std::future::Future<Output = dlock::Result<N>> + Send + 'static,
-{
+/// An expired permit goes to the waiting acquirer at once: the holder's
+/// `P` at `path` is limited to [`MAX_HOLD`], the waiter's is not.
+async fn an_expired_permit_goes_to_the_waiter<P: OnePermit>(h: &Harness, path: &str) -> Result<()> {
     let (holder, waiter) = (h.session().await, h.session().await);
     let resource = fenced_resource(h, &holder).await?;
-    let lease = permit(holder.clone(), Some(MAX_HOLD)).await?;
-    let waiting = tokio::spawn(permit(waiter, None));
+    let lease = take_at::<P>(&holder, path, Some(MAX_HOLD)).await?;
+    let waiting = tokio::spawn(take_at::<P>(&waiter, path, None));
     let next = hands_over(lease, waiting, &resource, &holder).await?;
     Box::new(next).release().await?;
     holder.delete(&resource, None).await?;
@@ -287,34 +337,12 @@ where
 /// Redisson's PermitExpirableSemaphore: an expired permit goes to the
 /// waiting acquirer at once.
 async fn an_expired_semaphore_permit(h: &Harness) -> Result<()> {
-    let path = h.path("/sem/expiring");
-    an_expired_permit_goes_to_the_waiter(h, |session, max_hold| {
-        let sem = Semaphore::new(&session, &path, 1);
-        async move {
-            let sem = match max_hold {
-                Some(limit) => sem?.with_max_hold(limit),
-                None => sem?,
-            };
-            sem.acquire_one().await
-        }
-    })
-    .await
+    an_expired_permit_goes_to_the_waiter::<Semaphore>(h, &h.path("/sem/expiring")).await
 }
 
 /// An expired KvSemaphore slot: the entry goes, the waiter prunes it.
 async fn an_expired_kv_permit(h: &Harness) -> Result<()> {
-    let path = h.path("/kv/expiring");
-    an_expired_permit_goes_to_the_waiter(h, |session, max_hold| {
-        let sem = KvSemaphore::new(&session, &path, 1);
-        async move {
-            let sem = match max_hold {
-                Some(limit) => sem?.with_max_hold(limit),
-                None => sem?,
-            };
-            sem.acquire().await
-        }
-    })
-    .await
+    an_expired_permit_goes_to_the_waiter::<KvSemaphore>(h, &h.path("/kv/expiring")).await
 }
 
 /// CURATOR-650: revocation requests reach semaphore lease holders, and
@@ -322,14 +350,13 @@ async fn an_expired_kv_permit(h: &Harness) -> Result<()> {
 async fn revocation_requests_reach_semaphore_holders(h: &Harness) -> Result<()> {
     let (holder, other) = (h.session().await, h.session().await);
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let told = tx.clone();
+    // A holder that is asked to let go passes the node on to the test.
+    let tell = move |node: &str| {
+        let _ = tx.send(node.to_string());
+    };
     let path = h.path("/sem/revocable");
-    let lease = Semaphore::new(&holder, &path, 1)?
-        .revocable(move |node| {
-            let _ = told.send(node.to_string());
-        })
-        .acquire_one()
-        .await?;
+    let sem = Semaphore::new(&holder, &path, 1)?.revocable(tell.clone());
+    let lease = sem.acquire_one().await?;
     ensure!(
         lease.data().is_empty(),
         "revocable lease nodes carry no data"
@@ -345,9 +372,7 @@ async fn revocation_requests_reach_semaphore_holders(h: &Harness) -> Result<()> 
 
     let kv_path = h.path("/kv/revocable");
     let slot = KvSemaphore::new(&holder, &kv_path, 1)?
-        .revocable(move |node| {
-            let _ = tx.send(node.to_string());
-        })
+        .revocable(tell)
         .acquire()
         .await?;
     let kv_other = KvSemaphore::new(&other, &kv_path, 1)?;

@@ -528,3 +528,4 @@ macro_rules! per_backend {
 }
 
 pub mod tests1;
+pub mod tests2;
