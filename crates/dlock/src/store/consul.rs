@@ -157,16 +157,16 @@ use base64::Engine as _;
 use hyper::Method;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::watch as status_watch;
 
 use self::http::{encode_key, Http, Response};
 use self::keeper::{ttl_for, Keeper};
 use self::keys::{Entry, Layout};
 use self::watch::Kind;
+use super::create::CreateRequest;
 use super::keepalive::Kept;
+use super::status::SessionMachine;
 use super::{
-    BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId, SessionStatus,
-    Stat, Store, Watch, TAG_MIN,
+    BackendKind, Child, Created, Faults, Op, OpResult, SessionId, Stat, Store, Watch, TAG_MIN,
 };
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
@@ -554,123 +554,6 @@ impl ConsulStore {
         )
     }
 
-    /// Creates `path` and, with `list`, lists that directory in the same
-    /// transaction.
-    async fn create_in(
-        &self,
-        path: &str,
-        data: &[u8],
-        opts: CreateOptions,
-        list: Option<&str>,
-    ) -> Result<(Created, Option<Vec<Child>>)> {
-        let (session, uuid) = self.keeper.current().await?;
-        let parent = path::parent(path);
-        let ancestors: Vec<&str> = path::ancestors(path).collect();
-        // Consul takes any key in a transaction but refuses some in URLs
-        // (see `refused`): a node created with such a name could never be
-        // read, watched or deleted by key. Reading the key itself first
-        // refuses it before anything is written; only non-ASCII paths need
-        // it (every ASCII character dlock accepts is printable).
-        let probe = async {
-            match path.is_ascii() {
-                true => Ok(None),
-                false => self.entry(path).await,
-            }
-        };
-        let (found, _) = futures::future::try_join(
-            futures::future::try_join_all(ancestors.iter().map(|a| self.entry(a))),
-            probe,
-        )
-        .await?;
-        for (ancestor, entry) in ancestors.iter().zip(&found) {
-            if entry.as_ref().is_some_and(|e| e.session.is_some()) {
-                return Err(Error::NoChildrenForEphemerals {
-                    path: ancestor.to_string(),
-                });
-            }
-        }
-        if !opts.create_parents && parent != "/" && found.last().is_none_or(Option::is_none) {
-            let below = self.layout.below(parent);
-            let entries = self.recurse(&below, parent).await?;
-            if !entries.iter().any(|e| keys::is_descendant(&below, &e.key)) {
-                return Err(Error::NoNode {
-                    path: parent.to_string(),
-                });
-            }
-        }
-        let ephemeral = opts.mode.is_ephemeral();
-        let sequential = opts.mode.is_sequential();
-        for attempt in 1.. {
-            let suffix = sequential.then(|| self.next_suffix());
-            let full = format!("{path}{}", suffix.as_deref().unwrap_or(""));
-            let key = self.layout.key(&full);
-            let position = (!sequential)
-                .then(|| self.position_of(session, &full))
-                .flatten();
-            let flags = opts.tag.unwrap_or(0);
-            let mut ops = vec![kv("check-not-exists", &key)];
-            ops.push(match ephemeral {
-                true => with(
-                    write("lock", &key, data, flags),
-                    "Session",
-                    uuid.clone().into(),
-                ),
-                false => write("set", &key, data, flags),
-            });
-            if let Some((sibling, created)) = &position {
-                ops.push(with(
-                    kv("check-session", &self.layout.key(sibling)),
-                    "Session",
-                    uuid.clone().into(),
-                ));
-                ops.push(with(
-                    write("lock", &keys::marker(&key, *created), b"", 0),
-                    "Session",
-                    uuid.clone().into(),
-                ));
-            }
-            let below = list.map(|l| self.layout.below(l));
-            if let Some(below) = &below {
-                ops.push(kv("get-tree", below));
-            }
-            match self.txn(&ops, &full, session).await? {
-                Ok(entries) => {
-                    let Some(entry) = first_entry(&entries, &key) else {
-                        return Err(Error::Backend(format!(
-                            "Consul created {full} but did not return its entry"
-                        )));
-                    };
-                    if ephemeral {
-                        self.remember(session, &full, entry, suffix.as_deref());
-                    }
-                    let mut stat = keys::stat(entry, 0);
-                    stat.ephemeral_owner = if ephemeral { session } else { 0 };
-                    stat.data_length = data.len().min(i32::MAX as usize) as i32;
-                    let children = below.map(|b| keys::children(&b, &entries));
-                    return Ok((Created { path: full, stat }, children));
-                }
-                Err(failure) if failure.index == 0 => {
-                    if sequential && attempt < SEQUENCE_ATTEMPTS {
-                        continue;
-                    }
-                    return Err(Error::NodeExists { path: full });
-                }
-                Err(failure) if failure.index == 2 && position.is_some() => {
-                    return Err(Error::NoNode {
-                        path: position.map(|p| p.0).unwrap_or_default(),
-                    });
-                }
-                Err(failure) => {
-                    return Err(Error::Backend(format!(
-                        "Consul refused to create {full}: {}",
-                        failure.what
-                    )))
-                }
-            }
-        }
-        unreachable!("the loop returns")
-    }
-
     /// Deletes one of this session's ephemeral nodes, fenced by its modify
     /// index: a newer node of that name is never removed.
     async fn delete_owned(
@@ -711,12 +594,8 @@ impl Store for ConsulStore {
         BackendKind::Consul
     }
 
-    fn status(&self) -> status_watch::Receiver<SessionStatus> {
-        self.keeper.machine.subscribe()
-    }
-
-    fn session_timeout(&self) -> Duration {
-        self.keeper.ttl
+    fn machine(&self) -> &dyn SessionMachine {
+        &self.keeper.machine
     }
 
     /// The Consul session's UUID, as `consul lock` writes it in a
@@ -727,22 +606,117 @@ impl Store for ConsulStore {
         (keys::session_id(&uuid), uuid)
     }
 
-    async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
-        let (created, _) = self.create_in(path, data, opts, None).await?;
-        self.keeper.machine.lost_create_reply()?;
-        Ok(created)
-    }
-
-    async fn create_and_list(
-        &self,
-        path: &str,
-        data: &[u8],
-        opts: CreateOptions,
-        list: &str,
-    ) -> Result<(Created, Vec<Child>)> {
-        let (created, children) = self.create_in(path, data, opts, Some(list)).await?;
-        self.keeper.machine.lost_create_reply()?;
-        Ok((created, children.unwrap_or_default()))
+    /// Creates the node and, with a listing asked for, lists that
+    /// directory in the same transaction.
+    async fn create_in(&self, request: CreateRequest<'_>) -> Result<(Created, Option<Vec<Child>>)> {
+        let (session, uuid) = self.keeper.current().await?;
+        let path = request.path;
+        let parent = path::parent(path);
+        let ancestors: Vec<&str> = path::ancestors(path).collect();
+        // Consul takes any key in a transaction but refuses some in URLs
+        // (see `refused`): a node created with such a name could never be
+        // read, watched or deleted by key. Reading the key itself first
+        // refuses it before anything is written; only non-ASCII paths need
+        // it (every ASCII character dlock accepts is printable).
+        let probe = async {
+            match path.is_ascii() {
+                true => Ok(None),
+                false => self.entry(path).await,
+            }
+        };
+        let (found, _) = futures::future::try_join(
+            futures::future::try_join_all(ancestors.iter().map(|a| self.entry(a))),
+            probe,
+        )
+        .await?;
+        for (ancestor, entry) in ancestors.iter().zip(&found) {
+            if entry.as_ref().is_some_and(|e| e.session.is_some()) {
+                return Err(Error::NoChildrenForEphemerals {
+                    path: ancestor.to_string(),
+                });
+            }
+        }
+        if !request.opts.create_parents && parent != "/" && found.last().is_none_or(Option::is_none)
+        {
+            let below = self.layout.below(parent);
+            let entries = self.recurse(&below, parent).await?;
+            if !entries.iter().any(|e| keys::is_descendant(&below, &e.key)) {
+                return Err(Error::NoNode {
+                    path: parent.to_string(),
+                });
+            }
+        }
+        let ephemeral = request.opts.mode.is_ephemeral();
+        let sequential = request.opts.mode.is_sequential();
+        for attempt in 1.. {
+            let suffix = sequential.then(|| self.next_suffix());
+            let full = format!("{path}{}", suffix.as_deref().unwrap_or(""));
+            let key = self.layout.key(&full);
+            let position = (!sequential)
+                .then(|| self.position_of(session, &full))
+                .flatten();
+            let flags = request.opts.tag.unwrap_or(0);
+            let mut ops = vec![kv("check-not-exists", &key)];
+            ops.push(match ephemeral {
+                true => with(
+                    write("lock", &key, request.data, flags),
+                    "Session",
+                    uuid.clone().into(),
+                ),
+                false => write("set", &key, request.data, flags),
+            });
+            if let Some((sibling, created)) = &position {
+                ops.push(with(
+                    kv("check-session", &self.layout.key(sibling)),
+                    "Session",
+                    uuid.clone().into(),
+                ));
+                ops.push(with(
+                    write("lock", &keys::marker(&key, *created), b"", 0),
+                    "Session",
+                    uuid.clone().into(),
+                ));
+            }
+            let below = request.list.map(|l| self.layout.below(l));
+            if let Some(below) = &below {
+                ops.push(kv("get-tree", below));
+            }
+            match self.txn(&ops, &full, session).await? {
+                Ok(entries) => {
+                    let Some(entry) = first_entry(&entries, &key) else {
+                        return Err(Error::Backend(format!(
+                            "Consul created {full} but did not return its entry"
+                        )));
+                    };
+                    if ephemeral {
+                        self.remember(session, &full, entry, suffix.as_deref());
+                    }
+                    let mut stat = keys::stat(entry, 0);
+                    stat.ephemeral_owner = if ephemeral { session } else { 0 };
+                    stat.data_length = request.data.len().min(i32::MAX as usize) as i32;
+                    let children = below.map(|b| keys::children(&b, &entries));
+                    return Ok((Created { path: full, stat }, children));
+                }
+                Err(failure) if failure.index == 0 => {
+                    if sequential && attempt < SEQUENCE_ATTEMPTS {
+                        continue;
+                    }
+                    return Err(Error::NodeExists { path: full });
+                }
+                Err(failure) if failure.index == 2 && position.is_some() => {
+                    return Err(Error::NoNode {
+                        path: position.map(|p| p.0).unwrap_or_default(),
+                    });
+                }
+                Err(failure) => {
+                    return Err(Error::Backend(format!(
+                        "Consul refused to create {full}: {}",
+                        failure.what
+                    )))
+                }
+            }
+        }
+        unreachable!("the loop returns")
     }
 
     async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
