@@ -159,7 +159,8 @@ fn children(names: Vec<String>) -> Vec<Child> {
     names.into_iter().map(Child::named).collect()
 }
 
-type CreateResult = std::result::Result<(zk::Stat, zk::CreateSequence), zk::Error>;
+type ZkResult<T> = std::result::Result<T, zk::Error>;
+type CreateResult = ZkResult<(zk::Stat, zk::CreateSequence)>;
 
 impl ZooKeeperStore {
     fn options(&self, mode: CreateMode) -> zk::CreateOptions<'static> {
@@ -196,6 +197,25 @@ impl ZooKeeperStore {
             }
         }
         Ok(())
+    }
+
+    /// A read with the session's client: `plain` without a watch, else
+    /// `watched`, whose watcher is armed. Errors name `path`.
+    async fn read<T>(
+        &self,
+        path: &str,
+        watch: bool,
+        plain: impl AsyncFnOnce(&zk::Client) -> ZkResult<T>,
+        watched: impl AsyncFnOnce(&zk::Client) -> ZkResult<(T, zk::OneshotWatcher)>,
+    ) -> Result<(T, Option<Watch>)> {
+        let client = self.inner.client().await?;
+        let result = match watch {
+            true => watched(&client)
+                .await
+                .map(|(found, w)| (found, Some(self.inner.arm(w)))),
+            false => plain(&client).await.map(|found| (found, None)),
+        };
+        result.map_err(|e| self.inner.error(&client, e, path))
     }
 
     fn finish_create(
@@ -280,51 +300,27 @@ impl Store for ZooKeeperStore {
     }
 
     async fn get_data(&self, path: &str, watch: bool) -> Result<(Vec<u8>, Stat, Option<Watch>)> {
-        let client = self.inner.client().await?;
-        let result = if watch {
-            client
-                .get_and_watch_data(path)
-                .await
-                .map(|(data, s, w)| (data, stat(&s), Some(self.inner.arm(w))))
-        } else {
-            client
-                .get_data(path)
-                .await
-                .map(|(data, s)| (data, stat(&s), None))
+        let plain = async |client: &zk::Client| client.get_data(path).await;
+        let watched = async |client: &zk::Client| {
+            let (data, s, w) = client.get_and_watch_data(path).await?;
+            Ok(((data, s), w))
         };
-        result.map_err(|e| self.inner.error(&client, e, path))
+        let ((data, s), w) = self.read(path, watch, plain, watched).await?;
+        Ok((data, stat(&s), w))
     }
 
     async fn exists(&self, path: &str, watch: bool) -> Result<(Option<Stat>, Option<Watch>)> {
-        let client = self.inner.client().await?;
-        let result = if watch {
-            client
-                .check_and_watch_stat(path)
-                .await
-                .map(|(s, w)| (s.as_ref().map(stat), Some(self.inner.arm(w))))
-        } else {
-            client
-                .check_stat(path)
-                .await
-                .map(|s| (s.as_ref().map(stat), None))
-        };
-        result.map_err(|e| self.inner.error(&client, e, path))
+        let plain = async |client: &zk::Client| client.check_stat(path).await;
+        let watched = async |client: &zk::Client| client.check_and_watch_stat(path).await;
+        let (s, w) = self.read(path, watch, plain, watched).await?;
+        Ok((s.as_ref().map(stat), w))
     }
 
     async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
-        let client = self.inner.client().await?;
-        let result = if watch {
-            client
-                .list_and_watch_children(path)
-                .await
-                .map(|(names, w)| (children(names), Some(self.inner.arm(w))))
-        } else {
-            client
-                .list_children(path)
-                .await
-                .map(|names| (children(names), None))
-        };
-        result.map_err(|e| self.inner.error(&client, e, path))
+        let plain = async |client: &zk::Client| client.list_children(path).await;
+        let watched = async |client: &zk::Client| client.list_and_watch_children(path).await;
+        let (names, w) = self.read(path, watch, plain, watched).await?;
+        Ok((children(names), w))
     }
 
     async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {

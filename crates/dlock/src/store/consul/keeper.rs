@@ -306,12 +306,8 @@ impl Renewer for Keeper {
         &self.runtime
     }
 
-    fn name(slot: &mut SessionSlot, take: bool) -> Option<String> {
-        let uuid = match take {
-            true => std::mem::take(&mut slot.uuid),
-            false => slot.uuid.clone(),
-        };
-        (!uuid.is_empty()).then_some(uuid)
+    fn name_in(slot: &mut SessionSlot) -> &mut String {
+        &mut slot.uuid
     }
 
     async fn open_session(&self) -> Result<(SessionId, SessionSlot)> {

@@ -342,12 +342,8 @@ impl Renewer for Lease {
         &self.runtime
     }
 
-    fn name(slot: &mut LeaseSlot, take: bool) -> Option<SessionId> {
-        let lease = match take {
-            true => std::mem::take(&mut slot.lease),
-            false => slot.lease,
-        };
-        (lease != 0).then_some(lease)
+    fn name_in(slot: &mut LeaseSlot) -> &mut SessionId {
+        &mut slot.lease
     }
 
     async fn open_session(&self) -> Result<(SessionId, LeaseSlot)> {
