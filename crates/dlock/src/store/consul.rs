@@ -149,7 +149,7 @@ mod watch;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -164,6 +164,7 @@ use self::keys::{Entry, Layout};
 use self::watch::Kind;
 use super::create::CreateRequest;
 use super::keepalive::Kept;
+use super::owned::{Owned, OwnedNodes};
 use super::status::SessionMachine;
 use super::{
     BackendKind, Child, Created, Faults, Op, OpResult, SessionId, Stat, Store, Watch, TAG_MIN,
@@ -204,7 +205,7 @@ pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<d
         keeper,
         http,
         layout: Layout::new(prefix.as_deref()),
-        owned: StdMutex::new(Owned::default()),
+        owned: OwnedNodes::default(),
         sequence: AtomicU64::new(
             (uuid::Uuid::new_v4().as_u128() % (SEQUENCE_SPACE as u128 / 2)) as u64,
         ),
@@ -220,21 +221,13 @@ const CAS_ATTEMPTS: usize = 32;
 /// Consul's limit of operations in one transaction.
 const MAX_TXN_OPS: usize = 64;
 
-/// The ephemeral nodes this client created in the current session.
-#[derive(Debug, Default)]
-struct Owned {
-    session: SessionId,
-    /// Path → (create index, modify index).
-    nodes: HashMap<String, (u64, u64)>,
-    /// (directory, suffix) → path, for sequential nodes.
-    sequenced: HashMap<(String, String), String>,
-}
-
 struct ConsulStore {
     keeper: Kept<Keeper>,
     http: Arc<Http>,
     layout: Layout,
-    owned: StdMutex<Owned>,
+    /// The ephemeral nodes this client created in the current session, by
+    /// their (create index, modify index).
+    owned: OwnedNodes<(u64, u64)>,
     sequence: AtomicU64,
 }
 
@@ -491,40 +484,17 @@ impl ConsulStore {
         }
     }
 
-    fn owned(&self, session: SessionId) -> std::sync::MutexGuard<'_, Owned> {
-        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
-        if owned.session != session {
-            *owned = Owned {
-                session,
-                ..Owned::default()
-            };
-        }
-        owned
+    fn owned(&self, session: SessionId) -> MutexGuard<'_, Owned<(u64, u64)>> {
+        self.owned.of(session)
     }
 
     fn remember(&self, session: SessionId, path: &str, e: &Entry, suffix: Option<&str>) {
-        let mut owned = self.owned(session);
-        owned
-            .nodes
-            .insert(path.to_string(), (e.create_index, e.modify_index));
-        if let Some(suffix) = suffix {
-            owned.sequenced.insert(
-                (path::parent(path).to_string(), suffix.to_string()),
-                path.to_string(),
-            );
-        }
+        let fence = (e.create_index, e.modify_index);
+        self.owned(session).remember(path, fence, suffix);
     }
 
     fn forget(&self, session: SessionId, path: &str) {
-        let mut owned = self.owned(session);
-        if owned.nodes.remove(path).is_some() {
-            if let Some(suffix) = keys::sequence_suffix(path::node_name(path)) {
-                let key = (path::parent(path).to_string(), suffix.to_string());
-                if owned.sequenced.get(&key).is_some_and(|p| p == path) {
-                    owned.sequenced.remove(&key);
-                }
-            }
-        }
+        self.owned(session).forget(path);
     }
 
     /// The sequential sibling whose place a non-sequential create of

@@ -190,7 +190,7 @@ use etcd_client::{
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
 
 use self::error::{map_error, Failure};
 use self::lease::{Config, Lease};
@@ -198,6 +198,7 @@ use self::watch::{Hub, Kind, Request};
 use super::create::CreateRequest;
 use super::keepalive::{Kept, Renewer};
 use super::namespace::Namespaced;
+use super::owned::{Owned, OwnedNodes};
 use super::status::SessionMachine;
 use super::{BackendKind, Child, Created, Faults, Op, OpResult, SessionId, Stat, Store, Watch};
 use crate::endpoint::Endpoint;
@@ -223,7 +224,7 @@ pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<d
     let store = EtcdStore {
         lease,
         hub,
-        owned: StdMutex::new(Owned::default()),
+        owned: OwnedNodes::default(),
         doubtful: StdMutex::new(HashSet::new()),
         sequence: AtomicU64::new(random_start()),
         root: root.clone(),
@@ -247,16 +248,6 @@ fn random_start() -> u64 {
 /// same suffix for the same name.
 const SEQUENCE_ATTEMPTS: usize = 16;
 
-/// The ephemeral nodes this client created in the current lease.
-#[derive(Debug, Default)]
-struct Owned {
-    lease: SessionId,
-    /// Path → create revision.
-    nodes: HashMap<String, i64>,
-    /// (directory, sequence suffix) → path, for sequential nodes.
-    sequenced: HashMap<(String, String), String>,
-}
-
 /// A plain delete on its way: unless its answer came, its name becomes
 /// doubtful when this is dropped — the delete may still be applied, even
 /// if the caller gave up on it.
@@ -279,7 +270,9 @@ impl Drop for InFlight<'_> {
 struct EtcdStore {
     lease: Kept<Lease>,
     hub: Hub,
-    owned: StdMutex<Owned>,
+    /// The ephemeral nodes this client created in the current lease, by
+    /// their create revision.
+    owned: OwnedNodes<i64>,
     /// Nodes whose plain delete went out but was not answered: it may
     /// still be applied, at any later time, so these names are never
     /// created again by this client (see [`EtcdStore::deletes_plainly`]).
@@ -375,38 +368,16 @@ impl EtcdStore {
     }
 
     /// The owned-node table of `lease` (emptied when the lease changed).
-    fn owned(&self, lease: SessionId) -> std::sync::MutexGuard<'_, Owned> {
-        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
-        if owned.lease != lease {
-            *owned = Owned {
-                lease,
-                ..Owned::default()
-            };
-        }
-        owned
+    fn owned(&self, lease: SessionId) -> MutexGuard<'_, Owned<i64>> {
+        self.owned.of(lease)
     }
 
     fn remember(&self, lease: SessionId, path: &str, revision: i64, suffix: Option<&str>) {
-        let mut owned = self.owned(lease);
-        owned.nodes.insert(path.to_string(), revision);
-        if let Some(suffix) = suffix {
-            owned.sequenced.insert(
-                (path::parent(path).to_string(), suffix.to_string()),
-                path.to_string(),
-            );
-        }
+        self.owned(lease).remember(path, revision, suffix);
     }
 
     fn forget(&self, lease: SessionId, path: &str) {
-        let mut owned = self.owned(lease);
-        if owned.nodes.remove(path).is_some() {
-            if let Some(suffix) = keys::sequence_suffix(path::node_name(path)) {
-                let key = (path::parent(path).to_string(), suffix.to_string());
-                if owned.sequenced.get(&key).is_some_and(|p| p == path) {
-                    owned.sequenced.remove(&key);
-                }
-            }
-        }
+        self.owned(lease).forget(path);
     }
 
     fn fence(&self, lease: SessionId, path: &str) -> Option<i64> {

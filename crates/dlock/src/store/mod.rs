@@ -45,6 +45,9 @@ pub mod etcd;
 // The renewal loop of the etcd and Consul sessions.
 #[cfg(any(feature = "etcd", feature = "consul"))]
 mod keepalive;
+// The nodes a session of etcd or Consul holds.
+#[cfg(any(feature = "etcd", feature = "consul"))]
+mod owned;
 // Used by the etcd backend (namespaces); ZooKeeper chroots are native.
 #[cfg(any(feature = "etcd", test))]
 mod namespace;
