@@ -573,7 +573,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// [`create_and_list`](Self::create_and_list) alike: creates
     /// `request.path` and lists `request.list` (`Some` listing exactly
     /// then), with the contract of both. Faults on the reply are injected
-    /// after it, once for every backend (`store::create::run`).
+    /// after it, once for every backend (`store::create::run`, which the
+    /// session calls directly: `create` and `create_and_list` are not
+    /// overridden).
     #[doc(hidden)]
     async fn create_in(&self, request: CreateRequest<'_>) -> Result<(Created, Option<Vec<Child>>)>;
 

@@ -30,8 +30,8 @@ use tokio::sync::watch;
 use crate::error::{Error, Result};
 use crate::store::{ArmedFault, LostReplies, SessionId, SessionState, SessionStatus};
 
-/// What a backend keeps per session in its machine's slot knows the
-/// session timeout the server granted that session.
+/// A backend's per-session slot: it knows the session timeout the server
+/// granted that session.
 pub(crate) trait GrantedTimeout: Send + 'static {
     /// The granted session timeout (ZooKeeper: negotiated; etcd: the
     /// lease's TTL; Consul: the session's TTL).
@@ -50,8 +50,8 @@ pub trait SessionMachine: Send + Sync {
     fn session_timeout(&self) -> Duration;
 
     /// After a create the server applied: `ConnectionLoss` if
-    /// `Faults::lose_next_create_reply` was armed (the connection blips,
-    /// as [`StatusMachine::lost_delete_reply`] says).
+    /// `Faults::lose_next_create_reply` was armed (and the status blips
+    /// `Suspended` → `Reconnected`).
     fn lost_create_reply(&self) -> Result<()>;
 }
 
