@@ -17,6 +17,7 @@ pub use crate::options::{RetryPolicy, SessionOptions};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::path;
+use crate::store::create::{self, CreateRequest};
 use crate::store::embedded::EmbeddedServer;
 use crate::store::{
     BackendKind, Child, CreateMode, CreateOptions, Created, Faults, Op, OpResult, SessionId,
@@ -289,7 +290,8 @@ impl Session {
                 crate::store::TAG_MIN
             )));
         }
-        self.inner.store.create(path, data, opts).await
+        let request = CreateRequest::new(path, data, opts);
+        Ok(create::run(&*self.inner.store, request).await?.0)
     }
 
     /// Deletes a node, if its version matches.
@@ -525,15 +527,9 @@ impl Session {
                         Err(e) => return Err(e),
                     }
                 }
-                let result = if list {
-                    store
-                        .create_and_list(&full, &data, opts, &parent)
-                        .await
-                        .map(|(c, kids)| (c, Some(kids)))
-                } else {
-                    store.create(&full, &data, opts).await.map(|c| (c, None))
-                };
-                match result {
+                let request =
+                    CreateRequest::new(&full, &data, opts).listing(list.then_some(&*parent));
+                match create::run(&**store, request).await {
                     Err(e) if e.is_retryable() => {
                         if !session.backoff(&mut retry).await {
                             session.find_and_delete_in_background(&parent, prefix);

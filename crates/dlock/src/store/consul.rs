@@ -149,7 +149,7 @@ mod watch;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -157,16 +157,17 @@ use base64::Engine as _;
 use hyper::Method;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::watch as status_watch;
 
 use self::http::{encode_key, Http, Response};
 use self::keeper::{ttl_for, Keeper};
 use self::keys::{Entry, Layout};
 use self::watch::Kind;
+use super::create::CreateRequest;
 use super::keepalive::Kept;
+use super::owned::{Owned, OwnedNodes};
+use super::status::SessionMachine;
 use super::{
-    BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId, SessionStatus,
-    Stat, Store, Watch, TAG_MIN,
+    BackendKind, Child, Created, Faults, Op, OpResult, SessionId, Stat, Store, Watch, TAG_MIN,
 };
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
@@ -204,7 +205,7 @@ pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<d
         keeper,
         http,
         layout: Layout::new(prefix.as_deref()),
-        owned: StdMutex::new(Owned::default()),
+        owned: OwnedNodes::default(),
         sequence: AtomicU64::new(
             (uuid::Uuid::new_v4().as_u128() % (SEQUENCE_SPACE as u128 / 2)) as u64,
         ),
@@ -220,21 +221,13 @@ const CAS_ATTEMPTS: usize = 32;
 /// Consul's limit of operations in one transaction.
 const MAX_TXN_OPS: usize = 64;
 
-/// The ephemeral nodes this client created in the current session.
-#[derive(Debug, Default)]
-struct Owned {
-    session: SessionId,
-    /// Path → (create index, modify index).
-    nodes: HashMap<String, (u64, u64)>,
-    /// (directory, suffix) → path, for sequential nodes.
-    sequenced: HashMap<(String, String), String>,
-}
-
 struct ConsulStore {
     keeper: Kept<Keeper>,
     http: Arc<Http>,
     layout: Layout,
-    owned: StdMutex<Owned>,
+    /// The ephemeral nodes this client created in the current session, by
+    /// their (create index, modify index).
+    owned: OwnedNodes<(u64, u64)>,
     sequence: AtomicU64,
 }
 
@@ -491,40 +484,17 @@ impl ConsulStore {
         }
     }
 
-    fn owned(&self, session: SessionId) -> std::sync::MutexGuard<'_, Owned> {
-        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
-        if owned.session != session {
-            *owned = Owned {
-                session,
-                ..Owned::default()
-            };
-        }
-        owned
+    fn owned(&self, session: SessionId) -> MutexGuard<'_, Owned<(u64, u64)>> {
+        self.owned.of(session)
     }
 
     fn remember(&self, session: SessionId, path: &str, e: &Entry, suffix: Option<&str>) {
-        let mut owned = self.owned(session);
-        owned
-            .nodes
-            .insert(path.to_string(), (e.create_index, e.modify_index));
-        if let Some(suffix) = suffix {
-            owned.sequenced.insert(
-                (path::parent(path).to_string(), suffix.to_string()),
-                path.to_string(),
-            );
-        }
+        let fence = (e.create_index, e.modify_index);
+        self.owned(session).remember(path, fence, suffix);
     }
 
     fn forget(&self, session: SessionId, path: &str) {
-        let mut owned = self.owned(session);
-        if owned.nodes.remove(path).is_some() {
-            if let Some(suffix) = keys::sequence_suffix(path::node_name(path)) {
-                let key = (path::parent(path).to_string(), suffix.to_string());
-                if owned.sequenced.get(&key).is_some_and(|p| p == path) {
-                    owned.sequenced.remove(&key);
-                }
-            }
-        }
+        self.owned(session).forget(path);
     }
 
     /// The sequential sibling whose place a non-sequential create of
@@ -552,123 +522,6 @@ impl ConsulStore {
             watch::spawn(self.http.clone(), kind),
             self.keeper.machine.subscribe(),
         )
-    }
-
-    /// Creates `path` and, with `list`, lists that directory in the same
-    /// transaction.
-    async fn create_in(
-        &self,
-        path: &str,
-        data: &[u8],
-        opts: CreateOptions,
-        list: Option<&str>,
-    ) -> Result<(Created, Option<Vec<Child>>)> {
-        let (session, uuid) = self.keeper.current().await?;
-        let parent = path::parent(path);
-        let ancestors: Vec<&str> = path::ancestors(path).collect();
-        // Consul takes any key in a transaction but refuses some in URLs
-        // (see `refused`): a node created with such a name could never be
-        // read, watched or deleted by key. Reading the key itself first
-        // refuses it before anything is written; only non-ASCII paths need
-        // it (every ASCII character dlock accepts is printable).
-        let probe = async {
-            match path.is_ascii() {
-                true => Ok(None),
-                false => self.entry(path).await,
-            }
-        };
-        let (found, _) = futures::future::try_join(
-            futures::future::try_join_all(ancestors.iter().map(|a| self.entry(a))),
-            probe,
-        )
-        .await?;
-        for (ancestor, entry) in ancestors.iter().zip(&found) {
-            if entry.as_ref().is_some_and(|e| e.session.is_some()) {
-                return Err(Error::NoChildrenForEphemerals {
-                    path: ancestor.to_string(),
-                });
-            }
-        }
-        if !opts.create_parents && parent != "/" && found.last().is_none_or(Option::is_none) {
-            let below = self.layout.below(parent);
-            let entries = self.recurse(&below, parent).await?;
-            if !entries.iter().any(|e| keys::is_descendant(&below, &e.key)) {
-                return Err(Error::NoNode {
-                    path: parent.to_string(),
-                });
-            }
-        }
-        let ephemeral = opts.mode.is_ephemeral();
-        let sequential = opts.mode.is_sequential();
-        for attempt in 1.. {
-            let suffix = sequential.then(|| self.next_suffix());
-            let full = format!("{path}{}", suffix.as_deref().unwrap_or(""));
-            let key = self.layout.key(&full);
-            let position = (!sequential)
-                .then(|| self.position_of(session, &full))
-                .flatten();
-            let flags = opts.tag.unwrap_or(0);
-            let mut ops = vec![kv("check-not-exists", &key)];
-            ops.push(match ephemeral {
-                true => with(
-                    write("lock", &key, data, flags),
-                    "Session",
-                    uuid.clone().into(),
-                ),
-                false => write("set", &key, data, flags),
-            });
-            if let Some((sibling, created)) = &position {
-                ops.push(with(
-                    kv("check-session", &self.layout.key(sibling)),
-                    "Session",
-                    uuid.clone().into(),
-                ));
-                ops.push(with(
-                    write("lock", &keys::marker(&key, *created), b"", 0),
-                    "Session",
-                    uuid.clone().into(),
-                ));
-            }
-            let below = list.map(|l| self.layout.below(l));
-            if let Some(below) = &below {
-                ops.push(kv("get-tree", below));
-            }
-            match self.txn(&ops, &full, session).await? {
-                Ok(entries) => {
-                    let Some(entry) = first_entry(&entries, &key) else {
-                        return Err(Error::Backend(format!(
-                            "Consul created {full} but did not return its entry"
-                        )));
-                    };
-                    if ephemeral {
-                        self.remember(session, &full, entry, suffix.as_deref());
-                    }
-                    let mut stat = keys::stat(entry, 0);
-                    stat.ephemeral_owner = if ephemeral { session } else { 0 };
-                    stat.data_length = data.len().min(i32::MAX as usize) as i32;
-                    let children = below.map(|b| keys::children(&b, &entries));
-                    return Ok((Created { path: full, stat }, children));
-                }
-                Err(failure) if failure.index == 0 => {
-                    if sequential && attempt < SEQUENCE_ATTEMPTS {
-                        continue;
-                    }
-                    return Err(Error::NodeExists { path: full });
-                }
-                Err(failure) if failure.index == 2 && position.is_some() => {
-                    return Err(Error::NoNode {
-                        path: position.map(|p| p.0).unwrap_or_default(),
-                    });
-                }
-                Err(failure) => {
-                    return Err(Error::Backend(format!(
-                        "Consul refused to create {full}: {}",
-                        failure.what
-                    )))
-                }
-            }
-        }
-        unreachable!("the loop returns")
     }
 
     /// Deletes one of this session's ephemeral nodes, fenced by its modify
@@ -711,12 +564,8 @@ impl Store for ConsulStore {
         BackendKind::Consul
     }
 
-    fn status(&self) -> status_watch::Receiver<SessionStatus> {
-        self.keeper.machine.subscribe()
-    }
-
-    fn session_timeout(&self) -> Duration {
-        self.keeper.ttl
+    fn machine(&self) -> &dyn SessionMachine {
+        &self.keeper.machine
     }
 
     /// The Consul session's UUID, as `consul lock` writes it in a
@@ -727,22 +576,117 @@ impl Store for ConsulStore {
         (keys::session_id(&uuid), uuid)
     }
 
-    async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
-        let (created, _) = self.create_in(path, data, opts, None).await?;
-        self.keeper.machine.lost_create_reply()?;
-        Ok(created)
-    }
-
-    async fn create_and_list(
-        &self,
-        path: &str,
-        data: &[u8],
-        opts: CreateOptions,
-        list: &str,
-    ) -> Result<(Created, Vec<Child>)> {
-        let (created, children) = self.create_in(path, data, opts, Some(list)).await?;
-        self.keeper.machine.lost_create_reply()?;
-        Ok((created, children.unwrap_or_default()))
+    /// Creates the node and, with a listing asked for, lists that
+    /// directory in the same transaction.
+    async fn create_in(&self, request: CreateRequest<'_>) -> Result<(Created, Option<Vec<Child>>)> {
+        let (session, uuid) = self.keeper.current().await?;
+        let path = request.path;
+        let parent = path::parent(path);
+        let ancestors: Vec<&str> = path::ancestors(path).collect();
+        // Consul takes any key in a transaction but refuses some in URLs
+        // (see `refused`): a node created with such a name could never be
+        // read, watched or deleted by key. Reading the key itself first
+        // refuses it before anything is written; only non-ASCII paths need
+        // it (every ASCII character dlock accepts is printable).
+        let probe = async {
+            match path.is_ascii() {
+                true => Ok(None),
+                false => self.entry(path).await,
+            }
+        };
+        let (found, _) = futures::future::try_join(
+            futures::future::try_join_all(ancestors.iter().map(|a| self.entry(a))),
+            probe,
+        )
+        .await?;
+        for (ancestor, entry) in ancestors.iter().zip(&found) {
+            if entry.as_ref().is_some_and(|e| e.session.is_some()) {
+                return Err(Error::NoChildrenForEphemerals {
+                    path: ancestor.to_string(),
+                });
+            }
+        }
+        if !request.opts.create_parents && parent != "/" && found.last().is_none_or(Option::is_none)
+        {
+            let below = self.layout.below(parent);
+            let entries = self.recurse(&below, parent).await?;
+            if !entries.iter().any(|e| keys::is_descendant(&below, &e.key)) {
+                return Err(Error::NoNode {
+                    path: parent.to_string(),
+                });
+            }
+        }
+        let ephemeral = request.opts.mode.is_ephemeral();
+        let sequential = request.opts.mode.is_sequential();
+        for attempt in 1.. {
+            let suffix = sequential.then(|| self.next_suffix());
+            let full = format!("{path}{}", suffix.as_deref().unwrap_or(""));
+            let key = self.layout.key(&full);
+            let position = (!sequential)
+                .then(|| self.position_of(session, &full))
+                .flatten();
+            let flags = request.opts.tag.unwrap_or(0);
+            let mut ops = vec![kv("check-not-exists", &key)];
+            ops.push(match ephemeral {
+                true => with(
+                    write("lock", &key, request.data, flags),
+                    "Session",
+                    uuid.clone().into(),
+                ),
+                false => write("set", &key, request.data, flags),
+            });
+            if let Some((sibling, created)) = &position {
+                ops.push(with(
+                    kv("check-session", &self.layout.key(sibling)),
+                    "Session",
+                    uuid.clone().into(),
+                ));
+                ops.push(with(
+                    write("lock", &keys::marker(&key, *created), b"", 0),
+                    "Session",
+                    uuid.clone().into(),
+                ));
+            }
+            let below = request.list.map(|l| self.layout.below(l));
+            if let Some(below) = &below {
+                ops.push(kv("get-tree", below));
+            }
+            match self.txn(&ops, &full, session).await? {
+                Ok(entries) => {
+                    let Some(entry) = first_entry(&entries, &key) else {
+                        return Err(Error::Backend(format!(
+                            "Consul created {full} but did not return its entry"
+                        )));
+                    };
+                    if ephemeral {
+                        self.remember(session, &full, entry, suffix.as_deref());
+                    }
+                    let mut stat = keys::stat(entry, 0);
+                    stat.ephemeral_owner = if ephemeral { session } else { 0 };
+                    stat.data_length = request.data.len().min(i32::MAX as usize) as i32;
+                    let children = below.map(|b| keys::children(&b, &entries));
+                    return Ok((Created { path: full, stat }, children));
+                }
+                Err(failure) if failure.index == 0 => {
+                    if sequential && attempt < SEQUENCE_ATTEMPTS {
+                        continue;
+                    }
+                    return Err(Error::NodeExists { path: full });
+                }
+                Err(failure) if failure.index == 2 && position.is_some() => {
+                    return Err(Error::NoNode {
+                        path: position.map(|p| p.0).unwrap_or_default(),
+                    });
+                }
+                Err(failure) => {
+                    return Err(Error::Backend(format!(
+                        "Consul refused to create {full}: {}",
+                        failure.what
+                    )))
+                }
+            }
+        }
+        unreachable!("the loop returns")
     }
 
     async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {

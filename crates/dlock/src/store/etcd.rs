@@ -183,27 +183,24 @@ mod mirror;
 mod multi;
 mod watch;
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex};
-use std::time::Duration;
-
 use async_trait::async_trait;
 use etcd_client::{
     Compare, CompareOp, GetOptions, GetResponse, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
     TxnResponse,
 };
-use tokio::sync::watch as status_watch;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
 
 use self::error::{map_error, Failure};
 use self::lease::{Config, Lease};
 use self::watch::{Hub, Kind, Request};
+use super::create::CreateRequest;
 use super::keepalive::{Kept, Renewer};
 use super::namespace::Namespaced;
-use super::{
-    BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId, SessionStatus,
-    Stat, Store, Watch,
-};
+use super::owned::{Owned, OwnedNodes};
+use super::status::SessionMachine;
+use super::{BackendKind, Child, Created, Faults, Op, OpResult, SessionId, Stat, Store, Watch};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::options::SessionOptions;
@@ -227,7 +224,7 @@ pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<d
     let store = EtcdStore {
         lease,
         hub,
-        owned: StdMutex::new(Owned::default()),
+        owned: OwnedNodes::default(),
         doubtful: StdMutex::new(HashSet::new()),
         sequence: AtomicU64::new(random_start()),
         root: root.clone(),
@@ -251,16 +248,6 @@ fn random_start() -> u64 {
 /// same suffix for the same name.
 const SEQUENCE_ATTEMPTS: usize = 16;
 
-/// The ephemeral nodes this client created in the current lease.
-#[derive(Debug, Default)]
-struct Owned {
-    lease: SessionId,
-    /// Path → create revision.
-    nodes: HashMap<String, i64>,
-    /// (directory, sequence suffix) → path, for sequential nodes.
-    sequenced: HashMap<(String, String), String>,
-}
-
 /// A plain delete on its way: unless its answer came, its name becomes
 /// doubtful when this is dropped — the delete may still be applied, even
 /// if the caller gave up on it.
@@ -283,7 +270,9 @@ impl Drop for InFlight<'_> {
 struct EtcdStore {
     lease: Kept<Lease>,
     hub: Hub,
-    owned: StdMutex<Owned>,
+    /// The ephemeral nodes this client created in the current lease, by
+    /// their create revision.
+    owned: OwnedNodes<i64>,
     /// Nodes whose plain delete went out but was not answered: it may
     /// still be applied, at any later time, so these names are never
     /// created again by this client (see [`EtcdStore::deletes_plainly`]).
@@ -379,38 +368,16 @@ impl EtcdStore {
     }
 
     /// The owned-node table of `lease` (emptied when the lease changed).
-    fn owned(&self, lease: SessionId) -> std::sync::MutexGuard<'_, Owned> {
-        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
-        if owned.lease != lease {
-            *owned = Owned {
-                lease,
-                ..Owned::default()
-            };
-        }
-        owned
+    fn owned(&self, lease: SessionId) -> MutexGuard<'_, Owned<i64>> {
+        self.owned.of(lease)
     }
 
     fn remember(&self, lease: SessionId, path: &str, revision: i64, suffix: Option<&str>) {
-        let mut owned = self.owned(lease);
-        owned.nodes.insert(path.to_string(), revision);
-        if let Some(suffix) = suffix {
-            owned.sequenced.insert(
-                (path::parent(path).to_string(), suffix.to_string()),
-                path.to_string(),
-            );
-        }
+        self.owned(lease).remember(path, revision, suffix);
     }
 
     fn forget(&self, lease: SessionId, path: &str) {
-        let mut owned = self.owned(lease);
-        if owned.nodes.remove(path).is_some() {
-            if let Some(suffix) = keys::sequence_suffix(path::node_name(path)) {
-                let key = (path::parent(path).to_string(), suffix.to_string());
-                if owned.sequenced.get(&key).is_some_and(|p| p == path) {
-                    owned.sequenced.remove(&key);
-                }
-            }
-        }
+        self.owned(lease).forget(path);
     }
 
     fn fence(&self, lease: SessionId, path: &str) -> Option<i64> {
@@ -514,6 +481,14 @@ impl EtcdStore {
         keys::own_key(path, self.is_keyless(path))
     }
 
+    /// A read that counts `path`'s own key: 1 if it has one, else 0.
+    fn count_own(&self, path: &str) -> TxnOp {
+        TxnOp::get(
+            self.own_key(path),
+            Some(GetOptions::new().with_count_only()),
+        )
+    }
+
     /// The ancestors of `path` strictly below the root: those a create must
     /// check are not ephemeral.
     fn ancestors_below_root<'p>(&self, path: &'p str) -> Vec<&'p str> {
@@ -583,13 +558,7 @@ impl EtcdStore {
 
     /// How many keys `path` is (0 or 1), and how many are below it.
     async fn counts(&self, path: &str, lease: SessionId) -> Result<(i64, i64)> {
-        let txn = Txn::new().and_then([
-            TxnOp::get(
-                self.own_key(path),
-                Some(GetOptions::new().with_count_only()),
-            ),
-            count_range(keys::descendants(path)),
-        ]);
+        let txn = Txn::new().and_then([self.count_own(path), count_range(keys::descendants(path))]);
         let resp = self.txn(txn, path, lease).await?;
         let gets = gets(&resp);
         Ok((
@@ -686,25 +655,31 @@ impl EtcdStore {
             ))),
         }
     }
+}
 
-    /// Creates `path` (with a suffix, if sequential) and, with `list`, lists
-    /// that directory in the same transaction.
-    async fn create_in(
-        &self,
-        path: &str,
-        data: &[u8],
-        opts: CreateOptions,
-        list: Option<&str>,
-    ) -> Result<(Created, Option<Vec<Child>>)> {
+#[async_trait]
+impl Store for EtcdStore {
+    fn backend(&self) -> BackendKind {
+        BackendKind::Etcd
+    }
+
+    fn machine(&self) -> &dyn SessionMachine {
+        &self.lease.machine
+    }
+
+    /// Creates the node (with a suffix, if sequential) and, with a listing
+    /// asked for, lists that directory in the same transaction.
+    async fn create_in(&self, request: CreateRequest<'_>) -> Result<(Created, Option<Vec<Child>>)> {
         let lease = self.lease.current().await?;
+        let path = request.path;
         let parent = path::parent(path);
-        if !opts.create_parents && !self.path_exists(parent, lease).await? {
+        if !request.opts.create_parents && !self.path_exists(parent, lease).await? {
             return Err(Error::NoNode {
                 path: parent.to_string(),
             });
         }
-        let ephemeral = opts.mode.is_ephemeral();
-        let sequential = opts.mode.is_sequential();
+        let ephemeral = request.opts.mode.is_ephemeral();
+        let sequential = request.opts.mode.is_sequential();
         let put_options = ephemeral.then(|| PutOptions::new().with_lease(lease));
         let mut attempt = 0;
         loop {
@@ -731,7 +706,7 @@ impl EtcdStore {
                     .iter()
                     .map(|a| Compare::lease(*a, CompareOp::Equal, 0)),
             );
-            let mut then = vec![TxnOp::put(full.as_str(), data, put_options.clone())];
+            let mut then = vec![TxnOp::put(full.as_str(), request.data, put_options.clone())];
             let mut otherwise = vec![TxnOp::get(full.as_str(), keys_only())];
             otherwise.extend(ancestors.iter().map(|a| TxnOp::get(*a, keys_only())));
             if let Some((sibling, revision)) = &position {
@@ -747,7 +722,7 @@ impl EtcdStore {
                 ));
                 otherwise.push(TxnOp::get(sibling.as_str(), keys_only()));
             }
-            if let Some(list) = list {
+            if let Some(list) = request.list {
                 then.push(keys_range(keys::below(list)));
             }
             let txn = Txn::new().when(compares).and_then(then).or_else(otherwise);
@@ -758,7 +733,7 @@ impl EtcdStore {
                 if ephemeral {
                     self.remember(lease, &full, rev, suffix.as_deref());
                 }
-                let children = list.map(|l| {
+                let children = request.list.map(|l| {
                     let listed = gets.last().map_or(&[][..], |g| g.kvs());
                     self.hub.mirrors.seed(l, rev, listed);
                     keys::children(l, listed)
@@ -767,7 +742,7 @@ impl EtcdStore {
                     czxid: rev,
                     mzxid: rev,
                     ephemeral_owner: if ephemeral { lease } else { 0 },
-                    data_length: data.len().min(i32::MAX as usize) as i32,
+                    data_length: request.data.len().min(i32::MAX as usize) as i32,
                     ..Stat::default()
                 };
                 return Ok((Created { path: full, stat }, children));
@@ -794,39 +769,6 @@ impl EtcdStore {
                 "etcd refused to create {full} for no reason it showed"
             )));
         }
-    }
-}
-
-#[async_trait]
-impl Store for EtcdStore {
-    fn backend(&self) -> BackendKind {
-        BackendKind::Etcd
-    }
-
-    fn status(&self) -> status_watch::Receiver<SessionStatus> {
-        self.lease.machine.subscribe()
-    }
-
-    fn session_timeout(&self) -> Duration {
-        self.lease.ttl()
-    }
-
-    async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
-        let (created, _) = self.create_in(path, data, opts, None).await?;
-        self.lease.machine.lost_create_reply()?;
-        Ok(created)
-    }
-
-    async fn create_and_list(
-        &self,
-        path: &str,
-        data: &[u8],
-        opts: CreateOptions,
-        list: &str,
-    ) -> Result<(Created, Vec<Child>)> {
-        let (created, children) = self.create_in(path, data, opts, Some(list)).await?;
-        self.lease.machine.lost_create_reply()?;
-        Ok((created, children.unwrap_or_default()))
     }
 
     async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
@@ -962,13 +904,7 @@ impl Store for EtcdStore {
 
     async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
         let lease = self.lease.current().await?;
-        let txn = Txn::new().and_then([
-            TxnOp::get(
-                self.own_key(path),
-                Some(GetOptions::new().with_count_only()),
-            ),
-            keys_range(keys::below(path)),
-        ]);
+        let txn = Txn::new().and_then([self.count_own(path), keys_range(keys::below(path))]);
         let resp = self.txn(txn, path, lease).await?;
         let gets = gets(&resp);
         let is_key = gets.first().is_some_and(|g| g.count() > 0);

@@ -65,8 +65,8 @@ pub(crate) trait Renewer: Send + Sync + 'static {
     /// session's name).
     type Loop: Send;
     /// How the server names a session, to end it (etcd: the lease id;
-    /// Consul: the session's UUID).
-    type Name: Display + Send + Sync + 'static;
+    /// Consul: the session's UUID); its default names none.
+    type Name: Display + Default + Clone + PartialEq + Send + Sync + 'static;
 
     /// The status machine the loop feeds.
     fn machine(&self) -> &StatusMachine<Self::Slot>;
@@ -78,9 +78,19 @@ pub(crate) trait Renewer: Send + Sync + 'static {
     /// work (a store may be dropped or faulted outside of it).
     fn runtime(&self) -> &Handle;
 
+    /// Where `slot` keeps its session's name (the default once taken).
+    fn name_in(slot: &mut Self::Slot) -> &mut Self::Name;
+
     /// The name of the session in `slot`; with `take`, taken out of it (a
     /// close), and `None` if it was taken already.
-    fn name(slot: &mut Self::Slot, take: bool) -> Option<Self::Name>;
+    fn name(slot: &mut Self::Slot, take: bool) -> Option<Self::Name> {
+        let kept = Self::name_in(slot);
+        let name = match take {
+            true => std::mem::take(kept),
+            false => kept.clone(),
+        };
+        (name != Self::Name::default()).then_some(name)
+    }
 
     /// Opens a new session on the server: its id and slot.
     async fn open_session(&self) -> Result<(SessionId, Self::Slot)>;

@@ -38,12 +38,16 @@
 
 #[cfg(feature = "consul")]
 pub mod consul;
+pub(crate) mod create;
 pub mod embedded;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 // The renewal loop of the etcd and Consul sessions.
 #[cfg(any(feature = "etcd", feature = "consul"))]
 mod keepalive;
+// The nodes a session of etcd or Consul holds.
+#[cfg(any(feature = "etcd", feature = "consul"))]
+mod owned;
 // Used by the etcd backend (namespaces); ZooKeeper chroots are native.
 #[cfg(any(feature = "etcd", test))]
 mod namespace;
@@ -57,6 +61,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::{oneshot, watch};
 
+use self::create::CreateRequest;
+use self::status::SessionMachine;
 use crate::error::Result;
 
 /// A session's identity, as the store numbers it (ZooKeeper session id, etcd
@@ -503,16 +509,30 @@ impl fmt::Display for BackendKind {
 ///
 /// Paths given to these methods are already valid (the
 /// [`Session`](crate::Session) wrapper checks them).
+///
+/// dlock's backends are its only implementations: each runs its session on
+/// the crate's one session-status machine, which the provided methods
+/// reach (status, session timeout, the faults every create goes through),
+/// so the trait cannot be implemented outside the crate.
 #[async_trait]
 pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Which kind of store this is.
     fn backend(&self) -> BackendKind;
 
+    /// The backend's session-status machine (`store::status`), whatever it
+    /// keeps per session.
+    #[doc(hidden)]
+    fn machine(&self) -> &dyn SessionMachine;
+
     /// The session's status channel: the current snapshot, and every change.
-    fn status(&self) -> watch::Receiver<SessionStatus>;
+    fn status(&self) -> watch::Receiver<SessionStatus> {
+        self.machine().subscribe()
+    }
 
     /// The session timeout the server granted.
-    fn session_timeout(&self) -> Duration;
+    fn session_timeout(&self) -> Duration {
+        self.machine().session_timeout()
+    }
 
     /// The current session as the store's own tools name it (Consul: its
     /// UUID; elsewhere its id in 16 hex digits), with the [`SessionId`]
@@ -528,10 +548,14 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// earlier holder's session was invalidated and had one) fails with
     /// [`Error::LockDelay`](crate::Error::LockDelay); stores without lock
     /// delays never return it.
-    async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created>;
+    async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
+        Ok(create::run(self, CreateRequest::new(path, data, opts))
+            .await?
+            .0)
+    }
 
     /// Creates a node and then lists the children of `list`, as one round
-    /// trip where the backend can (ZooKeeper: pipelined; etcd: one
+    /// trip where the backend can (ZooKeeper: pipelined; etcd, Consul: one
     /// transaction). The listing reflects the create.
     async fn create_and_list(
         &self,
@@ -540,10 +564,20 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         opts: CreateOptions,
         list: &str,
     ) -> Result<(Created, Vec<Child>)> {
-        let created = self.create(path, data, opts).await?;
-        let (children, _) = self.children(list, false).await?;
-        Ok((created, children))
+        let request = CreateRequest::new(path, data, opts).listing(Some(list));
+        let (created, children) = create::run(self, request).await?;
+        Ok((created, children.unwrap_or_default()))
     }
+
+    /// The backend's one create, [`create`](Self::create) and
+    /// [`create_and_list`](Self::create_and_list) alike: creates
+    /// `request.path` and lists `request.list` (`Some` listing exactly
+    /// then), with the contract of both. Faults on the reply are injected
+    /// after it, once for every backend (`store::create::run`, which the
+    /// session calls directly: `create` and `create_and_list` are not
+    /// overridden).
+    #[doc(hidden)]
+    async fn create_in(&self, request: CreateRequest<'_>) -> Result<(Created, Option<Vec<Child>>)>;
 
     /// Deletes a node, if its version matches.
     async fn delete(&self, path: &str, version: Option<i32>) -> Result<()>;

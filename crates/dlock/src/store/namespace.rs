@@ -6,15 +6,11 @@
 //! only moves paths in and out: arguments down, created paths and the paths
 //! errors name back up. Watches and children carry no absolute paths.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
-use tokio::sync::watch;
 
-use super::{
-    BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionStatus, Stat, Store,
-    Watch,
-};
+use super::create::CreateRequest;
+use super::status::SessionMachine;
+use super::{BackendKind, Child, Created, Faults, Op, OpResult, Stat, Store, Watch};
 use crate::error::{Error, Result};
 
 /// `inner`, with every path below `prefix` (a valid path other than `/`).
@@ -56,38 +52,9 @@ impl<S: Store> Namespaced<S> {
         }
     }
 
+    /// `e` with the paths it names moved back up.
     fn error(&self, e: Error) -> Error {
         match e {
-            Error::InvalidPath { path, reason } => Error::InvalidPath {
-                path: self.outside(path),
-                reason,
-            },
-            Error::NoNode { path } => Error::NoNode {
-                path: self.outside(path),
-            },
-            Error::NodeExists { path } => Error::NodeExists {
-                path: self.outside(path),
-            },
-            Error::BadVersion { path } => Error::BadVersion {
-                path: self.outside(path),
-            },
-            Error::NotEmpty { path } => Error::NotEmpty {
-                path: self.outside(path),
-            },
-            Error::NoChildrenForEphemerals { path } => Error::NoChildrenForEphemerals {
-                path: self.outside(path),
-            },
-            Error::NoAuth { path } => Error::NoAuth {
-                path: self.outside(path),
-            },
-            Error::Lost { what, path } => Error::Lost {
-                what,
-                path: self.outside(path),
-            },
-            Error::MalformedData { path, reason } => Error::MalformedData {
-                path: self.outside(path),
-                reason,
-            },
             Error::MultiFailed { index, source } => Error::MultiFailed {
                 index,
                 source: Box::new(self.error(*source)),
@@ -95,7 +62,21 @@ impl<S: Store> Namespaced<S> {
             Error::Several(errors) => {
                 Error::Several(errors.into_iter().map(|e| self.error(e)).collect())
             }
-            other => other,
+            mut named => {
+                if let Error::InvalidPath { path, .. }
+                | Error::NoNode { path }
+                | Error::NodeExists { path }
+                | Error::BadVersion { path }
+                | Error::NotEmpty { path }
+                | Error::NoChildrenForEphemerals { path }
+                | Error::NoAuth { path }
+                | Error::Lost { path, .. }
+                | Error::MalformedData { path, .. } = &mut named
+                {
+                    *path = self.outside(std::mem::take(path));
+                }
+                named
+            }
         }
     }
 
@@ -117,30 +98,21 @@ impl<S: Store> Store for Namespaced<S> {
         self.inner.backend()
     }
 
-    fn status(&self) -> watch::Receiver<SessionStatus> {
-        self.inner.status()
+    fn machine(&self) -> &dyn SessionMachine {
+        self.inner.machine()
     }
 
-    fn session_timeout(&self) -> Duration {
-        self.inner.session_timeout()
-    }
-
-    async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
-        match self.inner.create(&self.inside(path), data, opts).await {
-            Ok(created) => Ok(self.created(created)),
-            Err(e) => Err(self.error(e)),
-        }
-    }
-
-    async fn create_and_list(
-        &self,
-        path: &str,
-        data: &[u8],
-        opts: CreateOptions,
-        list: &str,
-    ) -> Result<(Created, Vec<Child>)> {
-        let (path, list) = (self.inside(path), self.inside(list));
-        match self.inner.create_and_list(&path, data, opts, &list).await {
+    async fn create_in(&self, request: CreateRequest<'_>) -> Result<(Created, Option<Vec<Child>>)> {
+        let (path, list) = (
+            self.inside(request.path),
+            request.list.map(|l| self.inside(l)),
+        );
+        let inner = CreateRequest {
+            path: &path,
+            list: list.as_deref(),
+            ..request
+        };
+        match self.inner.create_in(inner).await {
             Ok((created, children)) => Ok((self.created(created), children)),
             Err(e) => Err(self.error(e)),
         }
@@ -213,7 +185,7 @@ impl<S: Store> Store for Namespaced<S> {
 mod tests {
     use super::*;
     use crate::store::embedded::EmbeddedServer;
-    use crate::store::CreateMode;
+    use crate::store::{CreateMode, CreateOptions};
 
     #[tokio::test]
     async fn paths_move_in_and_out() -> Result<()> {

@@ -23,11 +23,51 @@
 
 use std::future::Future;
 use std::sync::{Mutex as StdMutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 use crate::store::{ArmedFault, LostReplies, SessionId, SessionState, SessionStatus};
+
+/// A backend's per-session slot: it knows the session timeout the server
+/// granted that session.
+pub(crate) trait GrantedTimeout: Send + 'static {
+    /// The granted session timeout (ZooKeeper: negotiated; etcd: the
+    /// lease's TTL; Consul: the session's TTL).
+    fn granted_timeout(&self) -> Duration;
+}
+
+/// What the store contract's provided methods reach of a backend's machine
+/// ([`Store::machine`](super::Store::machine)), whatever its slot: one
+/// place for the status channel, the session timeout and the lost-reply
+/// fault every create goes through.
+pub trait SessionMachine: Send + Sync {
+    /// Every status change, from now on.
+    fn subscribe(&self) -> watch::Receiver<SessionStatus>;
+
+    /// The current session's granted timeout.
+    fn session_timeout(&self) -> Duration;
+
+    /// After a create the server applied: `ConnectionLoss` if
+    /// `Faults::lose_next_create_reply` was armed (and the status blips
+    /// `Suspended` → `Reconnected`).
+    fn lost_create_reply(&self) -> Result<()>;
+}
+
+impl<S: GrantedTimeout> SessionMachine for StatusMachine<S> {
+    fn subscribe(&self) -> watch::Receiver<SessionStatus> {
+        StatusMachine::subscribe(self)
+    }
+
+    fn session_timeout(&self) -> Duration {
+        self.lock().backend.granted_timeout()
+    }
+
+    fn lost_create_reply(&self) -> Result<()> {
+        self.take_lost_reply(&self.lost_replies.create)
+    }
+}
 
 /// What changes with each session, behind one lock.
 pub(crate) struct Slot<S> {
@@ -308,15 +348,9 @@ impl<S> StatusMachine<S> {
         self.is_current(session)
     }
 
-    /// After a create the server applied: `ConnectionLoss` if
-    /// `Faults::lose_next_create_reply` was armed (see
-    /// [`take_lost_reply`](Self::take_lost_reply)).
-    pub fn lost_create_reply(&self) -> Result<()> {
-        self.take_lost_reply(&self.lost_replies.create)
-    }
-
     /// After a delete the server applied: `ConnectionLoss` if
-    /// `Faults::lose_next_delete_reply` was armed.
+    /// `Faults::lose_next_delete_reply` was armed (see
+    /// [`take_lost_reply`](Self::take_lost_reply)).
     pub fn lost_delete_reply(&self) -> Result<()> {
         self.take_lost_reply(&self.lost_replies.delete)
     }

@@ -71,14 +71,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::watch;
 use zookeeper_client as zk;
 
 use self::state::{Config, Inner};
-use super::{
-    BackendKind, Child, CreateMode, CreateOptions, Created, Faults, Op, OpResult, SessionStatus,
-    Stat, Store, Watch,
-};
+use super::create::CreateRequest;
+use super::status::SessionMachine;
+use super::{BackendKind, Child, CreateMode, Created, Faults, Op, OpResult, Stat, Store, Watch};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::options::SessionOptions;
@@ -161,7 +159,8 @@ fn children(names: Vec<String>) -> Vec<Child> {
     names.into_iter().map(Child::named).collect()
 }
 
-type CreateResult = std::result::Result<(zk::Stat, zk::CreateSequence), zk::Error>;
+type ZkResult<T> = std::result::Result<T, zk::Error>;
+type CreateResult = ZkResult<(zk::Stat, zk::CreateSequence)>;
 
 impl ZooKeeperStore {
     fn options(&self, mode: CreateMode) -> zk::CreateOptions<'static> {
@@ -200,6 +199,25 @@ impl ZooKeeperStore {
         Ok(())
     }
 
+    /// A read with the session's client: `plain` without a watch, else
+    /// `watched`, whose watcher is armed. Errors name `path`.
+    async fn read<T>(
+        &self,
+        path: &str,
+        watch: bool,
+        plain: impl AsyncFnOnce(&zk::Client) -> ZkResult<T>,
+        watched: impl AsyncFnOnce(&zk::Client) -> ZkResult<(T, zk::OneshotWatcher)>,
+    ) -> Result<(T, Option<Watch>)> {
+        let client = self.inner.client().await?;
+        let result = match watch {
+            true => watched(&client)
+                .await
+                .map(|(found, w)| (found, Some(self.inner.arm(w)))),
+            false => plain(&client).await.map(|found| (found, None)),
+        };
+        result.map_err(|e| self.inner.error(&client, e, path))
+    }
+
     fn finish_create(
         &self,
         client: &zk::Client,
@@ -213,39 +231,27 @@ impl ZooKeeperStore {
         }
     }
 
-    async fn create_in(
-        &self,
-        client: &zk::Client,
-        path: &str,
-        data: &[u8],
-        opts: CreateOptions,
-    ) -> Result<Created> {
-        let options = self.options(opts.mode);
-        let result = match client.create(path, data, &options).await {
-            Err(zk::Error::NoNode) if opts.create_parents => {
-                self.mkdirs(client, path).await?;
-                client.create(path, data, &options).await
-            }
-            other => other,
-        };
-        self.finish_create(client, path, opts.mode, result)
-    }
-
-    /// The create and the listing, sent back to back without waiting in
-    /// between: ZooKeeper answers a session's requests in order, so the
+    /// The create and, with a listing asked for, the listing, sent back to
+    /// back without waiting in between (the client sends each request when
+    /// it is made): ZooKeeper answers a session's requests in order, so the
     /// listing sees the create.
-    async fn create_and_list_in(
+    async fn send_create(
         &self,
         client: &zk::Client,
-        path: &str,
-        data: &[u8],
-        mode: CreateMode,
-        list: &str,
-    ) -> (CreateResult, std::result::Result<Vec<String>, zk::Error>) {
-        let options = self.options(mode);
-        let create = client.create(path, data, &options);
-        let listing = client.list_children(list);
-        futures::join!(create, listing)
+        request: CreateRequest<'_>,
+    ) -> (
+        CreateResult,
+        Option<std::result::Result<Vec<String>, zk::Error>>,
+    ) {
+        let options = self.options(request.opts.mode);
+        let create = client.create(request.path, request.data, &options);
+        let listing = request.list.map(|list| client.list_children(list));
+        let created = create.await;
+        let listed = match listing {
+            Some(listing) => Some(listing.await),
+            None => None,
+        };
+        (created, listed)
     }
 }
 
@@ -255,42 +261,25 @@ impl Store for ZooKeeperStore {
         BackendKind::ZooKeeper
     }
 
-    fn status(&self) -> watch::Receiver<SessionStatus> {
-        self.inner.status()
+    fn machine(&self) -> &dyn SessionMachine {
+        &self.inner.machine
     }
 
-    fn session_timeout(&self) -> Duration {
-        self.inner.timeout()
-    }
-
-    async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
+    async fn create_in(&self, request: CreateRequest<'_>) -> Result<(Created, Option<Vec<Child>>)> {
         let client = self.inner.client().await?;
-        let created = self.create_in(&client, path, data, opts).await?;
-        self.inner.machine.lost_create_reply()?;
-        Ok(created)
-    }
-
-    async fn create_and_list(
-        &self,
-        path: &str,
-        data: &[u8],
-        opts: CreateOptions,
-        list: &str,
-    ) -> Result<(Created, Vec<Child>)> {
-        let client = self.inner.client().await?;
-        let (mut create, mut listing) = self
-            .create_and_list_in(&client, path, data, opts.mode, list)
-            .await;
-        if matches!(create, Err(zk::Error::NoNode)) && opts.create_parents {
-            self.mkdirs(&client, path).await?;
-            (create, listing) = self
-                .create_and_list_in(&client, path, data, opts.mode, list)
-                .await;
+        let (mut create, mut listing) = self.send_create(&client, request).await;
+        if matches!(create, Err(zk::Error::NoNode)) && request.opts.create_parents {
+            self.mkdirs(&client, request.path).await?;
+            (create, listing) = self.send_create(&client, request).await;
         }
-        let created = self.finish_create(&client, path, opts.mode, create)?;
-        let listing = listing.map_err(|e| self.inner.error(&client, e, list))?;
-        self.inner.machine.lost_create_reply()?;
-        Ok((created, children(listing)))
+        let created = self.finish_create(&client, request.path, request.opts.mode, create)?;
+        let listed = match (listing, request.list) {
+            (Some(listing), Some(list)) => Some(children(
+                listing.map_err(|e| self.inner.error(&client, e, list))?,
+            )),
+            _ => None,
+        };
+        Ok((created, listed))
     }
 
     async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
@@ -311,51 +300,27 @@ impl Store for ZooKeeperStore {
     }
 
     async fn get_data(&self, path: &str, watch: bool) -> Result<(Vec<u8>, Stat, Option<Watch>)> {
-        let client = self.inner.client().await?;
-        let result = if watch {
-            client
-                .get_and_watch_data(path)
-                .await
-                .map(|(data, s, w)| (data, stat(&s), Some(self.inner.arm(w))))
-        } else {
-            client
-                .get_data(path)
-                .await
-                .map(|(data, s)| (data, stat(&s), None))
+        let plain = async |client: &zk::Client| client.get_data(path).await;
+        let watched = async |client: &zk::Client| {
+            let (data, s, w) = client.get_and_watch_data(path).await?;
+            Ok(((data, s), w))
         };
-        result.map_err(|e| self.inner.error(&client, e, path))
+        let ((data, s), w) = self.read(path, watch, plain, watched).await?;
+        Ok((data, stat(&s), w))
     }
 
     async fn exists(&self, path: &str, watch: bool) -> Result<(Option<Stat>, Option<Watch>)> {
-        let client = self.inner.client().await?;
-        let result = if watch {
-            client
-                .check_and_watch_stat(path)
-                .await
-                .map(|(s, w)| (s.as_ref().map(stat), Some(self.inner.arm(w))))
-        } else {
-            client
-                .check_stat(path)
-                .await
-                .map(|s| (s.as_ref().map(stat), None))
-        };
-        result.map_err(|e| self.inner.error(&client, e, path))
+        let plain = async |client: &zk::Client| client.check_stat(path).await;
+        let watched = async |client: &zk::Client| client.check_and_watch_stat(path).await;
+        let (s, w) = self.read(path, watch, plain, watched).await?;
+        Ok((s.as_ref().map(stat), w))
     }
 
     async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
-        let client = self.inner.client().await?;
-        let result = if watch {
-            client
-                .list_and_watch_children(path)
-                .await
-                .map(|(names, w)| (children(names), Some(self.inner.arm(w))))
-        } else {
-            client
-                .list_children(path)
-                .await
-                .map(|names| (children(names), None))
-        };
-        result.map_err(|e| self.inner.error(&client, e, path))
+        let plain = async |client: &zk::Client| client.list_children(path).await;
+        let watched = async |client: &zk::Client| client.list_and_watch_children(path).await;
+        let (names, w) = self.read(path, watch, plain, watched).await?;
+        Ok((children(names), w))
     }
 
     async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {

@@ -25,7 +25,7 @@ use super::http::{Http, Response};
 use super::keys::session_id;
 use crate::error::{Error, Result};
 use crate::store::keepalive::{keep_alive, Cadence, Renewed, Renewer};
-use crate::store::status::StatusMachine;
+use crate::store::status::{GrantedTimeout, StatusMachine};
 use crate::store::SessionId;
 
 /// Consul refuses session TTLs below this.
@@ -44,6 +44,14 @@ pub(super) fn ttl_for(timeout: Duration) -> Duration {
 pub(super) struct SessionSlot {
     /// The session's UUID (empty once closed).
     pub uuid: String,
+    /// Its TTL (Consul grants the one asked for).
+    ttl: Duration,
+}
+
+impl GrantedTimeout for SessionSlot {
+    fn granted_timeout(&self) -> Duration {
+        self.ttl
+    }
 }
 
 /// The session state shared by the store, its renewal loop and its fault
@@ -81,7 +89,13 @@ impl Keeper {
         let id = session_id(&uuid);
         let keeper = Arc::new(Keeper {
             http,
-            machine: StatusMachine::new(id, SessionSlot { uuid: uuid.clone() }),
+            machine: StatusMachine::new(
+                id,
+                SessionSlot {
+                    uuid: uuid.clone(),
+                    ttl,
+                },
+            ),
             ttl,
             lock_delay,
             runtime,
@@ -292,17 +306,19 @@ impl Renewer for Keeper {
         &self.runtime
     }
 
-    fn name(slot: &mut SessionSlot, take: bool) -> Option<String> {
-        let uuid = match take {
-            true => std::mem::take(&mut slot.uuid),
-            false => slot.uuid.clone(),
-        };
-        (!uuid.is_empty()).then_some(uuid)
+    fn name_in(slot: &mut SessionSlot) -> &mut String {
+        &mut slot.uuid
     }
 
     async fn open_session(&self) -> Result<(SessionId, SessionSlot)> {
         let uuid = create(&self.http, self.ttl, self.lock_delay).await?;
-        Ok((session_id(&uuid), SessionSlot { uuid }))
+        Ok((
+            session_id(&uuid),
+            SessionSlot {
+                uuid,
+                ttl: self.ttl,
+            },
+        ))
     }
 
     /// Renews session `id` every third of the TTL until it is lost,

@@ -11,8 +11,7 @@ use crate::store::{Child, SessionId, Stat};
 /// so no node can collide with one.
 pub const MARKER: &str = "/\u{1}pos/";
 
-/// How many digits a sequence suffix has (as ZooKeeper's `%010d`).
-pub const SEQUENCE_DIGITS: usize = 10;
+pub use crate::store::owned::{sequence_suffix, SEQUENCE_DIGITS};
 
 /// A KV entry, as Consul's API returns it.
 #[derive(Debug, Clone, Deserialize)]
@@ -167,13 +166,6 @@ pub fn implicit_stat(descendants: usize) -> Stat {
         num_children: descendants.min(i32::MAX as usize) as i32,
         ..Stat::default()
     }
-}
-
-/// The trailing [`SEQUENCE_DIGITS`] digits of a node name, if it ends with
-/// at least that many.
-pub fn sequence_suffix(name: &str) -> Option<&str> {
-    let digits = name.bytes().rev().take_while(u8::is_ascii_digit).count();
-    (digits >= SEQUENCE_DIGITS).then(|| &name[name.len() - SEQUENCE_DIGITS..])
 }
 
 #[cfg(test)]

@@ -25,13 +25,13 @@ use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 
 use self::tree::{Fired, Tree};
-use super::status::{Renewal, StatusMachine};
+use super::create::CreateRequest;
+use super::status::{GrantedTimeout, Renewal, SessionMachine, StatusMachine};
 use super::{
-    BackendKind, Child, CreateOptions, Created, Faults, Op, OpResult, SessionId, SessionStatus,
-    Stat, Store, Watch, WatchEvent,
+    BackendKind, Child, Created, Faults, Op, OpResult, SessionId, Stat, Store, Watch, WatchEvent,
 };
 use crate::error::{Error, Result};
 use crate::options::SessionOptions;
@@ -188,10 +188,21 @@ fn start_reaper(server: Weak<Server>, interval: Duration) {
 /// it is lost.
 pub(crate) struct EmbeddedStore {
     server: Arc<Server>,
+    /// The session's state.
+    machine: Arc<StatusMachine<SessionSlot>>,
+}
+
+/// What the status machine keeps per session: its id (the session itself
+/// lives in the tree) and its timeout (the one the store was opened with).
+struct SessionSlot {
+    id: SessionId,
     timeout: Duration,
-    /// The session's state; the slot holds the session's id (the session
-    /// itself lives in the tree).
-    machine: Arc<StatusMachine<SessionId>>,
+}
+
+impl GrantedTimeout for SessionSlot {
+    fn granted_timeout(&self) -> Duration {
+        self.timeout
+    }
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -205,10 +216,13 @@ impl std::fmt::Debug for EmbeddedStore {
 impl EmbeddedStore {
     fn open(server: Arc<Server>, timeout: Duration) -> Self {
         let session_id = server.lock().open_session();
+        let slot = SessionSlot {
+            id: session_id,
+            timeout,
+        };
         EmbeddedStore {
             server,
-            timeout,
-            machine: Arc::new(StatusMachine::new(session_id, session_id)),
+            machine: Arc::new(StatusMachine::new(session_id, slot)),
         }
     }
 
@@ -219,13 +233,14 @@ impl EmbeddedStore {
     }
 
     async fn renew(&self, lost: SessionId) -> Result<()> {
+        let timeout = self.session_timeout();
         let open = || async {
-            let session = self.server.lock().open_session();
-            Ok((session, session))
+            let id = self.server.lock().open_session();
+            Ok((id, SessionSlot { id, timeout }))
         };
         if let Renewal::Abandoned(session) = self.machine.renew(lost, open).await? {
             // Closed while the new session was opened.
-            self.server.apply(|t, f| t.end_session(session, f));
+            self.server.apply(|t, f| t.end_session(session.id, f));
         }
         Ok(())
     }
@@ -269,37 +284,17 @@ impl Store for EmbeddedStore {
         BackendKind::Embedded
     }
 
-    fn status(&self) -> watch::Receiver<SessionStatus> {
-        self.machine.subscribe()
+    fn machine(&self) -> &dyn SessionMachine {
+        &*self.machine
     }
 
-    fn session_timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    async fn create(&self, path: &str, data: &[u8], opts: CreateOptions) -> Result<Created> {
-        let created = self
-            .run(|t, s, f| t.create_with(s, path, data, opts, f))
-            .await?;
-        self.machine.lost_create_reply()?;
-        Ok(created)
-    }
-
-    async fn create_and_list(
-        &self,
-        path: &str,
-        data: &[u8],
-        opts: CreateOptions,
-        list_path: &str,
-    ) -> Result<(Created, Vec<Child>)> {
-        let result = self
-            .run(|t, s, f| {
-                let created = t.create_with(s, path, data, opts, f)?;
-                Ok((created, t.list(list_path)?))
-            })
-            .await?;
-        self.machine.lost_create_reply()?;
-        Ok(result)
+    async fn create_in(&self, request: CreateRequest<'_>) -> Result<(Created, Option<Vec<Child>>)> {
+        self.run(|t, s, f| {
+            let created = t.create_with(s, request.path, request.data, request.opts, f)?;
+            let listed = request.list.map(|list| t.list(list)).transpose()?;
+            Ok((created, listed))
+        })
+        .await
     }
 
     async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
@@ -356,10 +351,11 @@ impl Faults for EmbeddedStore {
         let Some(suspension) = self.machine.begin_suspension() else {
             return;
         };
-        let expires = duration >= self.timeout;
+        let timeout = self.session_timeout();
+        let expires = duration >= timeout;
         let server = Arc::downgrade(&self.server);
         let machine = Arc::downgrade(&self.machine);
-        let wait = if expires { self.timeout } else { duration };
+        let wait = if expires { timeout } else { duration };
         tokio::spawn(async move {
             tokio::time::sleep(wait).await;
             let Some(machine) = machine.upgrade() else {

@@ -186,15 +186,7 @@ pub fn implicit_stat(descendants: i64) -> Stat {
     }
 }
 
-/// The trailing run of exactly [`SEQUENCE_DIGITS`] digits of a node name,
-/// if it ends with one (the shape of this backend's sequence suffixes).
-pub fn sequence_suffix(name: &str) -> Option<&str> {
-    let digits = name.bytes().rev().take_while(u8::is_ascii_digit).count();
-    (digits >= SEQUENCE_DIGITS).then(|| &name[name.len() - SEQUENCE_DIGITS..])
-}
-
-/// How many digits a sequence suffix has (as ZooKeeper's `%010d`).
-pub const SEQUENCE_DIGITS: usize = 10;
+pub use crate::store::owned::{sequence_suffix, SEQUENCE_DIGITS};
 
 #[cfg(test)]
 mod tests {

@@ -23,7 +23,7 @@ use super::error::{map_error, Failure};
 use crate::endpoint::{Endpoint, TlsFiles};
 use crate::error::{Error, Result};
 use crate::store::keepalive::{keep_alive, Cadence, Renewed, Renewer};
-use crate::store::status::StatusMachine;
+use crate::store::status::{GrantedTimeout, StatusMachine};
 use crate::store::SessionId;
 
 /// How to reach the cluster and what to ask for, kept for every new lease.
@@ -125,6 +125,12 @@ pub(super) struct LeaseSlot {
     /// When its grant was sent: the server's expiry is no earlier than this
     /// plus the TTL.
     granted: Instant,
+}
+
+impl GrantedTimeout for LeaseSlot {
+    fn granted_timeout(&self) -> Duration {
+        self.ttl
+    }
 }
 
 /// The lease state shared by the store, its keep-alive loop and its fault
@@ -336,12 +342,8 @@ impl Renewer for Lease {
         &self.runtime
     }
 
-    fn name(slot: &mut LeaseSlot, take: bool) -> Option<SessionId> {
-        let lease = match take {
-            true => std::mem::take(&mut slot.lease),
-            false => slot.lease,
-        };
-        (lease != 0).then_some(lease)
+    fn name_in(slot: &mut LeaseSlot) -> &mut SessionId {
+        &mut slot.lease
     }
 
     async fn open_session(&self) -> Result<(SessionId, LeaseSlot)> {

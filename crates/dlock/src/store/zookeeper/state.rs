@@ -5,14 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 use zookeeper_client as zk;
 
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::path;
-use crate::store::status::{Renewal, StatusMachine};
-use crate::store::{SessionId, SessionState, SessionStatus, Watch, WatchEvent};
+use crate::store::status::{GrantedTimeout, Renewal, StatusMachine};
+use crate::store::{SessionId, SessionState, Watch, WatchEvent};
 
 /// How to reach the ensemble, kept for every new session.
 pub(super) struct Config {
@@ -173,6 +173,12 @@ impl ZkSession {
     }
 }
 
+impl GrantedTimeout for ZkSession {
+    fn granted_timeout(&self) -> Duration {
+        self.timeout
+    }
+}
+
 /// The state shared by the store, its state monitors and its fault timers.
 pub(super) struct Inner {
     pub config: Config,
@@ -204,10 +210,6 @@ impl Inner {
         });
         inner.spawn_monitor(&client);
         Ok(inner)
-    }
-
-    pub fn status(&self) -> watch::Receiver<SessionStatus> {
-        self.machine.subscribe()
     }
 
     pub fn timeout(&self) -> Duration {

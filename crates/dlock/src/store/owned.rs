@@ -1,0 +1,84 @@
+//! What a session of a key-value store (etcd, Consul) remembers of the
+//! nodes it created and holds: a name can be used again by a newer node,
+//! so a delete is fenced by what the create returned, and a sequential
+//! node is found again by its directory and sequence suffix.
+
+use std::collections::HashMap;
+use std::sync::{Mutex as StdMutex, MutexGuard};
+
+use super::SessionId;
+use crate::path;
+
+/// How many digits a sequence suffix has (as ZooKeeper's `%010d`).
+pub const SEQUENCE_DIGITS: usize = 10;
+
+/// The trailing [`SEQUENCE_DIGITS`] digits of a node name, if it ends with
+/// at least that many (the shape of these backends' sequence suffixes).
+pub fn sequence_suffix(name: &str) -> Option<&str> {
+    let digits = name.bytes().rev().take_while(u8::is_ascii_digit).count();
+    (digits >= SEQUENCE_DIGITS).then(|| &name[name.len() - SEQUENCE_DIGITS..])
+}
+
+/// One session's nodes; `F` fences a delete of one (etcd: its create
+/// revision; Consul: its create and modify indexes).
+pub(crate) struct Owned<F> {
+    session: SessionId,
+    /// Path → fence.
+    pub nodes: HashMap<String, F>,
+    /// (directory, sequence suffix) → path, for sequential nodes.
+    pub sequenced: HashMap<(String, String), String>,
+}
+
+impl<F> Owned<F> {
+    fn of(session: SessionId) -> Self {
+        Owned {
+            session,
+            nodes: HashMap::new(),
+            sequenced: HashMap::new(),
+        }
+    }
+
+    /// Notes `path`, created with `fence` (and `suffix`, if sequential).
+    pub fn remember(&mut self, path: &str, fence: F, suffix: Option<&str>) {
+        self.nodes.insert(path.to_string(), fence);
+        if let Some(suffix) = suffix {
+            self.sequenced.insert(
+                (path::parent(path).to_string(), suffix.to_string()),
+                path.to_string(),
+            );
+        }
+    }
+
+    /// Forgets `path`, deleted.
+    pub fn forget(&mut self, path: &str) {
+        if self.nodes.remove(path).is_some() {
+            if let Some(suffix) = sequence_suffix(path::node_name(path)) {
+                let key = (path::parent(path).to_string(), suffix.to_string());
+                if self.sequenced.get(&key).is_some_and(|p| p == path) {
+                    self.sequenced.remove(&key);
+                }
+            }
+        }
+    }
+}
+
+/// The nodes of the store's current session.
+pub(crate) struct OwnedNodes<F>(StdMutex<Owned<F>>);
+
+impl<F> Default for OwnedNodes<F> {
+    fn default() -> Self {
+        OwnedNodes(StdMutex::new(Owned::of(0)))
+    }
+}
+
+impl<F> OwnedNodes<F> {
+    /// The nodes of `session` (none, if the table was another session's).
+    pub fn of(&self, session: SessionId) -> MutexGuard<'_, Owned<F>> {
+        // Every critical section leaves the table consistent.
+        let mut owned = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if owned.session != session {
+            *owned = Owned::of(session);
+        }
+        owned
+    }
+}
