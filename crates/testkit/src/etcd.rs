@@ -88,7 +88,7 @@ fn etcd_binary() -> Result<PathBuf> {
     .ok_or_else(|| not_installed::<Etcd>("the `etcd` binary", "$DLOCK_ETCD, PATH, /usr/bin/etcd"))
 }
 
-/// etcd's part of the [`Launcher`]: flags and the `/health` and `/metrics`
+/// etcd's part of the [`Launcher`](crate::server::Launcher): flags and the `/health` and `/metrics`
 /// probes. Member ports are client, peer and, under TLS, a plain-HTTP port
 /// for the probes.
 #[derive(Debug)]

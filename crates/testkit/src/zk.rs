@@ -130,7 +130,7 @@ fn zk_install() -> Result<ZkInstall> {
     ))
 }
 
-/// ZooKeeper's part of the [`Launcher`]: `zoo.cfg`, the JVM command line and
+/// ZooKeeper's part of the [`Launcher`](crate::server::Launcher): `zoo.cfg`, the JVM command line and
 /// the four-letter-word probes.
 #[derive(Debug)]
 struct Zk {
