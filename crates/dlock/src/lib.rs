@@ -69,8 +69,12 @@
 //!    client session of a store with ZooKeeper's data model (nodes,
 //!    ephemeral and sequential modes, one-shot watches, atomic multi).
 //!    Backends implement it and nothing else: `store/embedded/`,
-//!    `store/zookeeper.rs`, `store/etcd.rs`, `store/consul.rs`. Each feeds
-//!    its connection events into the one session-status machine,
+//!    `store/zookeeper.rs`, `store/etcd.rs`, `store/consul.rs`. The trait
+//!    is sealed: a backend supplies one combined create-and-maybe-list
+//!    (`create_in`; the lost-reply fault is injected once, in
+//!    `store/create.rs`) and its session machine, and the trait provides
+//!    `create`, `create_and_list`, `status` and `session_timeout`. Each
+//!    feeds its connection events into the one session-status machine,
 //!    `store/status.rs` (connected → suspended → reconnected | lost,
 //!    renewal after a loss, fault injection), and supplies only how it
 //!    keeps a session alive; the two that renew a lease or session
@@ -86,7 +90,10 @@
 //!    loop (Curator's `LockInternals`): create a sequential node, list,
 //!    let a per-recipe predicate decide "hold" or "watch this
 //!    predecessor". `recipes/guard.rs` is the one hold type,
-//!    [`Acquisition`].
+//!    [`Acquisition`]; `recipes/deadline.rs` the one deadline and the
+//!    acquire trio (wait, wait at most, only now) every lock shares; and
+//!    `recipes/entry.rs` the one named ephemeral entry (Consul's lock and
+//!    the KV semaphore).
 //! 4. **The recipes** — `recipes/*`: each is its predicate and its
 //!    node layout (a compatibility contract with Curator — or with
 //!    Consul's, kazoo's or etcd's Go clients, `recipes/layout.rs` — stated
