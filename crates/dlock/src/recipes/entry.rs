@@ -53,19 +53,28 @@ impl Entry {
     }
 
     /// Creates the node with `opts` for the session `owner`. A node there
-    /// already — or a create whose reply was lost — is read back (arming a
-    /// watch on it): ours if it holds our token and `owner` owns it.
+    /// already — also our own, when a create's reply was lost and its retry
+    /// found it — is read back (arming a watch on it): ours if it holds our
+    /// token and `owner` owns it. A connection lost through every retry,
+    /// with no node of ours there, is the error.
     pub async fn claim(&self, opts: CreateOptions, owner: SessionId) -> Result<Claim> {
         let session = &self.session;
         let (stat, watch, mine) = loop {
-            match session.create(&self.path, &self.token, opts).await {
+            // A lost reply is retried with the session's backoff; a retry
+            // that finds the node reads it back below.
+            let create = || session.create(&self.path, &self.token, opts);
+            let lost = match session.retrying(create).await {
                 Ok(created) => break (created.stat, None, true),
-                Err(Error::NodeExists { .. } | Error::ConnectionLoss) => {}
+                Err(Error::NodeExists { .. }) => false,
+                Err(Error::ConnectionLoss) => true,
                 Err(e) => return Err(e),
-            }
+            };
             match session.get_data_watch(&self.path).await {
                 Ok((data, stat, watch)) => break (stat, Some(watch), data == self.token),
-                // Gone since (or never made): create again.
+                // The connection failed through every retry and our create
+                // never landed: that is the answer, not another round.
+                Err(Error::NoNode { .. }) if lost => return Err(Error::ConnectionLoss),
+                // Gone since: create again.
                 Err(Error::NoNode { .. }) => {}
                 Err(e) => return Err(e),
             }

@@ -180,15 +180,15 @@ impl ReadWriteLock {
 
     /// Takes the write lock by `deadline`; `None` if it passed first.
     pub(crate) async fn write_until(&self, deadline: Deadline) -> Result<Option<WriteGuard>> {
-        if self.writers.taken_now(deadline, |_| true).await? {
-            return Ok(None);
-        }
         if self.reads_held.load(Ordering::SeqCst) > 0 {
             return Err(Error::InvalidArgument(format!(
                 "cannot upgrade a read lock to the write lock at {}: release the read lock first \
                  (the writer would wait for itself forever)",
                 self.path()
             )));
+        }
+        if self.writers.taken_now(deadline, |_| true).await? {
+            return Ok(None);
         }
         let q = &self.writers;
         let created = q

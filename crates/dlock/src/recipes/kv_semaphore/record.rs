@@ -38,13 +38,19 @@ impl Record {
     /// assert_eq!(json, r#"{"Limit":2,"Holders":{"9a2aef2d-ec29-bf90-d2ae-ab04937b1019":true}}"#);
     /// assert_eq!(Record::decode(Layout::Consul, "/s/.lock", json.as_bytes()).unwrap(), r);
     /// assert_eq!(r.encode(Layout::Curator), r#"{"limit":2,"holders":["9a2aef2d-ec29-bf90-d2ae-ab04937b1019"]}"#);
+    /// // Consul's holders are written sorted, as Go writes a map.
+    /// let two = Record { limit: 2, holders: vec!["b".into(), "a".into()] };
+    /// assert_eq!(two.encode(Layout::Consul), r#"{"Limit":2,"Holders":{"a":true,"b":true}}"#);
     /// ```
     pub fn encode(&self, layout: Layout) -> String {
         let holders = match layout {
             Layout::Curator | Layout::Kazoo => Value::from(self.holders.clone()),
+            // Sorted, as Go's encoding/json writes a map (and whatever
+            // order serde_json's map keeps in this build).
             Layout::Consul => {
-                let held = self.holders.iter().map(|h| (h.clone(), Value::Bool(true)));
-                Value::Object(held.collect())
+                let held: std::collections::BTreeMap<&str, bool> =
+                    self.holders.iter().map(|h| (h.as_str(), true)).collect();
+                serde_json::json!(held)
             }
         };
         let (limit_key, holders_key) = keys(layout);
@@ -67,6 +73,7 @@ impl Record {
     /// let r = Record::decode(Layout::Consul, "/s/.lock", br#"{"Limit":2,"Holders":{"a":true,"b":false}}"#).unwrap();
     /// assert_eq!((r.limit, r.holders), (2, vec!["a".to_string()]));
     /// assert!(Record::decode(Layout::Consul, "/s/.lock", br#"{"limit":2,"holders":[]}"#).is_err());
+    /// assert!(Record::decode(Layout::Consul, "/s/.lock", br#"{"Limit":2,"Holders":{"a":1}}"#).is_err());
     /// ```
     pub fn decode(layout: Layout, path: &str, data: &[u8]) -> Result<Record> {
         let bad = |reason: String| Error::MalformedData {
@@ -99,9 +106,23 @@ impl Record {
                 });
                 strings.collect::<Result<_>>()?
             }
+            // Go decodes the map into `map[string]bool`: anything but a
+            // boolean is a corrupt record, not a holder that does not hold.
             (Layout::Consul, Some(Value::Object(map))) => {
-                let held = map.iter().filter(|(_, held)| held.as_bool() == Some(true));
-                held.map(|(h, _)| h.as_str()).collect()
+                let mut held = Vec::with_capacity(map.len());
+                for (holder, holds) in map {
+                    match holds {
+                        Value::Bool(true) => held.push(holder.as_str()),
+                        Value::Bool(false) => {}
+                        other => {
+                            return Err(bad(format!(
+                                "\"Holders\" must map session ids to booleans, found {other} for {holder}"
+                            )))
+                        }
+                    }
+                }
+                held.sort_unstable();
+                held
             }
             (Layout::Consul, None | Some(Value::Null)) => Vec::new(),
             (_, None) => return Err(no(holders_key)),
