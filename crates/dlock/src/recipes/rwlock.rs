@@ -95,10 +95,11 @@ impl Predicate for ByKind {
 /// let other = dlock::ReadWriteLock::new(&session, "/doc/rw")?;
 /// let r1 = rw.read().await?;
 /// let r2 = other.read().await?;                 // readers share
-/// assert!(other.try_write().await?.is_none());  // the writer waits for them
+/// let writer = dlock::ReadWriteLock::new(&session, "/doc/rw")?;
+/// assert!(writer.try_write().await?.is_none()); // the writer waits for them
 /// r1.release().await?;
 /// r2.release().await?;
-/// let w = other.write().await?;
+/// let w = writer.write().await?;
 /// let r = w.read().await?;                      // downgrade: write → read
 /// w.release().await?;                           // now only reading
 /// r.release().await?;
