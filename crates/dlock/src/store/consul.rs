@@ -148,7 +148,6 @@ mod keys;
 mod watch;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
@@ -164,7 +163,7 @@ use self::keys::{Entry, Layout};
 use self::watch::Kind;
 use super::create::CreateRequest;
 use super::keepalive::Kept;
-use super::owned::{Owned, OwnedNodes};
+use super::owned::{Owned, OwnedNodes, Sequence};
 use super::status::SessionMachine;
 use super::{
     BackendKind, Child, Created, Faults, Op, OpResult, SessionId, Stat, Store, Watch, TAG_MIN,
@@ -206,14 +205,10 @@ pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<d
         http,
         layout: Layout::new(prefix.as_deref()),
         owned: OwnedNodes::default(),
-        sequence: AtomicU64::new(
-            (uuid::Uuid::new_v4().as_u128() % (SEQUENCE_SPACE as u128 / 2)) as u64,
-        ),
+        sequence: Sequence::new(),
     }))
 }
 
-/// How many distinct sequence suffixes there are (10 digits).
-const SEQUENCE_SPACE: u64 = 10_000_000_000;
 /// How often a sequential create draws another suffix after a collision.
 const SEQUENCE_ATTEMPTS: usize = 16;
 /// How often a compare-and-set is tried again when the key moved meanwhile.
@@ -228,7 +223,7 @@ struct ConsulStore {
     /// The ephemeral nodes this client created in the current session, by
     /// their (create index, modify index).
     owned: OwnedNodes<(u64, u64)>,
-    sequence: AtomicU64,
+    sequence: Sequence,
 }
 
 impl std::fmt::Debug for ConsulStore {
@@ -500,21 +495,14 @@ impl ConsulStore {
     /// The sequential sibling whose place a non-sequential create of
     /// `full` takes, and its create index.
     fn position_of(&self, session: SessionId, full: &str) -> Option<(String, u64)> {
-        let suffix = keys::sequence_suffix(path::node_name(full))?;
         let owned = self.owned(session);
-        let sibling = owned
-            .sequenced
-            .get(&(path::parent(full).to_string(), suffix.to_string()))?;
-        if sibling == full {
-            return None;
-        }
-        let (created, _) = *owned.nodes.get(sibling)?;
-        Some((sibling.clone(), created))
+        owned
+            .sibling_of(full)
+            .map(|(sibling, &(created, _))| (sibling, created))
     }
 
     fn next_suffix(&self) -> String {
-        let n = self.sequence.fetch_add(1, Ordering::Relaxed) % SEQUENCE_SPACE;
-        format!("{n:0width$}", width = keys::SEQUENCE_DIGITS)
+        self.sequence.next_suffix()
     }
 
     fn arm(&self, kind: Kind) -> Watch {

@@ -189,7 +189,6 @@ use etcd_client::{
     TxnResponse,
 };
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
 
 use self::error::{map_error, Failure};
@@ -198,7 +197,7 @@ use self::watch::{Hub, Kind, Request};
 use super::create::CreateRequest;
 use super::keepalive::{Kept, Renewer};
 use super::namespace::Namespaced;
-use super::owned::{Owned, OwnedNodes};
+use super::owned::{Owned, OwnedNodes, Sequence, SEQUENCE_SPACE};
 use super::status::SessionMachine;
 use super::{BackendKind, Child, Created, Faults, Op, OpResult, SessionId, Stat, Store, Watch};
 use crate::endpoint::Endpoint;
@@ -226,7 +225,7 @@ pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<d
         hub,
         owned: OwnedNodes::default(),
         doubtful: StdMutex::new(HashSet::new()),
-        sequence: AtomicU64::new(random_start()),
+        sequence: Sequence::new(),
         root: root.clone(),
     };
     let store: Arc<dyn Store> = if root == "/" {
@@ -235,13 +234,6 @@ pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<d
         Arc::new(Namespaced::new(store, root))
     };
     Ok(store)
-}
-
-/// How many distinct sequence suffixes there are (10 digits).
-const SEQUENCE_SPACE: u64 = 10_000_000_000;
-
-fn random_start() -> u64 {
-    (uuid::Uuid::new_v4().as_u128() % (SEQUENCE_SPACE as u128 / 2)) as u64
 }
 
 /// How often a sequential create is retried when another client drew the
@@ -277,7 +269,7 @@ struct EtcdStore {
     /// still be applied, at any later time, so these names are never
     /// created again by this client (see [`EtcdStore::deletes_plainly`]).
     doubtful: StdMutex<HashSet<String>>,
-    sequence: AtomicU64,
+    sequence: Sequence,
     /// The path that acts as the root: `/`, or the namespace (whose keys
     /// the [`Namespaced`] wrapper maps every path below).
     root: String,
@@ -458,16 +450,10 @@ impl EtcdStore {
     /// the module docs): a sequential sibling we created with the same
     /// suffix, and its create revision.
     fn position_of(&self, lease: SessionId, full: &str) -> Option<(String, i64)> {
-        let suffix = keys::sequence_suffix(path::node_name(full))?;
         let owned = self.owned(lease);
-        let sibling = owned
-            .sequenced
-            .get(&(path::parent(full).to_string(), suffix.to_string()))?;
-        if sibling == full {
-            return None;
-        }
-        let revision = *owned.nodes.get(sibling)?;
-        Some((sibling.clone(), revision))
+        owned
+            .sibling_of(full)
+            .map(|(sibling, &revision)| (sibling, revision))
     }
 
     /// Whether `path` is a namespace's root, which has no key of its own
@@ -523,8 +509,7 @@ impl EtcdStore {
     }
 
     fn next_suffix(&self) -> String {
-        let n = self.sequence.fetch_add(1, Ordering::Relaxed) % SEQUENCE_SPACE;
-        format!("{n:0width$}", width = keys::SEQUENCE_DIGITS)
+        self.sequence.next_suffix()
     }
 
     /// Reads a path: its key (with value), how many keys are below it, and

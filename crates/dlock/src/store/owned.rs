@@ -4,6 +4,7 @@
 //! node is found again by its directory and sequence suffix.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex as StdMutex, MutexGuard};
 
 use super::SessionId;
@@ -17,6 +18,29 @@ pub const SEQUENCE_DIGITS: usize = 10;
 pub fn sequence_suffix(name: &str) -> Option<&str> {
     let digits = name.bytes().rev().take_while(u8::is_ascii_digit).count();
     (digits >= SEQUENCE_DIGITS).then(|| &name[name.len() - SEQUENCE_DIGITS..])
+}
+
+/// How many distinct sequence suffixes there are ([`SEQUENCE_DIGITS`]
+/// digits).
+pub const SEQUENCE_SPACE: u64 = 10_000_000_000;
+
+/// A client's counter of sequence suffixes: starting at a random point in
+/// the lower half of the space, so that clients rarely draw the same
+/// suffix in one directory (a collision costs a create another try).
+pub(crate) struct Sequence(AtomicU64);
+
+impl Sequence {
+    pub fn new() -> Self {
+        Sequence(AtomicU64::new(
+            (uuid::Uuid::new_v4().as_u128() % (u128::from(SEQUENCE_SPACE) / 2)) as u64,
+        ))
+    }
+
+    /// The next suffix, zero-padded to [`SEQUENCE_DIGITS`] digits.
+    pub fn next_suffix(&self) -> String {
+        let n = self.0.fetch_add(1, Ordering::Relaxed) % SEQUENCE_SPACE;
+        format!("{n:0width$}", width = SEQUENCE_DIGITS)
+    }
 }
 
 /// One session's nodes; `F` fences a delete of one (etcd: its create
@@ -50,6 +74,16 @@ impl<F> Owned<F> {
     }
 
     /// Forgets `path`, deleted.
+    /// The sequential node of ours whose place a non-sequential create of
+    /// `full` takes (the same directory and sequence suffix, another
+    /// name), with what its create returned.
+    pub fn sibling_of(&self, full: &str) -> Option<(String, &F)> {
+        let suffix = sequence_suffix(path::node_name(full))?;
+        let key = (path::parent(full).to_string(), suffix.to_string());
+        let sibling = self.sequenced.get(&key).filter(|s| *s != full)?;
+        Some((sibling.clone(), self.nodes.get(sibling)?))
+    }
+
     pub fn forget(&mut self, path: &str) {
         if self.nodes.remove(path).is_some() {
             if let Some(suffix) = sequence_suffix(path::node_name(path)) {

@@ -11,7 +11,7 @@ use crate::store::{Child, SessionId, Stat};
 /// so no node can collide with one.
 pub const MARKER: &str = "/\u{1}pos/";
 
-pub use crate::store::owned::{sequence_suffix, SEQUENCE_DIGITS};
+pub use crate::store::owned::sequence_suffix;
 
 /// A KV entry, as Consul's API returns it.
 #[derive(Debug, Clone, Deserialize)]
