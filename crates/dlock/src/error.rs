@@ -155,3 +155,19 @@ impl Error {
 
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A read's answer with a missing node as `None` rather than an error.
+pub(crate) trait Found<T> {
+    /// `Ok(None)` for [`Error::NoNode`]; any other error stays one.
+    fn found(self) -> Result<Option<T>>;
+}
+
+impl<T> Found<T> for Result<T> {
+    fn found(self) -> Result<Option<T>> {
+        match self {
+            Ok(value) => Ok(Some(value)),
+            Err(Error::NoNode { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}

@@ -63,7 +63,7 @@ use tokio::sync::{oneshot, watch};
 
 use self::create::CreateRequest;
 use self::status::SessionMachine;
-use crate::error::Result;
+use crate::error::{Found, Result};
 
 /// A session's identity, as the store numbers it (ZooKeeper session id, etcd
 /// lease id). Zero means "no session".
@@ -716,12 +716,10 @@ pub(crate) async fn read_and_watch_child<S: Store + ?Sized>(
     child: &Child,
 ) -> Result<Option<Watch>> {
     let node = crate::path::join(dir, &child.name);
-    match store.get_data(&node, true).await {
-        Ok((_, stat, _)) if child.czxid.is_some_and(|listed| listed != stat.czxid) => Ok(None),
-        Ok((_, _, watch)) => Ok(Some(watch.expect("the store armed the requested watch"))),
-        Err(crate::Error::NoNode { .. }) => Ok(None),
-        Err(e) => Err(e),
-    }
+    let read = store.get_data(&node, true).await.found()?;
+    Ok(read
+        .filter(|(_, stat, _)| child.czxid.is_none_or(|listed| listed == stat.czxid))
+        .map(|(_, _, watch)| watch.expect("the store armed the requested watch")))
 }
 
 /// The lost-reply faults a store arms ([`Faults::lose_next_create_reply`],

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::value::{decode, encode, AtomicStats, AtomicValue};
 use super::AtomicCounter;
-use crate::error::{Error, Result};
+use crate::error::{Error, Found, Result};
 use crate::recipes::mutex::Mutex;
 use crate::session::RetryPolicy;
 use crate::store::{CreateMode, CreateOptions, Stat};
@@ -19,11 +19,7 @@ impl AtomicCounter {
     /// The node's data and stat, `None` if it is missing.
     pub(super) async fn read_raw(&self) -> Result<Option<(Vec<u8>, Stat)>> {
         let (session, path) = (&self.session, &self.path);
-        match session.retrying(|| session.get_data(path)).await {
-            Ok(found) => Ok(Some(found)),
-            Err(Error::NoNode { .. }) => Ok(None),
-            Err(e) => Err(e),
-        }
+        session.retrying(|| session.get_data(path)).await.found()
     }
 
     /// The value and stat, `None` if the node is missing.

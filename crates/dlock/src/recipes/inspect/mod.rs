@@ -60,7 +60,7 @@ pub use report::{Access, Contender, Foreign, Inspection, RecipeKind, Role};
 
 use super::queue::{is_kazoo_node, FirstN, Participant};
 use super::{etcd_go, kv_semaphore, leader_latch, mutex, rwlock, semaphore, shared_count};
-use crate::error::{Error, Result};
+use crate::error::{Error, Found, Result};
 use crate::path;
 use crate::session::Session;
 use crate::store::{SessionId, Stat};
@@ -150,11 +150,8 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
     } else if !children.is_empty() {
         unrecognised(session, path, nothing(RecipeKind::None)).await?
     } else {
-        let count = match session.get_data(path).await {
-            Ok((data, stat)) => shared_count::value_of(&data, &stat),
-            Err(Error::NoNode { .. }) => None,
-            Err(e) => return Err(e),
-        };
+        let read = session.get_data(path).await.found()?;
+        let count = read.and_then(|(data, stat)| shared_count::value_of(&data, &stat));
         Inspection {
             count,
             ..nothing(count.map_or(RecipeKind::None, |_| RecipeKind::SharedCount))
@@ -347,7 +344,9 @@ async fn dot_lock_at(
             let foreign = consul_client(session, &node).await?;
             Ok(Err(key_contender(Role::Holder, node, data, &stat, foreign)))
         }
-        Ok((data, _)) if kv_semaphore::Record::parse_consul(&node, &data).is_ok() => {
+        Ok((data, _))
+            if kv_semaphore::Record::decode(crate::Layout::Consul, &node, &data).is_ok() =>
+        {
             Ok(Ok(crate::Layout::Consul))
         }
         Ok(_) | Err(Error::NoNode { .. }) => Ok(Ok(crate::Layout::Curator)),
@@ -358,24 +357,17 @@ async fn dot_lock_at(
 /// [`Foreign::Consul`] if a key of Consul's layouts at `node` is held by
 /// one of Consul's own clients rather than by dlock.
 async fn consul_client(session: &Session, node: &str) -> Result<Option<Foreign>> {
-    match session.foreign_owner(node).await {
-        Ok(owner) => Ok(owner.map(|_| Foreign::Consul)),
-        // Released since it was read.
-        Err(Error::NoNode { .. }) => Ok(None),
-        Err(e) => Err(e),
-    }
+    // Released since it was read: no owner.
+    let owner = session.foreign_owner(node).await.found()?;
+    Ok(owner.flatten().map(|_| Foreign::Consul))
 }
 
 /// The limit a KV semaphore's record states, if there is a record.
 async fn kv_limit(session: &Session, path: &str, layout: crate::Layout) -> Result<Option<u32>> {
     let node = path::join(path, kv_semaphore::RECORD);
-    match session.get_data(&node).await {
-        Ok((data, _)) => Ok(kv_semaphore::Record::decode(layout, &node, &data)
-            .ok()
-            .map(|r| r.limit)),
-        Err(Error::NoNode { .. }) => Ok(None),
-        Err(e) => Err(e),
-    }
+    let read = session.get_data(&node).await.found()?;
+    let record = read.and_then(|(data, _)| kv_semaphore::Record::decode(layout, &node, &data).ok());
+    Ok(record.map(|r| r.limit))
 }
 
 /// A KV semaphore's entries: holders in the order the record admitted them,

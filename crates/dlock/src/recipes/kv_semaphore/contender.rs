@@ -1,10 +1,11 @@
-//! A [`KvSemaphore`]'s contender: its moves — enter, look, write the
-//! record, leave — and its entry, which becomes a [`KvLease`]'s.
+//! A [`KvSemaphore`]'s contender: its moves (enter, look, write the
+//! record, leave) and its entry, which becomes a [`KvLease`]'s.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use super::{holder_id, KvSemaphore, Record, RECORD};
-use crate::error::{Error, Result};
+use crate::error::{Error, Found, Result};
 use crate::path;
 use crate::recipes::entry::{in_background, Claim, Entry};
 use crate::recipes::guard::{deref_hold, Acquisition};
@@ -38,8 +39,6 @@ impl KvSemaphore {
     /// between naming the entry and creating it (then that entry goes, by
     /// its token, in the background).
     pub(super) async fn enter(&self) -> Result<Contender> {
-        // Consul's contenders are named after the session's UUID, ours after
-        // its number; either way the entry must end up owned by `owner`.
         let (owner, id) = match self.layout {
             Layout::Curator | Layout::Kazoo => {
                 let owner = self.session.session_id();
@@ -48,7 +47,7 @@ impl KvSemaphore {
             Layout::Consul => self.session.native_session_id(),
         };
         let mut entry = Entry::new(&self.session, path::join(&self.dir, &id));
-        let opts = self.tagged(CreateOptions::new(CreateMode::Ephemeral).with_parents());
+        let opts = self.options(CreateMode::Ephemeral).with_parents();
         let created = match entry.claim(opts, owner).await {
             Ok(Claim::Ours(created)) => created,
             Ok(Claim::Other { stale: true, .. }) => {
@@ -76,8 +75,9 @@ impl KvSemaphore {
             let path = created.path.clone();
             crate::recipes::revocation::watch(&self.session, path, listener.clone());
         }
+        let sem = self.clone();
         Ok(Contender {
-            sem: self.clone(),
+            sem,
             id,
             created,
             node: None,
@@ -86,51 +86,50 @@ impl KvSemaphore {
         })
     }
 
-    /// `opts` with the layout's tag, if it has one.
-    fn tagged(&self, opts: CreateOptions) -> CreateOptions {
+    /// Options to create a node of ours with `mode`, tagged as the layout
+    /// asks.
+    fn options(&self, mode: CreateMode) -> CreateOptions {
         match self.layout {
-            Layout::Curator | Layout::Kazoo => opts,
-            Layout::Consul => opts.with_tag(CONSUL_SEMAPHORE_FLAGS),
+            Layout::Curator | Layout::Kazoo => CreateOptions::new(mode),
+            Layout::Consul => CreateOptions::new(mode).with_tag(CONSUL_SEMAPHORE_FLAGS),
         }
     }
 
-    /// Reads the record, then the live entries — in that order, so that a
+    /// Reads the record, then the live entries: in that order, so that a
     /// holder missing from the entries really is gone (it had its entry
     /// before it joined). With `watch`, arms a watch on both.
     pub(super) async fn look(&self, watch: bool) -> Result<Look> {
-        let store = self.session.store();
-        let mut watches = Vec::new();
-        let record = match self.found(|| store.get_data(&self.record, watch)).await? {
+        let (session, store) = (&self.session, self.session.store());
+        let read = session
+            .retrying(|| store.get_data(&self.record, watch))
+            .await;
+        let (record, mut watches) = match read.found()? {
             Some((data, stat, w)) => {
-                watches.extend(w);
-                Some((Record::decode(self.layout, &self.record, &data)?, stat))
+                let record = Record::decode(self.layout, &self.record, &data)?;
+                (Some((record, stat)), Vec::from_iter(w))
             }
-            None => None,
+            None => (None, Vec::new()),
         };
-        let (children, w) = self
-            .found(|| store.children(&self.dir, watch))
-            .await?
-            .unzip();
-        watches.extend(w.flatten());
-        let names = children.into_iter().flatten().map(|c| c.name);
-        let mut live: HashSet<String> = names.filter(|n| n != RECORD).collect();
+        let listed = session.retrying(|| store.children(&self.dir, watch)).await;
+        let (children, w) = listed.found()?.unwrap_or_default();
+        watches.extend(w);
+        let names = children.into_iter().map(|c| c.name).filter(|n| n != RECORD);
+        let mut live: HashSet<String> = names.collect();
         if self.layout == Layout::Consul {
             // Consul's sessions release (not delete) their keys when they
             // end: an entry is alive only while a session owns it.
-            let entries: Vec<String> = live.iter().cloned().collect();
-            let owners = futures::future::try_join_all(entries.iter().map(|name| {
-                let node = path::join(&self.dir, name);
-                async move { self.found(|| store.exists(&node, false)).await }
-            }))
-            .await?;
-            for (name, found) in entries.iter().zip(owners) {
-                let owned = found
-                    .and_then(|(stat, _)| stat)
-                    .is_some_and(|s| s.ephemeral_owner != 0);
-                if !owned {
-                    live.remove(name);
-                }
-            }
+            let entries: Vec<String> = live.drain().collect();
+            let node = |name: &String| path::join(&self.dir, name);
+            let owners = entries
+                .iter()
+                .map(|name| async move { session.exists(&node(name)).await });
+            let owners = futures::future::try_join_all(owners).await?;
+            let owned = |stat: &Option<Stat>| stat.is_some_and(|s| s.ephemeral_owner != 0);
+            let kept = entries
+                .into_iter()
+                .zip(owners)
+                .filter(|(_, stat)| owned(stat));
+            live.extend(kept.map(|(name, _)| name));
         }
         Ok(Look {
             record,
@@ -139,75 +138,59 @@ impl KvSemaphore {
         })
     }
 
-    /// Runs the read `op`, retried on a lost connection; `None` if the node
-    /// is not there.
-    async fn found<T, F, Fut>(&self, op: F) -> Result<Option<T>>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T>>,
-    {
-        match self.session.retrying(op).await {
-            Ok(found) => Ok(Some(found)),
-            Err(Error::NoNode { .. }) => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
     /// Writes `record` by compare-and-set on `version`, or creates it.
     pub(super) async fn write(&self, record: &Record, version: Option<i32>) -> Result<Stat> {
         let (session, data) = (&self.session, record.encode(self.layout).into_bytes());
         match version {
             Some(_) => session.set_data(&self.record, &data, version).await,
             None => {
-                let opts = self.tagged(CreateOptions::new(CreateMode::Persistent));
+                let opts = self.options(CreateMode::Persistent);
                 Ok(session.create(&self.record, &data, opts).await?.stat)
             }
         }
     }
 
-    /// Removes holder `id` from the record by compare-and-set, pruning dead
-    /// holders too, and deletes the record if nobody is left; then deletes
-    /// our `entry`. No entry (one taken away) and no id prune the dead
-    /// only, removing nobody else: the session may have entered again since.
+    /// Takes holder `id` out of the record and deletes our `entry`, which
+    /// goes even if the record could not be updated (then the others prune
+    /// us). No entry (one taken away) and no id only prune the dead,
+    /// removing nobody by name: the session may have entered again since.
     async fn leave(&self, id: &str, entry: Option<&str>) -> Result<()> {
         let left = self.leave_record(id).await;
-        // The entry goes even if the record could not be updated: then the
-        // others prune us from it.
         match entry {
             Some(entry) => left.and(self.session.delete_guaranteed(entry).await),
             None => left,
         }
     }
 
+    /// Writes the record without `id` and the dead by compare-and-set, or
+    /// deletes it if nobody is left.
     async fn leave_record(&self, id: &str) -> Result<()> {
         loop {
             let look = match self.look(false).await {
-                Ok(look) => look,
                 // Nothing we can fix in the record: just leave.
                 Err(Error::MalformedData { .. }) => return Ok(()),
-                Err(e) => return Err(e),
+                look => look?,
             };
             let mut holders = look.live_holders();
             holders.retain(|h| h != id);
             let Some((record, stat)) = look.record else {
                 return Ok(());
             };
-            if holders == record.holders && !holders.is_empty() {
-                return Ok(());
-            }
-            let written = if holders.is_empty() {
-                self.session.delete(&self.record, Some(stat.version)).await
-            } else {
-                let record = Record {
-                    limit: record.limit,
-                    holders,
-                };
-                self.write(&record, Some(stat.version)).await.map(|_| ())
+            let version = Some(stat.version);
+            let written = match holders.is_empty() {
+                false if holders == record.holders => return Ok(()),
+                true => self.session.delete(&self.record, version).await,
+                false => {
+                    let record = Record {
+                        limit: record.limit,
+                        holders,
+                    };
+                    self.write(&record, version).await.map(drop)
+                }
             };
             match written {
-                Ok(()) => return Ok(()),
                 Err(e) if raced(&e) => {}
-                Err(e) => return Err(e),
+                written => return written,
             }
         }
     }
@@ -216,12 +199,10 @@ impl KvSemaphore {
 /// Whether a write lost a race (someone wrote first, or our reply was lost):
 /// then look again.
 pub(super) fn raced(e: &Error) -> bool {
+    use Error::{BadVersion, ConnectionLoss, NoNode, NodeExists};
     matches!(
         e,
-        Error::BadVersion { .. }
-            | Error::NodeExists { .. }
-            | Error::NoNode { .. }
-            | Error::ConnectionLoss
+        BadVersion { .. } | NodeExists { .. } | NoNode { .. } | ConnectionLoss
     )
 }
 
@@ -234,19 +215,17 @@ pub(super) async fn any_change(watches: Vec<Watch>) {
 }
 
 /// Our contender entry, created: unless it [`leave`](Self::leave)s, it is
-/// removed — with our place in the record, if any — in the background when
-/// dropped. A lease's contender also lets go of the lease's node first.
+/// removed (with our place in the record, if any) in the background when
+/// dropped, after the lease's node is let go.
 #[derive(Debug)]
 pub(super) struct Contender {
     sem: KvSemaphore,
     pub(super) id: String,
     created: Created,
     /// The lease's node, once we hold.
-    node: Option<std::sync::Arc<HeldNode>>,
-    /// Whether the lease was taken away (revoked by force, or deleted by
-    /// the limit): then our entry is gone, and only the record is to be
-    /// tidied, by pruning — removing nobody by name, as the session may
-    /// have entered again since.
+    node: Option<Arc<HeldNode>>,
+    /// The lease was taken away (revoked by force, or ended by the limit):
+    /// our entry is gone, and leaving only prunes the record.
     taken: bool,
     left: bool,
 }
@@ -254,14 +233,18 @@ pub(super) struct Contender {
 impl Contender {
     /// Gives up our place in the record and our entry now.
     pub(super) async fn leave(mut self) -> Result<()> {
-        self.let_go();
+        let (id, entry) = self.departure();
+        let left = self.sem.leave(&id, entry.as_deref()).await;
         // Done only once left: if cancelled meanwhile, Drop finishes it.
-        let left = match self.taken {
-            false => self.sem.leave(&self.id, Some(&self.created.path)).await,
-            true => self.sem.leave("", None).await,
-        };
         self.left = true;
         left
+    }
+
+    /// Leaves now, and answers `e` (the primary error) whatever leaving
+    /// says: the entry goes before the caller tries again.
+    pub(super) async fn leave_after(self, e: Error) -> Error {
+        let _ = self.leave().await;
+        e
     }
 
     /// Stands the lease's hold down.
@@ -269,14 +252,25 @@ impl Contender {
         self.taken |= self.node.take().is_some_and(|node| node.let_go().taken());
     }
 
+    /// Stands the hold down; whom to take out of the record, and the entry
+    /// to delete.
+    fn departure(&mut self) -> (String, Option<String>) {
+        self.let_go();
+        match self.taken {
+            false => (self.id.clone(), Some(self.created.path.clone())),
+            true => (String::new(), None),
+        }
+    }
+
     /// A slot fenced by `token`: our entry becomes the lease's node.
     pub(super) fn into_lease(mut self, token: FencingToken) -> KvLease {
         let (sem, created) = (&self.sem, self.created.clone());
-        let node =
-            HeldNode::new(&sem.session, &sem.dir, "semaphore lease", created).limited(sem.max_hold);
+        let node = HeldNode::new(&sem.session, &sem.dir, "semaphore lease", created);
+        let node = node.limited(sem.max_hold);
         self.node = Some(node.clone());
+        let acquisition = Acquisition::with_token(node, token);
         KvLease {
-            acquisition: Acquisition::with_token(node, token),
+            acquisition,
             contender: self,
         }
     }
@@ -284,19 +278,12 @@ impl Contender {
 
 impl Drop for Contender {
     fn drop(&mut self) {
-        if self.left {
-            return;
+        if !self.left {
+            let what = format!("giving back the semaphore slot of {}", self.created.path);
+            let ((id, entry), sem) = (self.departure(), self.sem.clone());
+            let leave = async move { sem.leave(&id, entry.as_deref()).await };
+            in_background(&self.sem.session, what, leave);
         }
-        self.let_go();
-        let what = format!("giving back the semaphore slot of {}", self.created.path);
-        let (sem, path) = (self.sem.clone(), self.created.path.clone());
-        let (id, entry) = match self.taken {
-            false => (std::mem::take(&mut self.id), Some(path)),
-            true => (String::new(), None),
-        };
-        in_background(&self.sem.session, what, async move {
-            sem.leave(&id, entry.as_deref()).await
-        });
     }
 }
 
@@ -352,10 +339,9 @@ impl KvLease {
         contender.let_go();
         let lost = acquisition.is_lost();
         contender.leave().await?;
-        if lost {
-            Err(acquisition.lost_error())
-        } else {
-            Ok(())
+        match lost {
+            true => Err(acquisition.lost_error()),
+            false => Ok(()),
         }
     }
 }

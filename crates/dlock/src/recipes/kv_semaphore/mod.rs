@@ -1,59 +1,57 @@
 //! [`KvSemaphore`]: the session + compare-and-set semaphore of the Consul
 //! design (Consul's `api.Semaphore`, `consul lock -n N`), on any backend.
 //!
-//! Layout, for a semaphore at `<path>`:
+//! # Layout (a compatibility contract)
+//!
 //! - `<path>/<holder-id>`: each contender's **ephemeral** entry, named after
-//!   its session (`<holder-id>` = the session id as 16 hex digits). It lives
-//!   exactly as long as the session, so it is the proof that a holder is
-//!   alive.
-//! - `<path>/.lock`: a persistent record, JSON
+//!   its session (the session id as 16 hex digits): alive exactly as long
+//!   as the session, it is the proof that a holder lives.
+//! - `<path>/.lock`: a persistent [`Record`], JSON
 //!   `{"limit":N,"holders":["<holder-id>",...]}`.
 //!
+//! With [`Layout::Consul`] the nodes are exactly those of Consul's
+//! `api.Semaphore`, stated with Consul's other layout in
+//! [`layout`](crate::recipes::layout): entries named after the Consul
+//! session's UUID ([`Session::native_session_id`]), alive only while a
+//! session owns them. dlock's own layout stays the default on every
+//! backend, Consul included: the two layouts do not see each other's
+//! holders, so a default that changed with the backend would break the
+//! exclusion with earlier dlock clients (and recipes never choose by
+//! backend).
+//!
+//! # Algorithm
+//!
 //! A contender creates its entry, then reads the record and the entries:
-//! holders without a live entry are dead and are **pruned** (the clean-up the
-//! design asks for); if fewer than `limit` remain, it adds itself and writes
-//! the record with a compare-and-set on the version it read (or creates the
-//! record if there is none). If the slots are full, it waits on a watch of the
-//! record and of the entries — any release or any holder's death wakes it; no
-//! polling. Release removes the holder by compare-and-set (pruning again),
-//! deletes the record when no holder is left, and deletes the entry.
+//! holders without a live entry are dead and are **pruned**; if fewer than
+//! `limit` remain, it joins by a compare-and-set of the record on the
+//! version it read (or creates the record). If the slots are full, it
+//! waits on a watch of the record and of the entries: any release or any
+//! holder's death wakes it, with no polling. Release leaves the record by
+//! compare-and-set (pruning again), deletes it when nobody is left, then
+//! deletes the entry. Every contender states the limit; a record with
+//! another is [`Error::InvalidArgument`] naming both.
 //!
-//! # Consul's layout
-//!
-//! With [`KvSemaphore::with_layout`]`(`[`Layout::Consul`]`)` the nodes are
-//! exactly those of Consul's `api.Semaphore` (`consul lock -n N <path>`),
-//! entries named after [`Session::native_session_id`] (the Consul session
-//! UUID): the compatibility contract is stated with Consul's other layout
-//! in [`layout`](crate::recipes::layout). dlock's own layout stays the
-//! default on every backend, Consul included: dlock clients of earlier
-//! versions on Consul use it, and a contender in one layout does not see
-//! the other's holders — a default that changed with the backend would
-//! break that exclusion (and recipes never choose by backend).
-//!
-//! Every contender states the limit; a record with a different limit is a
-//! configuration error and fails with [`Error::InvalidArgument`] naming both.
-//!
-//! Compared with [`Semaphore`](super::semaphore::Semaphore) (Curator's
-//! layout, fair, one watcher at a time), this design is simpler and the
-//! record tells at a glance who holds, but it is not fair and every waiter
-//! wakes on every change. One session holds at most one lease of a given
-//! `KvSemaphore` (its entry is named after the session), as in Consul.
+//! Unlike [`Semaphore`](super::semaphore::Semaphore) (Curator's: fair, one
+//! watcher at a time) it is not fair and every waiter wakes on every
+//! change, but the record tells at a glance who holds. A session holds at
+//! most one lease of a semaphore (its entry is named after it), as in
+//! Consul.
 
 mod contender;
 mod record;
 
 use std::time::Duration;
 
-use self::contender::raced;
 pub use self::contender::KvLease;
+use self::contender::{any_change, raced};
 pub use self::record::Record;
 use super::deadline::{timed_acquire, Deadline};
 pub use super::layout::Layout;
-use super::revocation::Listener;
+use super::revocation::{Listener, REVOKE_MESSAGE};
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
-use crate::store::FencingToken;
+use crate::store::{FencingToken, SessionId};
 
 /// The name of the record node under the semaphore's path.
 pub const RECORD: &str = ".lock";
@@ -63,7 +61,7 @@ pub const RECORD: &str = ".lock";
 /// ```
 /// assert_eq!(dlock::recipes::kv_semaphore::holder_id(0x1f), "000000000000001f");
 /// ```
-pub fn holder_id(session_id: crate::store::SessionId) -> String {
+pub fn holder_id(session_id: SessionId) -> String {
     format!("{:016x}", session_id as u64)
 }
 
@@ -77,11 +75,9 @@ pub(crate) fn is_layout(names: &[&str]) -> bool {
 /// contender's entry: named after its owner, holding the entry's UUID
 /// token (or a revocation request, which replaced it). Both are checked,
 /// because an etcd lease id in hex can also be a foreign key's name.
-pub(crate) fn is_entry(name: &str, data: &[u8], owner: crate::store::SessionId) -> bool {
-    owner != 0
-        && name == holder_id(owner)
-        && (data == super::revocation::REVOKE_MESSAGE
-            || std::str::from_utf8(data).is_ok_and(|t| uuid::Uuid::parse_str(t).is_ok()))
+pub(crate) fn is_entry(name: &str, data: &[u8], owner: SessionId) -> bool {
+    let token = || std::str::from_utf8(data).is_ok_and(|t| uuid::Uuid::parse_str(t).is_ok());
+    owner != 0 && name == holder_id(owner) && (data == REVOKE_MESSAGE || token())
 }
 
 /// A counting semaphore in the Consul design: at most `limit` sessions hold
@@ -110,7 +106,6 @@ pub struct KvSemaphore {
     limit: u32,
     /// Told our entry's path when someone asks for our slot.
     revocation: Option<Listener>,
-    /// The longest a slot may be held before the library ends it.
     max_hold: Option<Duration>,
 }
 
@@ -157,19 +152,11 @@ impl KvSemaphore {
         self
     }
 
-    /// Makes the slot revocable: `listener` is called with our entry's path
-    /// whenever someone asks for it with [`revoke`](crate::revoke) — while
-    /// we hold a slot or wait for one. Cooperative: the holder decides to
-    /// give the slot back.
-    ///
-    /// The request is Curator's `Revoker` protocol applied to the entry:
-    /// `__REVOKE__` is written into `<path>/<holder-id>`, which its owner
-    /// watches. Nothing else reads an entry's data — holders are judged
-    /// alive by the entry's owner alone — so the request changes nobody's
-    /// view of the semaphore. In [`Layout::Consul`], `consul lock -n`
-    /// holders see the same: their contender key's value changes and they
-    /// carry on (Consul's `api.Semaphore` has no revocation); only dlock
-    /// holders listen.
+    /// Makes the slot revocable, as [`Mutex::revocable`](crate::Mutex::revocable)
+    /// does a lock: `__REVOKE__` written into our entry calls `listener`
+    /// with its path, while we hold or wait. Only owners read an entry's
+    /// data, so the request changes nobody's view of the semaphore;
+    /// `consul lock -n` holders (no revocation in `api.Semaphore`) carry on.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
@@ -188,12 +175,10 @@ impl KvSemaphore {
         self
     }
 
-    /// Limits every slot to `max_hold` (Redisson's
-    /// `PermitExpirableSemaphore`): at the limit the library deletes our
-    /// entry from a task of its own, the lease's
-    /// [`lost`](crate::Acquisition::lost) signal fires, its guarded writes
-    /// are refused, and waiting contenders — who watch the entries — prune
-    /// us from the record and take the slot at once.
+    /// Limits every slot to `max_hold`, as
+    /// [`Mutex::with_max_hold`](crate::Mutex::with_max_hold) does a lock:
+    /// the library deletes our entry, and waiting contenders, who watch the
+    /// entries, prune us from the record and take the slot at once.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
@@ -232,7 +217,7 @@ impl KvSemaphore {
     }
 
     /// The live holders in the record (those whose session still has its
-    /// entry), in the order they joined — without taking a slot
+    /// entry), in the order they joined, without taking a slot
     /// (CURATOR-230).
     pub async fn holders(&self) -> Result<Vec<String>> {
         Ok(self.look(false).await?.live_holders())
@@ -273,8 +258,8 @@ impl KvSemaphore {
     }
 
     /// Attempts until one ends other than "our entry is gone" (see
-    /// [`enter`](Self::enter); or the session was lost while we waited): then we
-    /// start over in the live session, as the wait queue does.
+    /// [`enter`](Self::enter); or the session was lost while we waited):
+    /// then we start over in the live session, as the wait queue does.
     async fn acquire_until(&self, deadline: Deadline) -> Result<Option<KvLease>> {
         let session = &self.session;
         session.retrying_reaped(|| self.attempt(deadline)).await
@@ -284,30 +269,26 @@ impl KvSemaphore {
         let entry = self.enter().await?;
         loop {
             let patient = !deadline.passed();
+            // On an error our entry goes before we answer (not in the
+            // background), so that the session can try again at once.
             let look = match self.look(patient).await {
-                Ok(look) => look,
-                Err(e) => {
-                    // Remove our entry before answering (not in the
-                    // background), so that the session can try again at
-                    // once. The primary error wins.
-                    let _ = entry.leave().await;
-                    return Err(e);
+                Ok(look) if look.live.contains(&entry.id) => look,
+                Ok(_) => {
+                    return Err(Error::NoNode {
+                        path: path::join(&self.dir, &entry.id),
+                    })
                 }
+                Err(e) => return Err(entry.leave_after(e).await),
             };
-            if !look.live.contains(&entry.id) {
-                return Err(Error::NoNode {
-                    path: path::join(&self.dir, &entry.id),
-                });
-            }
             let mut holders = look.live_holders();
             let version = match &look.record {
                 None => None,
                 Some((record, _)) if record.limit != self.limit => {
-                    entry.leave().await?;
-                    return Err(Error::InvalidArgument(format!(
+                    let conflict = Error::InvalidArgument(format!(
                         "semaphore limit conflict at {}: its holders use a limit of {}, this contender {}",
                         self.dir, record.limit, self.limit
-                    )));
+                    ));
+                    return Err(entry.leave_after(conflict).await);
                 }
                 // Our join landed, though its reply was lost.
                 Some((_, stat)) if holders.contains(&entry.id) => {
@@ -317,29 +298,19 @@ impl KvSemaphore {
             };
             if holders.len() >= self.limit as usize {
                 // Full: wait for a release or a holder's death.
-                if !patient
-                    || deadline
-                        .race(contender::any_change(look.watches))
-                        .await
-                        .is_none()
-                {
+                let changed = patient && deadline.race(any_change(look.watches)).await.is_some();
+                if !changed {
                     entry.leave().await?;
                     return Ok(None);
                 }
                 continue;
             }
             holders.push(entry.id.clone());
-            let record = Record {
-                limit: self.limit,
-                holders,
-            };
-            match self.write(&record, version).await {
+            let limit = self.limit;
+            match self.write(&Record { limit, holders }, version).await {
                 Ok(stat) => return Ok(Some(entry.into_lease(FencingToken(stat.mzxid)))),
                 Err(e) if raced(&e) => {}
-                Err(e) => {
-                    let _ = entry.leave().await;
-                    return Err(e);
-                }
+                Err(e) => return Err(entry.leave_after(e).await),
             }
         }
     }

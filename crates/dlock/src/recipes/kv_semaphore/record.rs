@@ -1,9 +1,11 @@
 //! The `.lock` record of a [`KvSemaphore`](super::KvSemaphore): who holds,
-//! and the limit every contender states, as JSON — one reader and one
-//! writer for both layouts, which differ only in their keys' names and in
-//! how they list the holders (see the [module docs](super)).
+//! and the limit every contender states, as JSON. The two layouts differ
+//! only in their keys' names and in how they list the holders, so each is
+//! one serde shape.
 
-use serde_json::Value;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::recipes::layout::Layout;
@@ -26,6 +28,41 @@ pub struct Record {
     pub holders: Vec<String>,
 }
 
+/// dlock's record: the holders listed in the order they joined.
+#[derive(Serialize, Deserialize)]
+struct Listed {
+    limit: Limit,
+    holders: Vec<String>,
+}
+
+/// Consul's `api.Semaphore` record: each holder's session UUID mapped to
+/// whether it holds (Go's `map[string]bool`, written sorted; `null` or
+/// missing when empty).
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Mapped {
+    limit: Limit,
+    #[serde(default)]
+    holders: Option<BTreeMap<String, bool>>,
+}
+
+/// A limit of at least 1, read through a JSON number so that `3.0` is 3.
+#[derive(Clone, Copy, Serialize, Deserialize)]
+#[serde(try_from = "serde_json::Number")]
+struct Limit(u32);
+
+impl TryFrom<serde_json::Number> for Limit {
+    type Error = String;
+
+    fn try_from(n: serde_json::Number) -> std::result::Result<Self, String> {
+        let f = n.as_f64().unwrap_or(f64::NAN);
+        match f.fract() == 0.0 && (1.0..=f64::from(u32::MAX)).contains(&f) {
+            true => Ok(Limit(f as u32)),
+            false => Err(format!("the limit must be a positive integer, found {n}")),
+        }
+    }
+}
+
 impl Record {
     /// The record in `layout`'s format: dlock's
     /// `{"limit":N,"holders":["<id>",...]}`, or Consul's
@@ -33,40 +70,31 @@ impl Record {
     ///
     /// ```
     /// use dlock::{recipes::kv_semaphore::Record, Layout};
-    /// let r = Record { limit: 2, holders: vec!["9a2aef2d-ec29-bf90-d2ae-ab04937b1019".into()] };
+    /// let r = Record { limit: 2, holders: vec!["b".into(), "a".into()] };
     /// let json = r.encode(Layout::Consul);
-    /// assert_eq!(json, r#"{"Limit":2,"Holders":{"9a2aef2d-ec29-bf90-d2ae-ab04937b1019":true}}"#);
-    /// assert_eq!(Record::decode(Layout::Consul, "/s/.lock", json.as_bytes()).unwrap(), r);
-    /// assert_eq!(r.encode(Layout::Curator), r#"{"limit":2,"holders":["9a2aef2d-ec29-bf90-d2ae-ab04937b1019"]}"#);
-    /// // Consul's holders are written sorted, as Go writes a map.
-    /// let two = Record { limit: 2, holders: vec!["b".into(), "a".into()] };
-    /// assert_eq!(two.encode(Layout::Consul), r#"{"Limit":2,"Holders":{"a":true,"b":true}}"#);
+    /// // Sorted, as Go writes a map.
+    /// assert_eq!(json, r#"{"Limit":2,"Holders":{"a":true,"b":true}}"#);
+    /// let back = Record::decode(Layout::Consul, "/s/.lock", json.as_bytes()).unwrap();
+    /// assert_eq!(back.holders, ["a", "b"]);
+    /// assert_eq!(r.encode(Layout::Curator), r#"{"limit":2,"holders":["b","a"]}"#);
     /// ```
     pub fn encode(&self, layout: Layout) -> String {
-        let holders = match layout {
-            Layout::Curator | Layout::Kazoo => Value::from(self.holders.clone()),
-            // Sorted, as Go's encoding/json writes a map (and whatever
-            // order serde_json's map keeps in this build).
-            Layout::Consul => {
-                let held: std::collections::BTreeMap<&str, bool> =
-                    self.holders.iter().map(|h| (h.as_str(), true)).collect();
-                serde_json::json!(held)
-            }
-        };
-        let (limit_key, holders_key) = keys(layout);
-        format!(
-            r#"{{"{limit_key}":{},"{holders_key}":{holders}}}"#,
-            self.limit
-        )
+        let (limit, holders) = (Limit(self.limit), self.holders.clone());
+        match layout {
+            Layout::Curator | Layout::Kazoo => serde_json::to_string(&Listed { limit, holders }),
+            Layout::Consul => serde_json::to_string(&Mapped {
+                limit,
+                holders: Some(holders.into_iter().map(|h| (h, true)).collect()),
+            }),
+        }
+        .expect("a record always serializes")
     }
 
     /// Decodes a record stored at `path` in `layout`'s format: a JSON
-    /// object with a positive integer limit and the holders — dlock's an
-    /// array of strings (duplicates count once), Consul's a map of session
-    /// UUIDs to booleans (those mapped to `false` do not hold; missing or
-    /// `null` is none, as Go writes an empty map). Other keys are ignored
-    /// but must be valid JSON. Anything else is [`Error::MalformedData`]
-    /// naming the problem.
+    /// object with a positive integer limit and the holders (duplicates
+    /// count once; in Consul's, those mapped to `false` do not hold). Other
+    /// keys are ignored but must be valid JSON. Anything else is
+    /// [`Error::MalformedData`] naming the problem.
     ///
     /// ```
     /// use dlock::{recipes::kv_semaphore::Record, Layout};
@@ -78,73 +106,38 @@ impl Record {
     pub fn decode(layout: Layout, path: &str, data: &[u8]) -> Result<Record> {
         let bad = |reason: String| Error::MalformedData {
             path: path.to_string(),
-            reason,
+            reason: format!("not a semaphore record: {reason}"),
         };
-        let text = std::str::from_utf8(data).map_err(|_| bad("the record is not UTF-8".into()))?;
-        // Into a `Value` rather than a derived struct: each problem then gets
-        // its own message, and unknown keys are checked too.
-        let value: Value = serde_json::from_str(text).map_err(|e| bad(not_json(&e, text)))?;
-        let Value::Object(fields) = value else {
-            return Err(bad("the record is not a JSON object".into()));
-        };
-        let (limit_key, holders_key) = keys(layout);
-        let no = |key| bad(format!("the record has no \"{key}\""));
-        let limit = fields.get(limit_key).ok_or_else(|| no(limit_key))?;
-        // Through f64, as before serde: `3.0` is a limit of 3.
-        let positive = |f: &f64| f.fract() == 0.0 && (1.0..=f64::from(u32::MAX)).contains(f);
-        let Some(whole) = limit.as_f64().filter(positive) else {
-            return Err(bad(format!(
-                "\"{limit_key}\" must be a positive integer, found {limit}"
-            )));
-        };
-        // dlock lists the holders; Consul maps each to whether it holds.
-        let listed: Vec<&str> = match (layout, fields.get(holders_key)) {
-            (Layout::Curator | Layout::Kazoo, Some(Value::Array(items))) => {
-                let strings = items.iter().map(|item| {
-                    let no_string = || bad(format!("\"holders\" must hold strings, found {item}"));
-                    item.as_str().ok_or_else(no_string)
-                });
-                strings.collect::<Result<_>>()?
+        let text = std::str::from_utf8(data).map_err(|_| bad("it is not UTF-8".into()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        // Checked first: serde would also read a struct from an array.
+        if !value.is_object() {
+            return Err(bad("it is not a JSON object".into()));
+        }
+        let invalid = |e: serde_json::Error| bad(e.to_string());
+        let (limit, listed) = match layout {
+            Layout::Curator | Layout::Kazoo => {
+                let r: Listed = serde_json::from_value(value).map_err(invalid)?;
+                (r.limit, r.holders)
             }
-            // Go decodes the map into `map[string]bool`: anything but a
-            // boolean is a corrupt record, not a holder that does not hold.
-            (Layout::Consul, Some(Value::Object(map))) => {
-                let mut held = Vec::with_capacity(map.len());
-                for (holder, holds) in map {
-                    match holds {
-                        Value::Bool(true) => held.push(holder.as_str()),
-                        Value::Bool(false) => {}
-                        other => {
-                            return Err(bad(format!(
-                                "\"Holders\" must map session ids to booleans, found {other} for {holder}"
-                            )))
-                        }
-                    }
-                }
-                held.sort_unstable();
-                held
-            }
-            (Layout::Consul, None | Some(Value::Null)) => Vec::new(),
-            (_, None) => return Err(no(holders_key)),
-            (_, Some(other)) => {
-                let shape = if layout == Layout::Consul {
-                    "an object"
-                } else {
-                    "an array"
-                };
-                return Err(bad(format!(
-                    "\"{holders_key}\" must be {shape}, found {other}"
-                )));
+            Layout::Consul => {
+                let r: Mapped = serde_json::from_value(value).map_err(invalid)?;
+                let held = r.holders.unwrap_or_default().into_iter();
+                (
+                    r.limit,
+                    held.filter_map(|(h, holds)| holds.then_some(h)).collect(),
+                )
             }
         };
         let mut holders: Vec<String> = Vec::with_capacity(listed.len());
         for h in listed {
-            if !holders.iter().any(|known| known == h) {
-                holders.push(h.to_owned());
+            if !holders.contains(&h) {
+                holders.push(h);
             }
         }
         Ok(Record {
-            limit: whole as u32,
+            limit: limit.0,
             holders,
         })
     }
@@ -160,49 +153,4 @@ impl Record {
     pub fn parse(path: &str, data: &[u8]) -> Result<Record> {
         Record::decode(Layout::Curator, path, data)
     }
-
-    /// The record as Consul's `api.Semaphore` writes it:
-    /// [`encode`](Self::encode) with [`Layout::Consul`] (see its example).
-    pub fn to_consul_json(&self) -> String {
-        self.encode(Layout::Consul)
-    }
-
-    /// Decodes Consul's `api.Semaphore` record: [`decode`](Self::decode)
-    /// with [`Layout::Consul`] (see its example).
-    pub fn parse_consul(path: &str, data: &[u8]) -> Result<Record> {
-        Record::decode(Layout::Consul, path, data)
-    }
-}
-
-/// The record's keys for the limit and the holders in `layout`'s format.
-fn keys(layout: Layout) -> (&'static str, &'static str) {
-    match layout {
-        Layout::Curator | Layout::Kazoo => ("limit", "holders"),
-        Layout::Consul => ("Limit", "Holders"),
-    }
-}
-
-/// Why `text` is not JSON: serde_json's message, in the words of the
-/// hand-written parser it replaced where the two differ (callers and tests
-/// look for those words).
-fn not_json(e: &serde_json::Error, text: &str) -> String {
-    let message = e.to_string();
-    let what = message.split(" at line ").next().unwrap_or_default();
-    // Where serde_json stopped: just after the escape it refused.
-    let before = text.split('\n').take(e.line().saturating_sub(1));
-    let end = before.map(|l| l.len() + 1).sum::<usize>() + e.column();
-    let escape = text.as_bytes().get(..end.saturating_sub(4));
-    let unicode = escape.is_some_and(|s| s.ends_with(b"\\u"));
-    let ours = match what {
-        "recursion limit exceeded" => "nested too deeply",
-        "unexpected end of hex escape" | "lone leading surrogate in hex escape" => {
-            "unpaired surrogate"
-        }
-        // Such as 1e999: the old parser read infinity, then refused it as
-        // a limit.
-        "number out of range" => "number out of range (a \"limit\" must be a positive integer)",
-        "invalid escape" if unicode => "invalid \\u escape",
-        other => other,
-    };
-    format!("the record is not JSON: {ours}{}", &message[what.len()..])
 }
