@@ -769,7 +769,10 @@ fn bad_records() -> Vec<(Vec<u8>, &'static str)> {
             br#"{"limit":"3","holders":[]}"#.to_vec(),
             "expected a JSON number",
         ),
-        (br#"{"limit":3,"holders":"a"}"#.to_vec(), "expected a sequence"),
+        (
+            br#"{"limit":3,"holders":"a"}"#.to_vec(),
+            "expected a sequence",
+        ),
         (
             br#"{"limit":3,"holders":[7]}"#.to_vec(),
             "expected a string",

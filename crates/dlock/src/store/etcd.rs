@@ -176,6 +176,7 @@
 //!   reply to clear it with), so a retry finds `NoNode` even if a newer
 //!   node of the same name exists by then.
 
+mod channel;
 mod error;
 mod keys;
 mod lease;

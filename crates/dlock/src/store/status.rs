@@ -449,6 +449,7 @@ impl<S> StatusMachine<S> {
     /// Starts ending `session` on purpose (an expiry), if `take` hands out
     /// its client: until [`lose`](Self::lose), operations wait and a
     /// disconnection is no suspension.
+    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
     pub fn begin_expiry<T>(
         &self,
         session: SessionId,

@@ -165,7 +165,16 @@ pub(super) async fn connect_client(config: &Config) -> Result<Client> {
             .with_auto_token_refresh(true);
     }
     let limit = Duration::from_secs(config.ttl_secs.clamp(5, 30) as u64);
-    match tokio::time::timeout(limit, Client::connect(&config.urls, Some(options))).await {
+    // Plain-text members get dlock's own channel (its own connect timeout
+    // and keep-alive, the same as these options'); TLS keeps tonic's.
+    let runtime = tokio::runtime::Handle::current();
+    let connected = match super::channel::direct(&config.urls, &runtime) {
+        Some(channel) => {
+            tokio::time::timeout(limit, Client::from_channel(channel, Some(options))).await
+        }
+        None => tokio::time::timeout(limit, Client::connect(&config.urls, Some(options))).await,
+    };
+    match connected {
         Ok(Ok(client)) => Ok(client),
         Ok(Err(e)) => Err(match map_error(e, &config.endpoint) {
             Failure::Auth(why) => Error::AuthFailed(format!(
