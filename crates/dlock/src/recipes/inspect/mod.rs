@@ -98,11 +98,7 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
         // are other recipes' directories.
         return Ok(nothing(RecipeKind::None));
     }
-    let children = match session.children(path).await {
-        Ok(children) => children,
-        Err(Error::NoNode { .. }) => Vec::new(),
-        Err(e) => return Err(e),
-    };
+    let children = session.children(path).await.found()?.unwrap_or_default();
     let names: Vec<&str> = children.iter().map(|c| c.name.as_str()).collect();
     let found = |recipe, participants| Inspection {
         participants,

@@ -120,9 +120,15 @@ impl KvSemaphore {
             // end: an entry is alive only while a session owns it.
             let entries: Vec<String> = live.drain().collect();
             let node = |name: &String| path::join(&self.dir, name);
-            let owners = entries
-                .iter()
-                .map(|name| async move { session.exists(&node(name)).await });
+            // Through the store: a foreign key's name need not be a valid
+            // path of ours, and must not fail the look.
+            let owners = entries.iter().map(|name| {
+                let node = node(name);
+                async move {
+                    let found = session.retrying(|| store.exists(&node, false)).await;
+                    Ok::<_, Error>(found.found()?.and_then(|(stat, _)| stat))
+                }
+            });
             let owners = futures::future::try_join_all(owners).await?;
             let owned = |stat: &Option<Stat>| stat.is_some_and(|s| s.ephemeral_owner != 0);
             let kept = entries

@@ -19,7 +19,7 @@ pub(crate) use self::predicate::{position, FirstN, Predicate, Verdict};
 pub(crate) use self::wait::Stop;
 use super::deadline::Deadline;
 use super::layout::Layout;
-use crate::error::{Error, Result};
+use crate::error::{Error, Found, Result};
 use crate::path;
 use crate::session::Session;
 use crate::store::{sort_sequenced, Child, CreateMode, CreateOptions, Created, Watch};
@@ -209,14 +209,9 @@ impl WaitQueue {
         &self,
         listed: Result<(Vec<Child>, Option<Watch>)>,
     ) -> Result<(Vec<Child>, Option<Watch>)> {
-        match listed {
-            Ok((mut children, w)) => {
-                sort_sequenced(&mut children, self.sort_names);
-                Ok((children, w))
-            }
-            Err(Error::NoNode { .. }) => Ok((Vec::new(), None)),
-            Err(e) => Err(e),
-        }
+        let (mut children, w) = listed.found()?.unwrap_or_default();
+        sort_sequenced(&mut children, self.sort_names);
+        Ok((children, w))
     }
 
     /// Every participant in queue order, marking those `predicate` says

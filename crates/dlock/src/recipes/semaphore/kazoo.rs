@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Found, Result};
 use crate::path;
 use crate::recipes::deadline::Deadline;
 use crate::recipes::queue::{HeldNode, Participant};
@@ -120,11 +120,8 @@ impl Pool {
     /// Every lease, oldest first: all of them hold (in kazoo's algorithm a
     /// lease node exists only once admitted).
     pub(super) async fn participants(&self) -> Result<Vec<Participant>> {
-        let children = match self.session.children(&self.path).await {
-            Ok(children) => children,
-            Err(Error::NoNode { .. }) => Vec::new(),
-            Err(e) => return Err(e),
-        };
+        let listed = self.session.children(&self.path).await.found()?;
+        let children = listed.unwrap_or_default();
         let mut all = Vec::with_capacity(children.len());
         for child in children {
             let node = path::join(&self.path, &child.name);

@@ -1,21 +1,22 @@
 //! The etcd client's gRPC channel for plain-text endpoints: requests go
-//! from the calling task straight onto one HTTP/2 connection.
+//! from the calling task to hyper's HTTP/2 connection.
 //!
 //! tonic's own channel puts a `Buffer` in front of its connections: every
-//! request is handed to the buffer's worker task, which hands it to the
-//! connection's task. On a multi-threaded runtime each hand-off can wake
-//! another thread, and an uncontended lock cycle is two requests whose
-//! server work is a fraction of a millisecond, so those wake-ups are a
-//! measurable part of the cycle (BENCHMARKS.md, "where the uncontended etcd
-//! gap is"). Here the caller's task sends on hyper's HTTP/2 connection
-//! itself; only the connection's own task is left in between, as in Go's
-//! client.
+//! request is first handed to the buffer's worker task. On a
+//! multi-threaded runtime each hand-off can wake another thread, and an
+//! uncontended lock cycle is two requests whose server work is a fraction
+//! of a millisecond, so the wake-ups are a measurable part of the cycle
+//! (BENCHMARKS.md, "Session 12"). Here that hop is gone; hyper's own
+//! connection tasks are left, as Go's client has its reader and writer.
 //!
-//! Like Go's client (and unlike tonic's balancer) it keeps one connection
-//! to one member at a time: when that connection fails, the request fails
-//! with `UNAVAILABLE` (a lost connection to the store contract) and the
-//! next request connects again, trying the members in turn from the one
-//! after. TLS endpoints keep tonic's channel.
+//! It keeps one connection to one member at a time. It moves on to the
+//! next member (trying them in turn, from the one after) when the
+//! connection fails, and also when a member answers `UNAVAILABLE`: a
+//! member cut off from the others still answers pings but refuses every
+//! request ("no leader", "request timed out"), and staying on it would
+//! fail every retry. The request itself fails with `UNAVAILABLE` (a lost
+//! connection to the store contract) and its retry goes to the next
+//! member. TLS endpoints keep tonic's channel.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -32,12 +33,13 @@ use tonic::body::Body;
 use tonic::Status;
 use tower::BoxError;
 
-/// How long a connection attempt to one member may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// HTTP/2 pings on an idle connection, and how long an answer may take:
-/// tonic's settings in [`super::lease::connect_client`].
-const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
-const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a connection attempt to one member may take (tonic's channel,
+/// with TLS, is given the same).
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often an HTTP/2 ping checks a connection, and how long its answer
+/// may take.
+pub(super) const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+pub(super) const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A channel over the members at `urls` (`http://host:port`), or `None`
 /// if any of them is not plain HTTP: then tonic's channel is used.
@@ -58,6 +60,7 @@ pub(super) fn direct(urls: &[String], runtime: &tokio::runtime::Handle) -> Optio
             runtime: runtime.clone(),
             next: AtomicUsize::new(0),
             current: StdMutex::new(None),
+            made: Default::default(),
             connecting: tokio::sync::Mutex::new(()),
         }),
     };
@@ -77,6 +80,8 @@ struct Shared {
     /// The member to try first when connecting again.
     next: AtomicUsize,
     current: StdMutex<Option<Connection>>,
+    /// Connections made so far.
+    made: std::sync::atomic::AtomicU64,
     /// Held while connecting, so that concurrent requests on a broken
     /// connection make one new connection, not one each.
     connecting: tokio::sync::Mutex<()>,
@@ -86,6 +91,8 @@ struct Shared {
 struct Connection {
     sender: SendRequest<Body>,
     member: Authority,
+    /// Which connection this is (they are numbered as they are made).
+    generation: u64,
 }
 
 impl Shared {
@@ -93,6 +100,18 @@ impl Shared {
     fn open(&self) -> Option<Connection> {
         let current = self.current.lock().expect("connection slot poisoned");
         current.as_ref().filter(|c| !c.sender.is_closed()).cloned()
+    }
+
+    /// Stops using `connection` (if it is still the one in use): the next
+    /// request connects to the member after it.
+    fn leave(&self, connection: &Connection) {
+        let mut current = self.current.lock().expect("connection slot poisoned");
+        if current
+            .as_ref()
+            .is_some_and(|c| c.generation == connection.generation)
+        {
+            *current = None;
+        }
     }
 
     /// The open connection, or a new one to the first member that answers.
@@ -117,9 +136,10 @@ impl Shared {
                     let connection = Connection {
                         sender,
                         member: member.clone(),
+                        generation: self.made.fetch_add(1, Ordering::Relaxed),
                     };
-                    // The member that answered is tried first next time.
-                    self.next.store(i, Ordering::Relaxed);
+                    // If this one fails, the next connection starts after it.
+                    self.next.store(i + 1, Ordering::Relaxed);
                     *self.current.lock().expect("connection slot poisoned") =
                         Some(connection.clone());
                     return Ok(connection);
@@ -176,7 +196,8 @@ impl tower::Service<Request<Body>> for Direct {
     fn call(&mut self, mut request: Request<Body>) -> Answer {
         let shared = self.shared.clone();
         Box::pin(async move {
-            let Connection { mut sender, member } = shared.connection().await?;
+            let connection = shared.connection().await?;
+            let (mut sender, member) = (connection.sender.clone(), &connection.member);
             // tonic's requests carry the path only; HTTP/2 needs the
             // scheme and authority too.
             let mut uri = request.uri().clone().into_parts();
@@ -188,6 +209,14 @@ impl tower::Service<Request<Body>> for Direct {
             };
             sender.ready().await.map_err(lost)?;
             let response = sender.send_request(request).await.map_err(lost)?;
+            // A trailers-only answer carries its status in the headers.
+            if response
+                .headers()
+                .get("grpc-status")
+                .is_some_and(|s| s == "14")
+            {
+                shared.leave(&connection);
+            }
             Ok(response.map(Body::new))
         })
     }

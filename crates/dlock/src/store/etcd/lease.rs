@@ -151,11 +151,16 @@ impl std::fmt::Debug for Lease {
     }
 }
 
-/// Connects the client (authenticating, if there are credentials).
-pub(super) async fn connect_client(config: &Config) -> Result<Client> {
+/// Connects the client (authenticating, if there are credentials), its
+/// connections running on `runtime`.
+pub(super) async fn connect_client(
+    config: &Config,
+    runtime: &tokio::runtime::Handle,
+) -> Result<Client> {
+    use super::channel::{CONNECT_TIMEOUT, KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT};
     let mut options = etcd_client::ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+        .with_connect_timeout(CONNECT_TIMEOUT)
+        .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT);
     if let Some(tls) = &config.tls {
         options = options.with_tls(tls.clone());
     }
@@ -165,13 +170,10 @@ pub(super) async fn connect_client(config: &Config) -> Result<Client> {
             .with_auto_token_refresh(true);
     }
     let limit = Duration::from_secs(config.ttl_secs.clamp(5, 30) as u64);
-    // Plain-text members get dlock's own channel (its own connect timeout
-    // and keep-alive, the same as these options'); TLS keeps tonic's.
-    let runtime = tokio::runtime::Handle::current();
-    let connected = match super::channel::direct(&config.urls, &runtime) {
-        Some(channel) => {
-            tokio::time::timeout(limit, Client::from_channel(channel, Some(options))).await
-        }
+    // Plain-text members get dlock's own channel (with the same connect
+    // timeout and keep-alive); TLS keeps tonic's.
+    let connected = match super::channel::direct(&config.urls, runtime) {
+        Some(channel) => tokio::time::timeout(limit, authenticated(channel, options)).await,
         None => tokio::time::timeout(limit, Client::connect(&config.urls, Some(options))).await,
     };
     match connected {
@@ -187,11 +189,39 @@ pub(super) async fn connect_client(config: &Config) -> Result<Client> {
     }
 }
 
+/// A client on dlock's own `channel`. With credentials it authenticates at
+/// once; a connection failure there is tried again (within the caller's
+/// limit), as tonic's channel would wait for a member to come up.
+async fn authenticated(
+    channel: etcd_client::Channel,
+    options: etcd_client::ConnectOptions,
+) -> std::result::Result<Client, etcd_client::Error> {
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match Client::from_channel(channel.clone(), Some(options.clone())).await {
+            Err(e) if is_connection_failure(&e) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether `e` is a failure to reach a member (not a refusal).
+fn is_connection_failure(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => status.code() == tonic::Code::Unavailable,
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
+    }
+}
+
 /// Grants a lease of the configured TTL; returns its id and granted TTL.
-/// A request that fails on the connection is tried again until `limit`: the
-/// client's channel balances over the members and may still offer one that
-/// is down (tonic keeps a dead endpoint "ready" for a while), so another
-/// try can reach a live one.
+/// A request that fails on the connection is tried again until `limit`:
+/// another try can reach another member (tonic's channel, with TLS, may
+/// still offer one that is down: it keeps a dead endpoint "ready" for a
+/// while; dlock's own moves on to the next member).
 async fn grant(config: &Config, client: &Client, limit: Duration) -> Result<(i64, Duration)> {
     const ATTEMPT: Duration = Duration::from_millis(1500);
     let deadline = Instant::now() + limit;
@@ -240,7 +270,7 @@ impl Lease {
     pub async fn open(config: Config) -> Result<Arc<Lease>> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::Backend("the etcd backend needs a tokio runtime".into()))?;
-        let client = connect_client(&config).await?;
+        let client = connect_client(&config, &runtime).await?;
         let limit = Duration::from_secs(config.ttl_secs.clamp(5, 30) as u64);
         let sent = Instant::now();
         let (id, ttl) = grant(&config, &client, limit).await?;
