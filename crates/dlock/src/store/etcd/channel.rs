@@ -1,13 +1,18 @@
-//! The etcd client's gRPC channel for plain-text endpoints: requests go
-//! from the calling task to hyper's HTTP/2 connection.
+//! The etcd client's gRPC channel for plain-text endpoints: the calling
+//! task writes a request's frames onto the HTTP/2 connection (`h2`) itself.
 //!
-//! tonic's own channel puts a `Buffer` in front of its connections: every
-//! request is first handed to the buffer's worker task. On a
-//! multi-threaded runtime each hand-off can wake another thread, and an
-//! uncontended lock cycle is two requests whose server work is a fraction
-//! of a millisecond, so the wake-ups are a measurable part of the cycle
-//! (BENCHMARKS.md, "Session 12"). Here that hop is gone; hyper's own
-//! connection tasks are left, as Go's client has its reader and writer.
+//! tonic's own channel hands every request to a `Buffer` worker task, which
+//! hands it to hyper's dispatch task, which sends its body from a task of
+//! its own, before the connection's task writes it; the answer comes back
+//! the same way. On a multi-threaded runtime each hand-off can wake
+//! another thread, and an uncontended lock cycle is two requests whose
+//! server work is a fraction of a millisecond, so the wake-ups are a
+//! measurable part of the cycle (BENCHMARKS.md, "Session 12"). Here a
+//! request whose body is ready (every unary call) is queued with its
+//! headers and end of stream in one go, and only the connection's task
+//! is left in between, as Go's client has its reader and writer. A
+//! streaming body (a watch, lease keep-alives) is sent on by a task of
+//! its own as its messages come.
 //!
 //! It keeps one connection to one member at a time. It moves on to the
 //! next member (trying them in turn, from the one after) when the
@@ -20,15 +25,19 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use etcd_client::Channel;
-use hyper::client::conn::http2::{Builder, SendRequest};
-use hyper::http::uri::{Authority, Scheme};
-use hyper::{Request, Response, Uri};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use futures::FutureExt;
+use h2::client::SendRequest;
+use http::uri::{Authority, Scheme};
+use http::{HeaderMap, Request, Response, Uri};
+use http_body::Frame;
+use http_body_util::BodyExt;
 use tonic::body::Body;
 use tonic::Status;
 use tower::BoxError;
@@ -40,6 +49,10 @@ pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// may take.
 pub(super) const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
 pub(super) const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Flow-control windows, as hyper (under tonic) sets them: large watch
+/// answers and listings arrive without waiting for window updates.
+const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
+const CONNECTION_WINDOW: u32 = 5 * 1024 * 1024;
 
 /// A channel over the members at `urls` (`http://host:port`), or `None`
 /// if any of them is not plain HTTP: then tonic's channel is used.
@@ -60,13 +73,12 @@ pub(super) fn direct(urls: &[String], runtime: &tokio::runtime::Handle) -> Optio
             runtime: runtime.clone(),
             next: AtomicUsize::new(0),
             current: StdMutex::new(None),
-            made: Default::default(),
+            made: AtomicU64::new(0),
             connecting: tokio::sync::Mutex::new(()),
         }),
     };
-    Some(Channel::Custom(tower::util::BoxCloneSyncService::new(
-        service,
-    )))
+    let service = tower::util::BoxCloneSyncService::new(service);
+    Some(Channel::Custom(service))
 }
 
 #[derive(Clone)]
@@ -81,7 +93,7 @@ struct Shared {
     next: AtomicUsize,
     current: StdMutex<Option<Connection>>,
     /// Connections made so far.
-    made: std::sync::atomic::AtomicU64,
+    made: AtomicU64,
     /// Held while connecting, so that concurrent requests on a broken
     /// connection make one new connection, not one each.
     connecting: tokio::sync::Mutex<()>,
@@ -89,17 +101,20 @@ struct Shared {
 
 #[derive(Clone)]
 struct Connection {
-    sender: SendRequest<Body>,
+    sender: SendRequest<Bytes>,
     member: Authority,
+    /// Cleared when the connection's task ends.
+    open: Arc<AtomicBool>,
     /// Which connection this is (they are numbered as they are made).
     generation: u64,
 }
 
 impl Shared {
-    /// The open connection, if it still is.
+    /// The connection in use, if it is still open.
     fn open(&self) -> Option<Connection> {
         let current = self.current.lock().expect("connection slot poisoned");
-        current.as_ref().filter(|c| !c.sender.is_closed()).cloned()
+        let open = current.as_ref().filter(|c| c.open.load(Ordering::Acquire));
+        open.cloned()
     }
 
     /// Stops using `connection` (if it is still the one in use): the next
@@ -126,17 +141,18 @@ impl Shared {
         let mut failures = Vec::new();
         for _ in 0..self.members.len() {
             let i = self.next.fetch_add(1, Ordering::Relaxed) % self.members.len();
-            let member = &self.members[i];
+            let member = self.members[i].clone();
             // On the store's runtime: the connection's socket and task
             // must outlive the caller's.
             let connecting = self.runtime.spawn(connect(member.clone()));
-            let connected = connecting.await.map_err(|e| e.to_string());
-            match connected.and_then(|c| c) {
-                Ok(sender) => {
+            match connecting.await.map_err(|e| e.to_string()).and_then(|c| c) {
+                Ok((sender, open)) => {
+                    let generation = self.made.fetch_add(1, Ordering::Relaxed);
                     let connection = Connection {
                         sender,
-                        member: member.clone(),
-                        generation: self.made.fetch_add(1, Ordering::Relaxed),
+                        member,
+                        open,
+                        generation,
                     };
                     // If this one fails, the next connection starts after it.
                     self.next.store(i + 1, Ordering::Relaxed);
@@ -147,35 +163,70 @@ impl Shared {
                 Err(why) => failures.push(format!("{member}: {why}")),
             }
         }
+        let failures = failures.join("; ");
         Err(Status::unavailable(format!(
-            "no etcd member answered: {}",
-            failures.join("; ")
+            "no etcd member answered: {failures}"
         )))
     }
 }
 
 /// Opens an HTTP/2 connection (prior knowledge, as gRPC over plain text
-/// does) to `member`, its task running on the current runtime.
-async fn connect(member: Authority) -> Result<SendRequest<Body>, String> {
+/// does) to `member`. Its task, spawned here, also pings it: an answer
+/// missing for [`KEEP_ALIVE_TIMEOUT`] ends the connection, failing every
+/// request and stream on it.
+async fn connect(member: Authority) -> Result<(SendRequest<Bytes>, Arc<AtomicBool>), String> {
     let address = member.as_str();
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(address))
         .await
         .map_err(|_| format!("no connection within {CONNECT_TIMEOUT:?}"))?
         .map_err(|e| e.to_string())?;
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
-    let (sender, connection) = Builder::new(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .keep_alive_interval(KEEP_ALIVE_INTERVAL)
-        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
-        .keep_alive_while_idle(true)
-        .handshake(TokioIo::new(stream))
+    let (sender, mut connection) = h2::client::Builder::new()
+        .initial_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .enable_push(false)
+        .handshake(stream)
         .await
         .map_err(|e| e.to_string())?;
+    let mut pings = connection
+        .ping_pong()
+        .expect("the ping handle is taken once");
+    let open = Arc::new(AtomicBool::new(true));
+    let still_open = open.clone();
     tokio::spawn(async move {
-        // Its end is seen by the sender (closed): nothing to report here.
-        let _ = connection.await;
+        let keep_alive = async {
+            loop {
+                tokio::time::sleep(KEEP_ALIVE_INTERVAL).await;
+                let pong = pings.ping(h2::Ping::opaque());
+                if !matches!(
+                    tokio::time::timeout(KEEP_ALIVE_TIMEOUT, pong).await,
+                    Ok(Ok(_))
+                ) {
+                    return;
+                }
+            }
+        };
+        // Its end is seen by the requests on it: nothing to report here.
+        tokio::select! {
+            _ = connection => {}
+            _ = keep_alive => {}
+        }
+        still_open.store(false, Ordering::Release);
     });
-    Ok(sender)
+    Ok((sender, open))
+}
+
+/// The frames of `body` that are ready now, and whether they are all of it.
+fn ready_frames(body: &mut Body) -> Result<(Vec<Bytes>, bool), Status> {
+    let mut chunks = Vec::new();
+    loop {
+        match body.frame().now_or_never() {
+            Some(Some(Ok(frame))) => chunks.extend(frame.into_data().ok()),
+            Some(Some(Err(status))) => return Err(status),
+            Some(None) => return Ok((chunks, true)),
+            None => return Ok((chunks, false)),
+        }
+    }
 }
 
 type Answer = Pin<Box<dyn Future<Output = Result<Response<Body>, BoxError>> + Send>>;
@@ -185,31 +236,45 @@ impl tower::Service<Request<Body>> for Direct {
     type Error = BoxError;
     type Future = Answer;
 
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), BoxError>> {
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         // A connection is made (or found broken) per request, in `call`.
-        std::task::Poll::Ready(Ok(()))
+        Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut request: Request<Body>) -> Answer {
+    fn call(&mut self, request: Request<Body>) -> Answer {
         let shared = self.shared.clone();
         Box::pin(async move {
             let connection = shared.connection().await?;
-            let (mut sender, member) = (connection.sender.clone(), &connection.member);
-            // tonic's requests carry the path only; HTTP/2 needs the
-            // scheme and authority too.
-            let mut uri = request.uri().clone().into_parts();
-            uri.scheme = Some(Scheme::HTTP);
-            uri.authority = Some(member.clone());
-            *request.uri_mut() = Uri::from_parts(uri)?;
-            let lost = |e: hyper::Error| -> BoxError {
+            let lost = |e: h2::Error| -> BoxError {
+                shared.leave(&connection);
+                let member = &connection.member;
                 Box::new(Status::unavailable(format!("etcd member {member}: {e}")))
             };
-            sender.ready().await.map_err(lost)?;
-            let response = sender.send_request(request).await.map_err(lost)?;
-            // A trailers-only answer carries its status in the headers.
+            let (head, mut body) = request.into_parts();
+            let mut head = Request::from_parts(head, ());
+            // tonic's requests carry the path only; HTTP/2 needs the
+            // scheme and authority too.
+            let mut uri = head.uri().clone().into_parts();
+            uri.scheme = Some(Scheme::HTTP);
+            uri.authority = Some(connection.member.clone());
+            *head.uri_mut() = Uri::from_parts(uri)?;
+            let mut sender = connection.sender.clone().ready().await.map_err(lost)?;
+            let (chunks, ended) = ready_frames(&mut body)?;
+            let (response, mut stream) = sender.send_request(head, false).map_err(lost)?;
+            let count = chunks.len();
+            for (i, chunk) in chunks.into_iter().enumerate() {
+                stream
+                    .send_data(chunk, ended && i + 1 == count)
+                    .map_err(lost)?;
+            }
+            match (ended, count) {
+                (true, 0) => stream.send_data(Bytes::new(), true).map_err(lost)?,
+                (true, _) => {}
+                (false, _) => drop(shared.runtime.spawn(send_rest(body, stream))),
+            }
+            let response = response.await.map_err(lost)?;
+            // A trailers-only answer carries its status in the headers: a
+            // member that cannot serve (no leader) is left for the next.
             if response
                 .headers()
                 .get("grpc-status")
@@ -217,7 +282,62 @@ impl tower::Service<Request<Body>> for Direct {
             {
                 shared.leave(&connection);
             }
-            Ok(response.map(Body::new))
+            Ok(response.map(|received| {
+                Body::new(Received {
+                    received,
+                    data_done: false,
+                })
+            }))
         })
+    }
+}
+
+/// Sends the rest of a streaming request body as its messages come.
+async fn send_rest(mut body: Body, mut stream: h2::SendStream<Bytes>) {
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            stream.send_reset(h2::Reason::CANCEL);
+            return;
+        };
+        if let Ok(data) = frame.into_data() {
+            if stream.send_data(data, false).is_err() {
+                return;
+            }
+        }
+    }
+    let _ = stream.send_data(Bytes::new(), true);
+}
+
+/// An answer's body: its data, then its trailers (gRPC's status).
+struct Received {
+    received: h2::RecvStream,
+    data_done: bool,
+}
+
+impl http_body::Body for Received {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        if !self.data_done {
+            match ready!(self.received.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    // Read: the server may send as much again.
+                    let _ = self.received.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => self.data_done = true,
+            }
+        }
+        let trailers: Option<HeaderMap> = ready!(self.received.poll_trailers(cx))?;
+        Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.received.is_end_stream()
     }
 }
