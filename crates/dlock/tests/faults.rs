@@ -844,6 +844,46 @@ async fn new_sessions_connect_while_a_member_is_down(backend: Backend) -> Result
     finish(&root, &checker, &refs).await
 }
 
+/// A session keeps its lease, its lock and its use when the etcd member it
+/// talks to freezes (`SIGSTOP`: its connections stay open and nothing is
+/// answered, not even pings): the lease's renewal gives up within a third
+/// of the TTL, and the client's channel then closes that connection and
+/// goes to the next member, in time to renew before the TTL runs out.
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_session_outlives_a_frozen_member() -> Result<()> {
+    let cluster = EtcdCluster::start(3)?;
+    let hosts = cluster.endpoints().join(",");
+    let root = root();
+    let ttl = Duration::from_secs(6);
+    // The session talks to the first member listed (the channel starts
+    // there); the checker to the last, which stays up.
+    let session = Backend::Etcd.connect(&hosts, ttl).await?;
+    let last = cluster.endpoints().last().cloned().context("three members")?;
+    let checker = Backend::Etcd.connect(&last, ttl).await?;
+    let guard = Mutex::new(&session, &format!("{root}/held"))?
+        .acquire()
+        .await?;
+    cluster.pause(0);
+    // Two TTLs: the lease would be gone by then without a renewal.
+    let lost = tokio::time::timeout(ttl * 2, guard.lost()).await;
+    let still_usable = Mutex::new(&session, &format!("{root}/after"))?
+        .acquire_timeout(WITHIN)
+        .await;
+    let taken = Mutex::new(&checker, &format!("{root}/held"))?
+        .try_acquire()
+        .await;
+    cluster.resume(0);
+    ensure!(lost.is_err(), "the lock was lost while a member was frozen");
+    still_usable
+        .context("the session could not lock with a member frozen")?
+        .release()
+        .await?;
+    ensure!(taken?.is_none(), "another session took the held lock");
+    guard.release().await?;
+    finish(&root, &checker, &[&session]).await
+}
+
 /// One test: `name` runs `scenario(args)`.
 macro_rules! test {
     ($(#[$attr:meta])* $name:ident => $scenario:ident($($arg:expr),*)) => {

@@ -14,14 +14,24 @@
 //! streaming body (a watch, lease keep-alives) is sent on by a task of
 //! its own as its messages come.
 //!
-//! It keeps one connection to one member at a time. It moves on to the
-//! next member (trying them in turn, from the one after) when the
-//! connection fails, and also when a member answers `UNAVAILABLE`: a
-//! member cut off from the others still answers pings but refuses every
-//! request ("no leader", "request timed out"), and staying on it would
-//! fail every retry. The request itself fails with `UNAVAILABLE` (a lost
-//! connection to the store contract) and its retry goes to the next
-//! member. TLS endpoints keep tonic's channel.
+//! It keeps one connection to one member at a time, and closes it for the
+//! next member (trying them in turn, from the one after):
+//! - when the connection fails, or a ping goes unanswered;
+//! - when the member answers `UNAVAILABLE`: cut off from the others, it
+//!   still answers pings but refuses every request ("no leader", "request
+//!   timed out"), and staying would fail every retry;
+//! - when a caller gives up on a request that has had no answer for
+//!   [`STALLED`]: a frozen member (a paused process, a stuck disk) keeps
+//!   its connections open and answers nothing, not even pings, and the
+//!   lease's renewals, which give up after a third of its TTL, must reach
+//!   another member before the TTL runs out. etcd answers in
+//!   milliseconds: a caller that waited this long and gave up was not
+//!   merely cancelling.
+//!
+//! The request fails with `UNAVAILABLE` (a lost connection to the store
+//! contract), and its retry goes to the next member; the streams on the
+//! closed connection (the watch stream, lease keep-alives) end, and their
+//! owners open them again there. TLS endpoints keep tonic's channel.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -53,6 +63,9 @@ pub(super) const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// answers and listings arrive without waiting for window updates.
 const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
 const CONNECTION_WINDOW: u32 = 5 * 1024 * 1024;
+/// How long a request may go unanswered before a caller that gives up on
+/// it closes its connection (see the module docs).
+const STALLED: Duration = Duration::from_secs(1);
 
 /// A channel over the members at `urls` (`http://host:port`), or `None`
 /// if any of them is not plain HTTP: then tonic's channel is used.
@@ -105,6 +118,8 @@ struct Connection {
     member: Authority,
     /// Cleared when the connection's task ends.
     open: Arc<AtomicBool>,
+    /// Ends the connection's task (and so every stream on it).
+    task: tokio::task::AbortHandle,
     /// Which connection this is (they are numbered as they are made).
     generation: u64,
 }
@@ -117,9 +132,10 @@ impl Shared {
         open.cloned()
     }
 
-    /// Stops using `connection` (if it is still the one in use): the next
-    /// request connects to the member after it.
+    /// Closes `connection`: the next request connects to the member after
+    /// it (if it was still the one in use).
     fn leave(&self, connection: &Connection) {
+        connection.task.abort();
         let mut current = self.current.lock().expect("connection slot poisoned");
         if current
             .as_ref()
@@ -146,12 +162,13 @@ impl Shared {
             // must outlive the caller's.
             let connecting = self.runtime.spawn(connect(member.clone()));
             match connecting.await.map_err(|e| e.to_string()).and_then(|c| c) {
-                Ok((sender, open)) => {
+                Ok((sender, open, task)) => {
                     let generation = self.made.fetch_add(1, Ordering::Relaxed);
                     let connection = Connection {
                         sender,
                         member,
                         open,
+                        task,
                         generation,
                     };
                     // If this one fails, the next connection starts after it.
@@ -174,7 +191,7 @@ impl Shared {
 /// does) to `member`. Its task, spawned here, also pings it: an answer
 /// missing for [`KEEP_ALIVE_TIMEOUT`] ends the connection, failing every
 /// request and stream on it.
-async fn connect(member: Authority) -> Result<(SendRequest<Bytes>, Arc<AtomicBool>), String> {
+async fn connect(member: Authority) -> Result<Connected, String> {
     let address = member.as_str();
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(address))
         .await
@@ -193,7 +210,7 @@ async fn connect(member: Authority) -> Result<(SendRequest<Bytes>, Arc<AtomicBoo
         .expect("the ping handle is taken once");
     let open = Arc::new(AtomicBool::new(true));
     let still_open = open.clone();
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let keep_alive = async {
             loop {
                 tokio::time::sleep(KEEP_ALIVE_INTERVAL).await;
@@ -213,7 +230,31 @@ async fn connect(member: Authority) -> Result<(SendRequest<Bytes>, Arc<AtomicBoo
         }
         still_open.store(false, Ordering::Release);
     });
-    Ok((sender, open))
+    Ok((sender, open, task.abort_handle()))
+}
+
+/// A new connection's sender, its open flag and its task.
+type Connected = (
+    SendRequest<Bytes>,
+    Arc<AtomicBool>,
+    tokio::task::AbortHandle,
+);
+
+/// A request on its way: if its caller gives up on it (drops it) after
+/// [`STALLED`] without an answer, its connection is closed.
+struct Unanswered<'a> {
+    shared: &'a Shared,
+    connection: &'a Connection,
+    since: tokio::time::Instant,
+    answered: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if !self.answered && self.since.elapsed() >= STALLED {
+            self.shared.leave(self.connection);
+        }
+    }
 }
 
 /// The frames of `body` that are ready now, and whether they are all of it.
@@ -250,6 +291,12 @@ impl tower::Service<Request<Body>> for Direct {
                 let member = &connection.member;
                 Box::new(Status::unavailable(format!("etcd member {member}: {e}")))
             };
+            let mut waiting = Unanswered {
+                shared: &shared,
+                connection: &connection,
+                since: tokio::time::Instant::now(),
+                answered: false,
+            };
             let (head, mut body) = request.into_parts();
             let mut head = Request::from_parts(head, ());
             // tonic's requests carry the path only; HTTP/2 needs the
@@ -272,7 +319,10 @@ impl tower::Service<Request<Body>> for Direct {
                 (true, _) => {}
                 (false, _) => drop(shared.runtime.spawn(send_rest(body, stream))),
             }
-            let response = response.await.map_err(lost)?;
+            let response = response.await;
+            // Answered, if only by an error: the caller did not give up.
+            waiting.answered = true;
+            let response = response.map_err(lost)?;
             // A trailers-only answer carries its status in the headers: a
             // member that cannot serve (no leader) is left for the next.
             if response
