@@ -294,9 +294,8 @@ async fn reach(progress: &mut watch::Receiver<usize>, n: usize) -> Result<()> {
 ///
 /// Scenarios connect every session (the checker too) before the fault: the
 /// scenarios are about sessions living through it. (On etcd, a *new*
-/// session may fail to connect while a member is down: etcd-client's
-/// balanced channel keeps routing requests to the dead member, where they
-/// fail at once, and the first lease grant is not retried.)
+/// session's first requests may go to the dead member and fail at once;
+/// the lease grant is tried again, on the next member.)
 async fn kill_the_leader_midway(
     cluster: &mut Cluster,
     progress: &mut watch::Receiver<usize>,
@@ -818,9 +817,9 @@ async fn a_paused_holder_is_fenced_and_unfenced_writes_are_unsafe(backend: Backe
 
 /// With the leader of a 3-member cluster dead, new clients that know every
 /// member still connect, every time, and lock and release. (etcd's client
-/// balances over the members and may still offer the dead one: the lease
-/// grant is tried again. Consul's followers answer a session create with
-/// 500 until they know a new leader: the create is tried again.)
+/// may try the dead one first: the lease grant is tried again, on the next
+/// member. Consul's followers answer a session create with 500 until they
+/// know a new leader: the create is tried again.)
 async fn new_sessions_connect_while_a_member_is_down(backend: Backend) -> Result<()> {
     let mut cluster = backend.start_cluster()?;
     let hosts = cluster.hosts();
@@ -859,7 +858,11 @@ async fn an_etcd_session_outlives_a_frozen_member() -> Result<()> {
     // The session talks to the first member listed (the channel starts
     // there); the checker to the last, which stays up.
     let session = Backend::Etcd.connect(&hosts, ttl).await?;
-    let last = cluster.endpoints().last().cloned().context("three members")?;
+    let last = cluster
+        .endpoints()
+        .last()
+        .cloned()
+        .context("three members")?;
     let checker = Backend::Etcd.connect(&last, ttl).await?;
     let guard = Mutex::new(&session, &format!("{root}/held"))?
         .acquire()

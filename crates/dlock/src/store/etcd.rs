@@ -1,6 +1,9 @@
 //! The etcd backend: a [`Store`] on etcd v3 (3.4+), through the
-//! [`etcd_client`] crate. Built with the `etcd` feature (its build needs
-//! `protoc`).
+//! [`etcd_client`] crate, over a gRPC channel of dlock's own for plain-text
+//! members (see `channel.rs`: one HTTP/2 connection, each request's frames
+//! written in one go, a frozen or cut-off member left for the next) and
+//! tonic's for TLS. Built with the `etcd` feature (its build needs
+//! `protoc`, which the build brings along).
 //!
 //! Connect with an endpoint URL, `etcd://host:port[,host:port...]`,
 //! optionally with etcd credentials (`etcd://user:password@host:port`), a
