@@ -351,7 +351,7 @@ impl EtcdStore {
     ) -> Result<T> {
         match tokio::time::timeout(self.lease.op_timeout(), request).await {
             Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(self.fail(map_error(e, self.endpoint()), path, lease)),
+            Ok(Err(e)) => Err(self.fail(map_error(&e, self.endpoint()), path, lease)),
             Err(_) => Err(Error::ConnectionLoss),
         }
     }

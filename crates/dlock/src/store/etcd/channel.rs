@@ -14,24 +14,25 @@
 //! streaming body (a watch, lease keep-alives) is sent on by a task of
 //! its own as its messages come.
 //!
-//! It keeps one connection to one member at a time, and closes it for the
-//! next member (trying them in turn, from the one after):
+//! It keeps one connection to one member at a time. It closes it and
+//! goes to the next member (trying them in turn, from the one after):
 //! - when the connection fails, or a ping goes unanswered;
-//! - when the member answers `UNAVAILABLE`: cut off from the others, it
-//!   still answers pings but refuses every request ("no leader", "request
-//!   timed out"), and staying would fail every retry;
-//! - when a caller gives up on a request that has had no answer for
-//!   [`STALLED`]: a frozen member (a paused process, a stuck disk) keeps
-//!   its connections open and answers nothing, not even pings, and the
-//!   lease's renewals, which give up after a third of its TTL, must reach
-//!   another member before the TTL runs out. etcd answers in
-//!   milliseconds: a caller that waited this long and gave up was not
-//!   merely cancelling.
+//! - when a caller gives up on a request, or on a stream it sent a
+//!   message on, that has had no answer for [`STALLED`]: a frozen member
+//!   (a paused process, a stuck disk) keeps its connections open and
+//!   answers nothing, not even pings, and the lease's renewals, which give
+//!   up after a third of its TTL, must reach another member before the
+//!   TTL runs out. etcd answers in milliseconds: a caller that waited this
+//!   long and gave up was not merely cancelling.
 //!
-//! The request fails with `UNAVAILABLE` (a lost connection to the store
-//! contract), and its retry goes to the next member; the streams on the
-//! closed connection (the watch stream, lease keep-alives) end, and their
-//! owners open them again there. TLS endpoints keep tonic's channel.
+//! Then the failed request is `UNAVAILABLE` (a lost connection to the
+//! store contract) and its retry goes to the next member; the streams on
+//! the closed connection (the watch stream, lease keep-alives) end, and
+//! their owners open them again there. And when a member answers
+//! `UNAVAILABLE` (cut off from the others, it still answers pings but
+//! refuses every request: "no leader", "request timed out"), new requests
+//! go to the next member, while what is open on it finishes there. TLS
+//! endpoints keep tonic's channel.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -45,7 +46,7 @@ use etcd_client::Channel;
 use futures::FutureExt;
 use h2::client::SendRequest;
 use http::uri::{Authority, Scheme};
-use http::{HeaderMap, Request, Response, Uri};
+use http::{Request, Response, Uri};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use tonic::body::Body;
@@ -132,10 +133,17 @@ impl Shared {
         open.cloned()
     }
 
-    /// Closes `connection`: the next request connects to the member after
-    /// it (if it was still the one in use).
+    /// Closes `connection`, failing everything still open on it: the next
+    /// request connects to the member after it.
     fn leave(&self, connection: &Connection) {
         connection.task.abort();
+        self.retire(connection);
+    }
+
+    /// Sends no new request on `connection` (if it is still the one in
+    /// use): the next one connects to the member after it. What is open on
+    /// it finishes there; the connection closes with its last stream.
+    fn retire(&self, connection: &Connection) {
         let mut current = self.current.lock().expect("connection slot poisoned");
         if current
             .as_ref()
@@ -240,21 +248,82 @@ type Connected = (
     tokio::task::AbortHandle,
 );
 
-/// A request on its way: if its caller gives up on it (drops it) after
-/// [`STALLED`] without an answer, its connection is closed.
-struct Unanswered<'a> {
-    shared: &'a Shared,
-    connection: &'a Connection,
-    since: tokio::time::Instant,
-    answered: bool,
+/// Since when a request, or a stream's latest message, has been waiting
+/// for an answer (`None`: not waiting). If whoever waits gives up (drops
+/// the request or the stream) after [`STALLED`], the connection is closed.
+#[derive(Clone)]
+struct Waiting {
+    shared: Arc<Shared>,
+    connection: Connection,
+    since: Arc<StdMutex<Option<tokio::time::Instant>>>,
 }
 
-impl Drop for Unanswered<'_> {
-    fn drop(&mut self) {
-        if !self.answered && self.since.elapsed() >= STALLED {
-            self.shared.leave(self.connection);
+impl Waiting {
+    fn new(shared: &Arc<Shared>, connection: &Connection) -> Self {
+        let since = Arc::new(StdMutex::new(Some(tokio::time::Instant::now())));
+        let (shared, connection) = (shared.clone(), connection.clone());
+        Waiting {
+            shared,
+            connection,
+            since,
         }
     }
+
+    /// Something was sent: waiting, if not already.
+    fn sent(&self) {
+        let mut since = self.since.lock().expect("waiting clock poisoned");
+        since.get_or_insert_with(tokio::time::Instant::now);
+    }
+
+    /// Something came back: not waiting.
+    fn answered(&self) {
+        *self.since.lock().expect("waiting clock poisoned") = None;
+    }
+
+    /// The one waiting gives up: a stalled connection is closed.
+    fn give_up(&self) {
+        let since = *self.since.lock().expect("waiting clock poisoned");
+        if since.is_some_and(|t| t.elapsed() >= STALLED) {
+            self.shared.leave(&self.connection);
+        }
+    }
+}
+
+/// Gives up on drop unless disarmed: the request's wait for its answer.
+struct UntilAnswered(Option<Waiting>);
+
+impl Drop for UntilAnswered {
+    fn drop(&mut self) {
+        if let Some(waiting) = self.0.take() {
+            waiting.give_up();
+        }
+    }
+}
+
+/// The ready sender of the connection in use. A connection found dead
+/// before anything was sent on it (a `GOAWAY` while it drains) is left,
+/// and the next one tried once.
+async fn ready_sender(shared: &Shared) -> Result<(Connection, SendRequest<Bytes>), Status> {
+    let mut tries = 2;
+    loop {
+        let connection = shared.connection().await?;
+        match connection.sender.clone().ready().await {
+            Ok(sender) => return Ok((connection, sender)),
+            Err(e) => {
+                shared.leave(&connection);
+                tries -= 1;
+                if tries == 0 {
+                    return Err(unavailable(&connection.member, e));
+                }
+            }
+        }
+    }
+}
+
+/// A failure on `member`, as gRPC's `UNAVAILABLE`: to the store, a lost
+/// connection (the request may or may not have been applied).
+fn unavailable(member: &Authority, e: impl std::fmt::Display) -> Status {
+    Status::unavailable(format!("etcd member {member}: {e}"))
 }
 
 /// The frames of `body` that are ready now, and whether they are all of it.
@@ -285,18 +354,17 @@ impl tower::Service<Request<Body>> for Direct {
     fn call(&mut self, request: Request<Body>) -> Answer {
         let shared = self.shared.clone();
         Box::pin(async move {
-            let connection = shared.connection().await?;
+            let (connection, mut sender) = ready_sender(&shared).await?;
+            // Only the connection's own failures close it; a refused
+            // stream fails this request alone.
             let lost = |e: h2::Error| -> BoxError {
-                shared.leave(&connection);
-                let member = &connection.member;
-                Box::new(Status::unavailable(format!("etcd member {member}: {e}")))
+                if e.is_io() || e.is_go_away() {
+                    shared.leave(&connection);
+                }
+                Box::new(unavailable(&connection.member, e))
             };
-            let mut waiting = Unanswered {
-                shared: &shared,
-                connection: &connection,
-                since: tokio::time::Instant::now(),
-                answered: false,
-            };
+            let waiting = Waiting::new(&shared, &connection);
+            let mut until_answered = UntilAnswered(Some(waiting.clone()));
             let (head, mut body) = request.into_parts();
             let mut head = Request::from_parts(head, ());
             // tonic's requests carry the path only; HTTP/2 needs the
@@ -305,7 +373,6 @@ impl tower::Service<Request<Body>> for Direct {
             uri.scheme = Some(Scheme::HTTP);
             uri.authority = Some(connection.member.clone());
             *head.uri_mut() = Uri::from_parts(uri)?;
-            let mut sender = connection.sender.clone().ready().await.map_err(lost)?;
             let (chunks, ended) = ready_frames(&mut body)?;
             let (response, mut stream) = sender.send_request(head, false).map_err(lost)?;
             let count = chunks.len();
@@ -314,36 +381,47 @@ impl tower::Service<Request<Body>> for Direct {
                     .send_data(chunk, ended && i + 1 == count)
                     .map_err(lost)?;
             }
+            let streaming = !ended;
             match (ended, count) {
                 (true, 0) => stream.send_data(Bytes::new(), true).map_err(lost)?,
                 (true, _) => {}
-                (false, _) => drop(shared.runtime.spawn(send_rest(body, stream))),
+                (false, _) => {
+                    let rest = send_rest(body, stream, waiting.clone());
+                    drop(shared.runtime.spawn(rest));
+                }
             }
             let response = response.await;
             // Answered, if only by an error: the caller did not give up.
-            waiting.answered = true;
+            until_answered.0 = None;
+            waiting.answered();
             let response = response.map_err(lost)?;
             // A trailers-only answer carries its status in the headers: a
-            // member that cannot serve (no leader) is left for the next.
+            // member that cannot serve (no leader) gets no new requests.
             if response
                 .headers()
                 .get("grpc-status")
                 .is_some_and(|s| s == "14")
             {
-                shared.leave(&connection);
+                shared.retire(&connection);
             }
+            // A stream's later messages wait for answers too.
+            let waiting = streaming.then_some(waiting);
+            let member = connection.member.clone();
             Ok(response.map(|received| {
                 Body::new(Received {
                     received,
                     data_done: false,
+                    waiting,
+                    member,
                 })
             }))
         })
     }
 }
 
-/// Sends the rest of a streaming request body as its messages come.
-async fn send_rest(mut body: Body, mut stream: h2::SendStream<Bytes>) {
+/// Sends the rest of a streaming request body as its messages come; each
+/// one waits for an answer (see [`Waiting`]).
+async fn send_rest(mut body: Body, mut stream: h2::SendStream<Bytes>, waiting: Waiting) {
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else {
             stream.send_reset(h2::Reason::CANCEL);
@@ -353,41 +431,62 @@ async fn send_rest(mut body: Body, mut stream: h2::SendStream<Bytes>) {
             if stream.send_data(data, false).is_err() {
                 return;
             }
+            waiting.sent();
         }
     }
     let _ = stream.send_data(Bytes::new(), true);
 }
 
-/// An answer's body: its data, then its trailers (gRPC's status).
+/// An answer's body: its data, then its trailers (gRPC's status). A
+/// stream's body tells its [`Waiting`] when messages come, and gives up
+/// when dropped.
 struct Received {
     received: h2::RecvStream,
     data_done: bool,
+    waiting: Option<Waiting>,
+    member: Authority,
 }
 
 impl http_body::Body for Received {
     type Data = Bytes;
-    type Error = h2::Error;
+    type Error = Status;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        // Whatever breaks an answer, the store sees a lost connection.
+        let failed =
+            |e: h2::Error, member: &Authority| Poll::Ready(Some(Err(unavailable(member, e))));
         if !self.data_done {
             match ready!(self.received.poll_data(cx)) {
                 Some(Ok(data)) => {
                     // Read: the server may send as much again.
                     let _ = self.received.flow_control().release_capacity(data.len());
+                    if let Some(waiting) = &self.waiting {
+                        waiting.answered();
+                    }
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
-                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                Some(Err(e)) => return failed(e, &self.member),
                 None => self.data_done = true,
             }
         }
-        let trailers: Option<HeaderMap> = ready!(self.received.poll_trailers(cx))?;
-        Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))))
+        match ready!(self.received.poll_trailers(cx)) {
+            Ok(trailers) => Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t)))),
+            Err(e) => failed(e, &self.member),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
         self.received.is_end_stream()
+    }
+}
+
+impl Drop for Received {
+    fn drop(&mut self) {
+        if let Some(waiting) = &self.waiting {
+            waiting.give_up();
+        }
     }
 }

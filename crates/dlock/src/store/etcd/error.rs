@@ -59,7 +59,7 @@ impl Failure {
 
 /// Classifies a client error (`endpoint` only names the cluster in
 /// messages).
-pub(super) fn map_error(e: etcd_client::Error, endpoint: &str) -> Failure {
+pub(super) fn map_error(e: &etcd_client::Error, endpoint: &str) -> Failure {
     use etcd_client::Error as E;
     match e {
         E::GRpcStatus(status) => {
@@ -89,8 +89,8 @@ pub(super) fn map_error(e: etcd_client::Error, endpoint: &str) -> Failure {
         E::LeaseKeepAliveError(why) if why.contains("lease not found") => Failure::LeaseGone,
         E::TransportError(e) => Failure::Connection(format!("{endpoint}: {e}")),
         E::IoError(e) => Failure::Connection(format!("{endpoint}: {e}")),
-        E::LeaseKeepAliveError(why) | E::WatchError(why) => Failure::Connection(why),
-        E::InvalidArgs(why) => Failure::InvalidArgument(why),
+        E::LeaseKeepAliveError(why) | E::WatchError(why) => Failure::Connection(why.clone()),
+        E::InvalidArgs(why) => Failure::InvalidArgument(why.clone()),
         other => Failure::Other(other.to_string()),
     }
 }

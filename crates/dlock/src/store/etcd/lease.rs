@@ -178,7 +178,7 @@ pub(super) async fn connect_client(
     };
     match connected {
         Ok(Ok(client)) => Ok(client),
-        Ok(Err(e)) => Err(match map_error(e, &config.endpoint) {
+        Ok(Err(e)) => Err(match map_error(&e, &config.endpoint) {
             Failure::Auth(why) => Error::AuthFailed(format!(
                 "etcd at {} rejected the credentials: {why}",
                 config.endpoint
@@ -190,32 +190,31 @@ pub(super) async fn connect_client(
 }
 
 /// A client on dlock's own `channel`. With credentials it authenticates at
-/// once; a connection failure there is tried again (within the caller's
-/// limit), as tonic's channel would wait for a member to come up.
+/// once; an attempt that fails on the connection, or gets no answer within
+/// [`ATTEMPT`], is tried again (within the caller's limit), as tonic's
+/// channel would wait for a member to come up.
 async fn authenticated(
     channel: etcd_client::Channel,
     options: etcd_client::ConnectOptions,
 ) -> std::result::Result<Client, etcd_client::Error> {
     let mut pause = Duration::from_millis(20);
     loop {
-        match Client::from_channel(channel.clone(), Some(options.clone())).await {
-            Err(e) if is_connection_failure(&e) => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(500));
-            }
-            other => return other,
+        let attempt = Client::from_channel(channel.clone(), Some(options.clone()));
+        match tokio::time::timeout(ATTEMPT, attempt).await {
+            Ok(Err(e)) if matches!(map_error(&e, ""), Failure::Connection(_)) => {}
+            Ok(answer) => return answer,
+            // Given up after longer than the channel's stall limit: the
+            // next attempt goes to another member.
+            Err(_) => {}
         }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(500));
     }
 }
 
-/// Whether `e` is a failure to reach a member (not a refusal).
-fn is_connection_failure(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(status) => status.code() == tonic::Code::Unavailable,
-        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
-        _ => false,
-    }
-}
+/// How long one request of a session's setup (authenticating, granting
+/// the lease) may take before it is tried again.
+const ATTEMPT: Duration = Duration::from_millis(1500);
 
 /// Grants a lease of the configured TTL; returns its id and granted TTL.
 /// A request that fails on the connection is tried again until `limit`:
@@ -223,7 +222,6 @@ fn is_connection_failure(e: &etcd_client::Error) -> bool {
 /// still offer one that is down: it keeps a dead endpoint "ready" for a
 /// while; dlock's own moves on to the next member).
 async fn grant(config: &Config, client: &Client, limit: Duration) -> Result<(i64, Duration)> {
-    const ATTEMPT: Duration = Duration::from_millis(1500);
     let deadline = Instant::now() + limit;
     let mut pause = Duration::from_millis(20);
     loop {
@@ -245,7 +243,7 @@ async fn grant(config: &Config, client: &Client, limit: Duration) -> Result<(i64
                     granted.error()
                 )))
             }
-            Ok(Err(e)) => map_error(e, &config.endpoint),
+            Ok(Err(e)) => map_error(&e, &config.endpoint),
             Err(_) if Instant::now() < deadline => {
                 Failure::Connection(format!("no answer within {attempt:?}"))
             }
@@ -316,7 +314,7 @@ impl Lease {
         let mut leases = self.client.lease_client();
         match tokio::time::timeout(self.op_timeout(), leases.revoke(lease)).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => match map_error(e, &self.config.endpoint) {
+            Ok(Err(e)) => match map_error(&e, &self.config.endpoint) {
                 // Already gone: what we wanted.
                 Failure::LeaseGone => Ok(()),
                 other => Err(other.into_error("")),
@@ -341,7 +339,7 @@ impl Lease {
                     .lease_client()
                     .keep_alive(lease)
                     .await
-                    .map_err(|e| map_error(e, endpoint))?;
+                    .map_err(|e| map_error(&e, endpoint))?;
                 *channel = Some(opened);
                 Ok(1)
             }
@@ -349,8 +347,12 @@ impl Lease {
                 keeper
                     .keep_alive()
                     .await
-                    .map_err(|e| map_error(e, endpoint))?;
-                match stream.message().await.map_err(|e| map_error(e, endpoint))? {
+                    .map_err(|e| map_error(&e, endpoint))?;
+                match stream
+                    .message()
+                    .await
+                    .map_err(|e| map_error(&e, endpoint))?
+                {
                     Some(answer) => Ok(answer.ttl()),
                     None => Err(Failure::Connection("keep-alive stream ended".into())),
                 }
