@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use common::tests2::next_within;
-use common::{await_children, Harness};
+use common::{await_children, persistent, Harness};
 use dlock::recipes::leader_selector::LeaderSelector;
 use dlock::recipes::observe::observe;
+use dlock::store::{CreateMode, Op};
 use dlock::{KvSemaphore, LeaderLatch, LeaderParticipant, Semaphore};
 use futures::stream::BoxStream;
 use futures::StreamExt;
@@ -74,6 +75,55 @@ async fn leader_changes_are_observed_in_order(h: &Harness) -> Result<()> {
             .is_none(),
         "the stream ends with the observer"
     );
+    Ok(())
+}
+
+/// Two candidates that appear together (one transaction, so one listing
+/// shows both) are announced in their queue order: the first leader named
+/// is the one the full view puts first, never the other one for a moment
+/// (here the later node's name sorts first, and listings come by name).
+async fn candidates_that_appear_together_are_seen_in_order(h: &Harness) -> Result<()> {
+    let path = h.path("/e/together");
+    let (watcher, candidates) = (h.session().await, h.session().await);
+    candidates.create(&path, b"", persistent()).await?;
+    let observer = observe(&watcher, &path).await?;
+    let mut leaders = observer.leader_changes();
+    ensure!(id(&next(&mut leaders).await?).is_none(), "nobody at first");
+    let nodes = [
+        format!("{path}/_c_ffffffff-ffff-4fff-bfff-ffffffffffff-latch-0000000000"),
+        format!("{path}/_c_00000000-0000-4000-8000-000000000000-latch-0000000001"),
+    ];
+    let create = |node: &String, id: &str| Op::Create {
+        path: node.clone(),
+        data: id.as_bytes().to_vec(),
+        mode: CreateMode::Ephemeral,
+    };
+    let both = [create(&nodes[0], "a"), create(&nodes[1], "b")];
+    candidates.multi(&both).await?;
+    let leader = next(&mut leaders).await?.context("a leader")?;
+    // The copy catches up with both.
+    let mut changes = observer.changes();
+    let seen = loop {
+        let seen = next(&mut changes).await?;
+        if seen.participants.len() >= 2 {
+            break seen;
+        }
+    };
+    let first = &seen.participants[0];
+    ensure!(
+        leader.id == first.id && leader.node == first.node,
+        "{leader:?} was named leader, but the queue puts {first:?} first"
+    );
+    candidates.delete(&first.node, None).await?;
+    let next_leader = next(&mut leaders).await?;
+    ensure!(
+        id(&next_leader) == Some(seen.participants[1].id.as_str()),
+        "{next_leader:?}: then the other"
+    );
+    candidates.delete(&seen.participants[1].node, None).await?;
+    ensure!(id(&next(&mut leaders).await?).is_none(), "then nobody");
+    observer.close().await;
+    candidates.delete(&path, None).await?;
     Ok(())
 }
 
@@ -219,6 +269,7 @@ per_backend!(etcd_go => crate::common::etcd();
 
 per_backend!(every_backend {
     leader_changes_are_observed_in_order,
+    candidates_that_appear_together_are_seen_in_order,
     a_selectors_leader_is_observed,
     semaphore_permits_and_holders,
     kv_semaphore_permits_and_holders,

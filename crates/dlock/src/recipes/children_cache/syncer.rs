@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::path;
 use crate::recipes::lifecycle::{lock, Backoff};
 use crate::session::Session;
-use crate::store::{SessionState, Watch, WatchEvent};
+use crate::store::{Child, SessionState, Watch, WatchEvent};
 
 /// What woke the syncer.
 enum Wake {
@@ -111,7 +111,12 @@ impl Syncer {
         let session = &self.session;
         loop {
             match session.retrying(|| session.children_watch(&self.dir)).await {
-                Ok((children, watch)) => {
+                Ok((mut children, watch)) => {
+                    // New children are read, and so announced, in the order
+                    // they were made: a follower of an election must never
+                    // see a later candidate before an earlier one listed
+                    // with it (it would name the later one leader).
+                    children.sort_by_cached_key(creation_order);
                     let names: std::collections::HashSet<&str> =
                         children.iter().map(|c| c.name.as_str()).collect();
                     self.shared.retain(&|name| names.contains(name));
@@ -176,4 +181,22 @@ impl Syncer {
             Err(e) => Err(e),
         }
     }
+}
+
+/// A child's place in the order the recipes give a queue
+/// ([`sort_sequenced`](crate::store::sort_sequenced)): the store's creation
+/// order where it has one, ties by name; else the sequence number its name
+/// ends with.
+fn creation_order(child: &Child) -> (Option<i64>, Option<u64>, String) {
+    let digits = child
+        .name
+        .bytes()
+        .rev()
+        .take_while(u8::is_ascii_digit)
+        .count();
+    let sequence = match child.created {
+        Some(_) => None,
+        None => child.name[child.name.len() - digits..].parse().ok(),
+    };
+    (child.created, sequence, child.name.clone())
 }
