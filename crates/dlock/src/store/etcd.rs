@@ -714,7 +714,10 @@ impl Store for EtcdStore {
             if let Some(list) = request.list {
                 then.push(keys_range(keys::below(list)));
             }
-            let txn = Txn::new().when(compares).and_then(then).or_else(otherwise);
+            // No failure branch: its reads would be written into every
+            // create's raft entry (and fsynced); a failure, rare, reads
+            // them afterwards.
+            let txn = Txn::new().when(compares).and_then(then);
             let resp = self.txn(txn, &full, lease).await?;
             let gets = gets(&resp);
             if resp.succeeded() {
@@ -736,6 +739,10 @@ impl Store for EtcdStore {
                 };
                 return Ok((Created { path: full, stat }, children));
             }
+            let why = self
+                .txn(Txn::new().and_then(otherwise), &full, lease)
+                .await?;
+            let gets = self::gets(&why);
             if first(gets.first()).is_some() {
                 if sequential && attempt < SEQUENCE_ATTEMPTS {
                     // Another client drew the same suffix for this name, or an
@@ -753,6 +760,10 @@ impl Store for EtcdStore {
             }
             if let Some((sibling, _)) = position {
                 return Err(Error::NoNode { path: sibling });
+            }
+            // What failed the create is gone since: create again.
+            if attempt < SEQUENCE_ATTEMPTS {
+                continue;
             }
             return Err(Error::Backend(format!(
                 "etcd refused to create {full} for no reason it showed"
