@@ -36,7 +36,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -87,7 +87,6 @@ pub(super) fn direct(urls: &[String], runtime: &tokio::runtime::Handle) -> Optio
             runtime: runtime.clone(),
             next: AtomicUsize::new(0),
             current: StdMutex::new(None),
-            made: AtomicU64::new(0),
             connecting: tokio::sync::Mutex::new(()),
         }),
     };
@@ -106,8 +105,6 @@ struct Shared {
     /// The member to try first when connecting again.
     next: AtomicUsize,
     current: StdMutex<Option<Connection>>,
-    /// Connections made so far.
-    made: AtomicU64,
     /// Held while connecting, so that concurrent requests on a broken
     /// connection make one new connection, not one each.
     connecting: tokio::sync::Mutex<()>,
@@ -117,19 +114,16 @@ struct Shared {
 struct Connection {
     sender: SendRequest<Bytes>,
     member: Authority,
-    /// Cleared when the connection's task ends.
-    open: Arc<AtomicBool>,
-    /// Ends the connection's task (and so every stream on it).
+    /// The connection's task: finished when the connection ends; aborting
+    /// it ends every stream on it. Its id tells connections apart.
     task: tokio::task::AbortHandle,
-    /// Which connection this is (they are numbered as they are made).
-    generation: u64,
 }
 
 impl Shared {
     /// The connection in use, if it is still open.
     fn open(&self) -> Option<Connection> {
         let current = self.current.lock().expect("connection slot poisoned");
-        let open = current.as_ref().filter(|c| c.open.load(Ordering::Acquire));
+        let open = current.as_ref().filter(|c| !c.task.is_finished());
         open.cloned()
     }
 
@@ -147,7 +141,7 @@ impl Shared {
         let mut current = self.current.lock().expect("connection slot poisoned");
         if current
             .as_ref()
-            .is_some_and(|c| c.generation == connection.generation)
+            .is_some_and(|c| c.task.id() == connection.task.id())
         {
             *current = None;
         }
@@ -170,14 +164,11 @@ impl Shared {
             // must outlive the caller's.
             let connecting = self.runtime.spawn(connect(member.clone()));
             match connecting.await.map_err(|e| e.to_string()).and_then(|c| c) {
-                Ok((sender, open, task)) => {
-                    let generation = self.made.fetch_add(1, Ordering::Relaxed);
+                Ok((sender, task)) => {
                     let connection = Connection {
                         sender,
                         member,
-                        open,
                         task,
-                        generation,
                     };
                     // If this one fails, the next connection starts after it.
                     self.next.store(i + 1, Ordering::Relaxed);
@@ -199,7 +190,9 @@ impl Shared {
 /// does) to `member`. Its task, spawned here, also pings it: an answer
 /// missing for [`KEEP_ALIVE_TIMEOUT`] ends the connection, failing every
 /// request and stream on it.
-async fn connect(member: Authority) -> Result<Connected, String> {
+async fn connect(
+    member: Authority,
+) -> Result<(SendRequest<Bytes>, tokio::task::AbortHandle), String> {
     let address = member.as_str();
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(address))
         .await
@@ -216,8 +209,6 @@ async fn connect(member: Authority) -> Result<Connected, String> {
     let mut pings = connection
         .ping_pong()
         .expect("the ping handle is taken once");
-    let open = Arc::new(AtomicBool::new(true));
-    let still_open = open.clone();
     let task = tokio::spawn(async move {
         let keep_alive = async {
             loop {
@@ -236,21 +227,35 @@ async fn connect(member: Authority) -> Result<Connected, String> {
             _ = connection => {}
             _ = keep_alive => {}
         }
-        still_open.store(false, Ordering::Release);
     });
-    Ok((sender, open, task.abort_handle()))
+    Ok((sender, task.abort_handle()))
 }
 
-/// A new connection's sender, its open flag and its task.
-type Connected = (
-    SendRequest<Bytes>,
-    Arc<AtomicBool>,
-    tokio::task::AbortHandle,
-);
+/// Whether a wait that began at `since` (if one did) lasted [`STALLED`].
+fn stalled(since: Option<tokio::time::Instant>) -> bool {
+    since.is_some_and(|t| t.elapsed() >= STALLED)
+}
 
-/// Since when a request, or a stream's latest message, has been waiting
-/// for an answer (`None`: not waiting). If whoever waits gives up (drops
-/// the request or the stream) after [`STALLED`], the connection is closed.
+/// A request's wait for its answer: if the caller gives up on it (drops
+/// it) after [`STALLED`] without one, the connection is closed.
+struct Unanswered<'a> {
+    shared: &'a Shared,
+    connection: &'a Connection,
+    /// `None` once answered.
+    since: Option<tokio::time::Instant>,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if stalled(self.since) {
+            self.shared.leave(self.connection);
+        }
+    }
+}
+
+/// Since when a stream's latest message has been waiting for an answer
+/// (`None`: not waiting). If the stream's owner drops it after
+/// [`STALLED`] without one, the connection is closed.
 #[derive(Clone)]
 struct Waiting {
     shared: Arc<Shared>,
@@ -259,16 +264,6 @@ struct Waiting {
 }
 
 impl Waiting {
-    fn new(shared: &Arc<Shared>, connection: &Connection) -> Self {
-        let since = Arc::new(StdMutex::new(Some(tokio::time::Instant::now())));
-        let (shared, connection) = (shared.clone(), connection.clone());
-        Waiting {
-            shared,
-            connection,
-            since,
-        }
-    }
-
     /// Something was sent: waiting, if not already.
     fn sent(&self) {
         let mut since = self.since.lock().expect("waiting clock poisoned");
@@ -280,22 +275,10 @@ impl Waiting {
         *self.since.lock().expect("waiting clock poisoned") = None;
     }
 
-    /// The one waiting gives up: a stalled connection is closed.
+    /// The stream's owner gives up on it.
     fn give_up(&self) {
-        let since = *self.since.lock().expect("waiting clock poisoned");
-        if since.is_some_and(|t| t.elapsed() >= STALLED) {
+        if stalled(*self.since.lock().expect("waiting clock poisoned")) {
             self.shared.leave(&self.connection);
-        }
-    }
-}
-
-/// Gives up on drop unless disarmed: the request's wait for its answer.
-struct UntilAnswered(Option<Waiting>);
-
-impl Drop for UntilAnswered {
-    fn drop(&mut self) {
-        if let Some(waiting) = self.0.take() {
-            waiting.give_up();
         }
     }
 }
@@ -363,8 +346,11 @@ impl tower::Service<Request<Body>> for Direct {
                 }
                 Box::new(unavailable(&connection.member, e))
             };
-            let waiting = Waiting::new(&shared, &connection);
-            let mut until_answered = UntilAnswered(Some(waiting.clone()));
+            let mut unanswered = Unanswered {
+                shared: &shared,
+                connection: &connection,
+                since: Some(tokio::time::Instant::now()),
+            };
             let (head, mut body) = request.into_parts();
             let mut head = Request::from_parts(head, ());
             // tonic's requests carry the path only; HTTP/2 needs the
@@ -381,19 +367,23 @@ impl tower::Service<Request<Body>> for Direct {
                     .send_data(chunk, ended && i + 1 == count)
                     .map_err(lost)?;
             }
-            let streaming = !ended;
-            match (ended, count) {
-                (true, 0) => stream.send_data(Bytes::new(), true).map_err(lost)?,
-                (true, _) => {}
-                (false, _) => {
+            // A stream's later messages wait for answers too.
+            let waiting = (!ended).then(|| Waiting {
+                shared: shared.clone(),
+                connection: connection.clone(),
+                since: Arc::default(),
+            });
+            match (&waiting, count) {
+                (None, 0) => stream.send_data(Bytes::new(), true).map_err(lost)?,
+                (None, _) => {}
+                (Some(waiting), _) => {
                     let rest = send_rest(body, stream, waiting.clone());
                     drop(shared.runtime.spawn(rest));
                 }
             }
             let response = response.await;
             // Answered, if only by an error: the caller did not give up.
-            until_answered.0 = None;
-            waiting.answered();
+            unanswered.since = None;
             let response = response.map_err(lost)?;
             // A trailers-only answer carries its status in the headers: a
             // member that cannot serve (no leader) gets no new requests.
@@ -404,8 +394,6 @@ impl tower::Service<Request<Body>> for Direct {
             {
                 shared.retire(&connection);
             }
-            // A stream's later messages wait for answers too.
-            let waiting = streaming.then_some(waiting);
             let member = connection.member.clone();
             Ok(response.map(|received| {
                 Body::new(Received {
