@@ -696,8 +696,6 @@ impl Store for EtcdStore {
                     .map(|a| Compare::lease(*a, CompareOp::Equal, 0)),
             );
             let mut then = vec![TxnOp::put(full.as_str(), request.data, put_options.clone())];
-            let mut otherwise = vec![TxnOp::get(full.as_str(), keys_only())];
-            otherwise.extend(ancestors.iter().map(|a| TxnOp::get(*a, keys_only())));
             if let Some((sibling, revision)) = &position {
                 compares.push(Compare::create_revision(
                     sibling.as_str(),
@@ -709,14 +707,13 @@ impl Store for EtcdStore {
                     "",
                     put_options.clone(),
                 ));
-                otherwise.push(TxnOp::get(sibling.as_str(), keys_only()));
             }
             if let Some(list) = request.list {
                 then.push(keys_range(keys::below(list)));
             }
             // No failure branch: its reads would be written into every
             // create's raft entry (and fsynced); a failure, rare, reads
-            // them afterwards.
+            // what failed it afterwards.
             let txn = Txn::new().when(compares).and_then(then);
             let resp = self.txn(txn, &full, lease).await?;
             let gets = gets(&resp);
@@ -739,9 +736,11 @@ impl Store for EtcdStore {
                 };
                 return Ok((Created { path: full, stat }, children));
             }
-            let why = self
-                .txn(Txn::new().and_then(otherwise), &full, lease)
-                .await?;
+            let mut reads = vec![TxnOp::get(full.as_str(), keys_only())];
+            reads.extend(ancestors.iter().map(|a| TxnOp::get(*a, keys_only())));
+            let sibling = position.as_ref().map(|(path, _)| path.as_str());
+            reads.extend(sibling.map(|path| TxnOp::get(path, keys_only())));
+            let why = self.txn(Txn::new().and_then(reads), &full, lease).await?;
             let gets = self::gets(&why);
             if first(gets.first()).is_some() {
                 if sequential && attempt < SEQUENCE_ATTEMPTS {
@@ -758,8 +757,11 @@ impl Store for EtcdStore {
                     });
                 }
             }
-            if let Some((sibling, _)) = position {
-                return Err(Error::NoNode { path: sibling });
+            if let Some((sibling, revision)) = position {
+                let now = first(gets.get(1 + ancestors.len())).map(|kv| kv.create_revision());
+                if now != Some(revision) {
+                    return Err(Error::NoNode { path: sibling });
+                }
             }
             // What failed the create is gone since: create again.
             if attempt < SEQUENCE_ATTEMPTS {
