@@ -48,6 +48,7 @@ mod keepalive;
 // The nodes a session of etcd or Consul holds.
 #[cfg(any(feature = "etcd", feature = "consul"))]
 mod owned;
+pub(crate) use self::owned::sequence_suffix;
 // Used by the etcd backend (namespaces); ZooKeeper chroots are native.
 #[cfg(any(feature = "etcd", test))]
 mod namespace;

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::path;
 use crate::recipes::lifecycle::{lock, Backoff};
 use crate::session::Session;
-use crate::store::{Child, SessionState, Watch, WatchEvent};
+use crate::store::{sequence_suffix, Child, SessionState, Watch, WatchEvent};
 
 /// What woke the syncer.
 enum Wake {
@@ -116,7 +116,7 @@ impl Syncer {
                     // they were made: a follower of an election must never
                     // see a later candidate before an earlier one listed
                     // with it (it would name the later one leader).
-                    children.sort_by_cached_key(creation_order);
+                    children.sort_by(|a, b| creation_order(a).cmp(&creation_order(b)));
                     let names: std::collections::HashSet<&str> =
                         children.iter().map(|c| c.name.as_str()).collect();
                     self.shared.retain(&|name| names.contains(name));
@@ -185,18 +185,11 @@ impl Syncer {
 
 /// A child's place in the order the recipes give a queue
 /// ([`sort_sequenced`](crate::store::sort_sequenced)): the store's creation
-/// order where it has one, ties by name; else the sequence number its name
-/// ends with.
-fn creation_order(child: &Child) -> (Option<i64>, Option<u64>, String) {
-    let digits = child
-        .name
-        .bytes()
-        .rev()
-        .take_while(u8::is_ascii_digit)
-        .count();
+/// order where it has one, ties by name; else its sequence suffix.
+fn creation_order(child: &Child) -> (Option<i64>, Option<&str>, &str) {
     let sequence = match child.created {
         Some(_) => None,
-        None => child.name[child.name.len() - digits..].parse().ok(),
+        None => sequence_suffix(&child.name),
     };
-    (child.created, sequence, child.name.clone())
+    (child.created, sequence, &child.name)
 }
