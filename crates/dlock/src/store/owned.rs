@@ -73,7 +73,6 @@ impl<F> Owned<F> {
         }
     }
 
-    /// Forgets `path`, deleted.
     /// The sequential node of ours whose place a non-sequential create of
     /// `full` takes (the same directory and sequence suffix, another
     /// name), with what its create returned.
@@ -84,6 +83,7 @@ impl<F> Owned<F> {
         Some((sibling.clone(), self.nodes.get(sibling)?))
     }
 
+    /// Forgets `path`, deleted.
     pub fn forget(&mut self, path: &str) {
         if self.nodes.remove(path).is_some() {
             if let Some(suffix) = sequence_suffix(path::node_name(path)) {

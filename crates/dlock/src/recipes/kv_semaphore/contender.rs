@@ -118,24 +118,24 @@ impl KvSemaphore {
         if self.layout == Layout::Consul {
             // Consul's sessions release (not delete) their keys when they
             // end: an entry is alive only while a session owns it.
-            let entries: Vec<String> = live.drain().collect();
-            let node = |name: &String| path::join(&self.dir, name);
-            // Through the store: a foreign key's name need not be a valid
-            // path of ours, and must not fail the look.
-            let owners = entries.iter().map(|name| {
-                let node = node(name);
+            // Read through the store: a foreign key's name need not be a
+            // valid path of ours, and must not fail the look.
+            let dead = live.iter().map(|name| {
+                let node = path::join(&self.dir, name);
                 async move {
                     let found = session.retrying(|| store.exists(&node, false)).await;
-                    Ok::<_, Error>(found.found()?.and_then(|(stat, _)| stat))
+                    let stat = found.found()?.and_then(|(stat, _)| stat);
+                    let owned = stat.is_some_and(|s| s.ephemeral_owner != 0);
+                    Ok::<_, Error>((!owned).then(|| name.clone()))
                 }
             });
-            let owners = futures::future::try_join_all(owners).await?;
-            let owned = |stat: &Option<Stat>| stat.is_some_and(|s| s.ephemeral_owner != 0);
-            let kept = entries
+            for name in futures::future::try_join_all(dead)
+                .await?
                 .into_iter()
-                .zip(owners)
-                .filter(|(_, stat)| owned(stat));
-            live.extend(kept.map(|(name, _)| name));
+                .flatten()
+            {
+                live.remove(&name);
+            }
         }
         Ok(Look {
             record,
