@@ -191,6 +191,33 @@ async fn a_deleted_member_node_comes_back(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// The member makes its deleted node again, but the reply is lost: the
+/// node it then finds is its own, and its close deletes it (a store that
+/// fences deletes must not take our unacknowledged node for someone
+/// else's).
+async fn a_member_node_made_again_unanswered_is_deleted_on_close(h: &Harness) -> Result<()> {
+    let (sa, sb) = (h.session().await, h.session().await);
+    let dir = h.path("/g/unanswered");
+    let node = format!("{dir}/a");
+    let a = GroupMember::new(&sa, &dir, "a")?;
+    a.start().await?;
+    let group = watch_group(&sb, &dir).await?;
+    let mut seen = member_events(group.events());
+    sa.faults().context("faults")?.lose_next_create_reply();
+    sb.delete(&node, None).await?;
+    sees(&mut seen, left("a")).await?;
+    sees(&mut seen, joined("a", &sa.options().default_data)).await?;
+    let (stat, _) = sb.exists_watch(&node).await?;
+    ensure!(
+        stat.is_some_and(|s| s.ephemeral_owner == sa.session_id()),
+        "the node made again is the member's"
+    );
+    a.close().await?;
+    await_gone(&sb, &node, WITHIN).await?;
+    group.close().await;
+    Ok(())
+}
+
 /// The cache follows any directory: children appear, change and go as
 /// events; the directory itself may come and go.
 async fn the_cache_follows_a_directory_that_comes_and_goes(h: &Harness) -> Result<()> {
@@ -443,6 +470,7 @@ per_backend!(every_backend {
     join_update_leave_are_seen_by_others,
     a_member_whose_session_ends_disappears,
     a_deleted_member_node_comes_back,
+    a_member_node_made_again_unanswered_is_deleted_on_close,
     the_cache_follows_a_directory_that_comes_and_goes,
     dropping_a_member_leaves,
     bad_arguments_are_refused,

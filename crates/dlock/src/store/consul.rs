@@ -114,7 +114,8 @@
 //! - Versioned writes read the key and compare-and-set on its
 //!   `ModifyIndex`; a delete of one of this session's ephemeral nodes is
 //!   fenced by its `ModifyIndex`, so a retried delete never removes a
-//!   newer node of the same name (etcd#22082).
+//!   newer node of the same name (etcd#22082) — unless our own session
+//!   holds it, as after a create whose reply was lost.
 //! - `num_children` counts every key below a node; `cversion` is 0.
 //! - Multi is one `/v1/txn` after reading the paths it touches:
 //!   preconditions are checked on the reads and pinned in the transaction
@@ -484,7 +485,16 @@ impl ConsulStore {
     }
 
     fn remember(&self, session: SessionId, path: &str, e: &Entry, suffix: Option<&str>) {
-        let fence = (e.create_index, e.modify_index);
+        self.remember_fence(session, path, (e.create_index, e.modify_index), suffix);
+    }
+
+    fn remember_fence(
+        &self,
+        session: SessionId,
+        path: &str,
+        fence: (u64, u64),
+        suffix: Option<&str>,
+    ) {
         self.owned(session).remember(path, fence, suffix);
     }
 
@@ -513,12 +523,13 @@ impl ConsulStore {
     }
 
     /// Deletes one of this session's ephemeral nodes, fenced by its modify
-    /// index: a newer node of that name is never removed.
+    /// index: a newer node of that name is never removed, unless this
+    /// session holds it too.
     async fn delete_owned(
         &self,
         path: &str,
         session: SessionId,
-        (created, mut modified): (u64, u64),
+        (mut created, mut modified): (u64, u64),
     ) -> Result<()> {
         let key = self.layout.key(path);
         for _ in 0..CAS_ATTEMPTS {
@@ -532,6 +543,16 @@ impl ConsulStore {
                 Err(_) => match self.entry(path).await? {
                     // Ours, but its data was set by someone: fenced again.
                     Some(e) if e.create_index == created => modified = e.modify_index,
+                    // A newer node of the same name, yet in our session:
+                    // ours, from a create whose reply was lost (so it left
+                    // no fence). The fence keeps other sessions' nodes
+                    // safe, not our own.
+                    Some(e) if e.owner() == session => {
+                        (created, modified) = (e.create_index, e.modify_index);
+                        self.owned(session)
+                            .nodes
+                            .insert(path.to_string(), (created, modified));
+                    }
                     _ => {
                         return Err(Error::NoNode {
                             path: path.to_string(),
@@ -566,6 +587,23 @@ impl Store for ConsulStore {
 
     /// Creates the node and, with a listing asked for, lists that
     /// directory in the same transaction.
+    fn learn_created(&self, request: &CreateRequest<'_>, created: &Created) {
+        let owner = created.stat.ephemeral_owner;
+        if owner != 0 {
+            let suffix = request
+                .opts
+                .mode
+                .is_sequential()
+                .then(|| &created.path[request.path.len()..]);
+            self.remember_fence(
+                owner,
+                &created.path,
+                (created.stat.czxid as u64, created.stat.mzxid as u64),
+                suffix,
+            );
+        }
+    }
+
     async fn create_in(&self, request: CreateRequest<'_>) -> Result<(Created, Option<Vec<Child>>)> {
         let (session, uuid) = self.keeper.current().await?;
         let path = request.path;
@@ -646,9 +684,6 @@ impl Store for ConsulStore {
                             "Consul created {full} but did not return its entry"
                         )));
                     };
-                    if ephemeral {
-                        self.remember(session, &full, entry, suffix.as_deref());
-                    }
                     let mut stat = keys::stat(entry, 0);
                     stat.ephemeral_owner = if ephemeral { session } else { 0 };
                     stat.data_length = request.data.len().min(i32::MAX as usize) as i32;

@@ -41,12 +41,14 @@ impl<'a> CreateRequest<'a> {
 
 /// Runs `request` on `store`; a reply the backend was told to lose
 /// (`Faults::lose_next_create_reply`) turns into `ConnectionLoss` here,
-/// once for every backend, after the server applied the create.
+/// once for every backend, after the server applied the create and before
+/// the store learned from its reply.
 pub(crate) async fn run<S: Store + ?Sized>(
     store: &S,
     request: CreateRequest<'_>,
 ) -> Result<(Created, Option<Vec<Child>>)> {
     let done = store.create_in(request).await?;
     store.machine().lost_create_reply()?;
+    store.learn_created(&request, &done.0);
     Ok(done)
 }

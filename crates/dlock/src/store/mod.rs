@@ -580,6 +580,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     #[doc(hidden)]
     async fn create_in(&self, request: CreateRequest<'_>) -> Result<(Created, Option<Vec<Child>>)>;
 
+    /// Takes note of the reply to `request` (the fence of an ephemeral
+    /// node), once it arrived: after the lost-reply fault it is not called,
+    /// so the store is left as a real lost reply leaves it. Nothing for
+    /// backends that learn nothing from a reply.
+    #[doc(hidden)]
+    fn learn_created(&self, _request: &CreateRequest<'_>, _created: &Created) {}
+
     /// Deletes a node, if its version matches.
     async fn delete(&self, path: &str, version: Option<i32>) -> Result<()>;
 
