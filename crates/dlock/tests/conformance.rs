@@ -406,6 +406,28 @@ async fn a_listed_czxid_is_the_nodes_and_a_recreated_node_has_another(h: &Harnes
     Ok(())
 }
 
+/// A listed child's owner, where the listing tells it, is the session
+/// holding it: ours for our ephemeral node, nobody (0) for a persistent
+/// one. (The KV semaphore takes an entry held by nobody as dead.)
+async fn a_listed_owner_is_the_session_holding_the_child(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let dir = h.path("/owner");
+    s.create(&format!("{dir}/ours"), b"", ephemeral()).await?;
+    s.create(&format!("{dir}/nobodys"), b"", persistent()).await?;
+    let kids = s.children(&dir).await?;
+    let owner = |name: &str| kids.iter().find(|c| c.name == name).map(|c| c.owner);
+    let (ours, nobodys) = (owner("ours"), owner("nobodys"));
+    ensure!(
+        ours.context("listed")?.is_none_or(|o| o == s.session_id()),
+        "{kids:?}"
+    );
+    ensure!(nobodys.context("listed")?.is_none_or(|o| o == 0), "{kids:?}");
+    for n in ["ours", "nobodys"] {
+        s.delete(&format!("{dir}/{n}"), None).await?;
+    }
+    Ok(())
+}
+
 /// What a woken waiter relies on: once the watch on a listed child fired
 /// for its deletion, `children_seen` no longer lists it but lists the
 /// waiter's own node, and `watch_child` on it (or on a newer node under its
@@ -477,16 +499,19 @@ async fn children_sort_by_sequence_like_curator(h: &Harness) -> Result<()> {
             name: "b".into(),
             created: Some(5),
             czxid: Some(5),
+            owner: None,
         },
         Child {
             name: "a".into(),
             created: Some(9),
             czxid: Some(9),
+            owner: None,
         },
         Child {
             name: "c".into(),
             created: Some(5),
             czxid: Some(5),
+            owner: None,
         },
     ];
     sort_sequenced(&mut native, &["lock-"]);
@@ -668,6 +693,7 @@ per_backend!(every_backend {
     create_and_list_sees_its_own_node,
     children_sort_by_sequence_like_curator,
     a_listed_czxid_is_the_nodes_and_a_recreated_node_has_another,
+    a_listed_owner_is_the_session_holding_the_child,
     a_listing_seen_after_a_watch_has_what_the_watch_delivered,
     suspension_within_the_timeout_keeps_the_session,
     suspension_past_the_timeout_loses_the_session,

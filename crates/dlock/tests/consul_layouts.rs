@@ -217,3 +217,65 @@ async fn on_consul_a_consul_lock_waits_out_the_lock_delay() {
     run.await.expect("the lock delay is waited out");
     h.finish().await;
 }
+
+/// A `consul lock -n` holder whose session ends leaves its entry key
+/// (Consul's sessions there release their keys): held by nobody, it
+/// proves no holder lives. A waiting `KvSemaphore` wakes on that release
+/// and takes the slot, pruning the dead holder from the record.
+#[cfg(feature = "consul")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_consul_a_semaphore_holder_whose_session_released_its_entry_is_pruned() {
+    let h = common::consul();
+    let consul = dlock_testkit::shared_consul();
+    let put = |path: &str, body: &str| -> Result<String> {
+        let (status, answer) = consul.http("PUT", path, Some(body))?;
+        ensure!(status == 200, "PUT {path}: {status} {answer}");
+        Ok(answer)
+    };
+    let run = async {
+        let dir = h.path("/released-entry");
+        // A foreign holder as `consul lock -n 1` leaves one: a session with
+        // behavior `release`, its entry, and the record naming it.
+        let created = put(
+            "/v1/session/create",
+            r#"{"Behavior":"release","LockDelay":"0s"}"#,
+        )?;
+        let created: serde_json::Value = serde_json::from_str(&created)?;
+        let foreign = created["ID"].as_str().context("a session ID")?.to_string();
+        let flags = CONSUL_SEMAPHORE_FLAGS;
+        put(
+            &format!("/v1/kv{dir}/{foreign}?acquire={foreign}&flags={flags}"),
+            "",
+        )?;
+        let record = format!(r#"{{"Limit":1,"Holders":{{"{foreign}":true}}}}"#);
+        put(&format!("/v1/kv{dir}/.lock?flags={flags}"), &record)?;
+
+        let s = h.session().await;
+        let sem = KvSemaphore::new(&s, &dir, 1)?.with_layout(Layout::Consul);
+        ensure!(
+            sem.try_acquire().await?.is_none(),
+            "the foreign holder lives"
+        );
+        let waiting = tokio::spawn({
+            let sem = sem.clone();
+            async move { sem.acquire_timeout(WITHIN).await }
+        });
+        // Its entry there, the waiter has looked or is about to.
+        let entry = format!("{dir}/{}", s.native_session_id().1);
+        common::await_exists(&s, &entry, WITHIN).await?;
+        put(&format!("/v1/session/destroy/{foreign}"), "")?;
+        let lease = waiting.await?.context("the slot of the dead holder")?;
+        let (data, _) = s.get_data(&format!("{dir}/.lock")).await?;
+        let record: serde_json::Value = serde_json::from_slice(&data)?;
+        ensure!(
+            record["Holders"] == serde_json::json!({ lease.holder(): true }),
+            "the dead holder is pruned: {record}"
+        );
+        lease.release().await?;
+        let (status, answer) = consul.http("DELETE", &format!("/v1/kv{dir}/{foreign}"), None)?;
+        ensure!(status == 200, "{status} {answer}");
+        Ok::<(), anyhow::Error>(())
+    };
+    run.await.expect("the dead holder is pruned");
+    h.finish().await;
+}

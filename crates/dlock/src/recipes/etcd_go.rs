@@ -65,6 +65,7 @@ mod tests {
             name: name.to_string(),
             created: Some(7),
             czxid: Some(7),
+            owner: None,
         }
     }
 

@@ -249,6 +249,11 @@ pub struct Child {
     /// name has another czxid: so a waiter can tell that the node it means
     /// to wait for is gone, even if its name is back.
     pub czxid: Option<i64>,
+    /// The session holding the child now, for backends where a node can
+    /// outlive its session: on Consul a session that ends with behavior
+    /// `release` (as `consul lock`'s do) leaves its keys, held by nobody
+    /// (`Some(0)`). `None` where an ephemeral node goes with its session.
+    pub owner: Option<SessionId>,
 }
 
 impl Child {
@@ -258,18 +263,21 @@ impl Child {
             name: name.into(),
             created: None,
             czxid: None,
+            owner: None,
         }
     }
 }
 
 /// A digest of a children listing, for backends that keep listings (etcd,
 /// Consul): equal digests, same children — a child deleted and created
-/// again under its name counts as a change, by its [`Child::czxid`].
+/// again under its name counts as a change, by its [`Child::czxid`], and
+/// so does a child whose [`Child::owner`] changed (on Consul, a holder's
+/// session that ended: who waits on a semaphore's entries must wake).
 pub(crate) fn listing_digest(children: &[Child]) -> u64 {
     use std::hash::{Hash, Hasher};
-    let mut names: Vec<(&str, Option<i64>)> = children
+    let mut names: Vec<(&str, Option<i64>, Option<SessionId>)> = children
         .iter()
-        .map(|c| (c.name.as_str(), c.czxid))
+        .map(|c| (c.name.as_str(), c.czxid, c.owner))
         .collect();
     names.sort_unstable();
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -664,23 +672,25 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 /// key right below is a child, a deeper one makes an implicit child
 /// directory — unless it is the child's position marker,
 /// `<child><marker><index>` — and one that starts with the byte `hidden`
-/// is no node. Each key comes with its create index. A child's `created`
-/// is its marker's index if it has one, else its own key's, or for an
-/// implicit directory the smallest below it; `czxid` is its own key's.
+/// is no node. Each key comes with its create index and holder. A child's
+/// `created` is its marker's index if it has one, else its own key's, or
+/// for an implicit directory the smallest below it; `czxid` and `owner`
+/// are its own key's.
 pub(crate) fn children_from_keys<'k>(
     prefix: &[u8],
     marker: &[u8],
     hidden: u8,
-    keys: impl IntoIterator<Item = (&'k [u8], i64)>,
+    keys: impl IntoIterator<Item = (&'k [u8], i64, Option<SessionId>)>,
 ) -> Vec<Child> {
     #[derive(Default)]
     struct Found {
         key: Option<i64>,
+        owner: Option<SessionId>,
         marker: Option<i64>,
         deepest: Option<i64>,
     }
     let mut found: std::collections::BTreeMap<&[u8], Found> = Default::default();
-    for (key, created) in keys {
+    for (key, created, owner) in keys {
         let Some(rest) = key.strip_prefix(prefix) else {
             continue;
         };
@@ -688,7 +698,10 @@ pub(crate) fn children_from_keys<'k>(
             continue;
         }
         match rest.iter().position(|&b| b == b'/') {
-            None => found.entry(rest).or_default().key = Some(created),
+            None => {
+                let f = found.entry(rest).or_default();
+                (f.key, f.owner) = (Some(created), owner);
+            }
             Some(i) => {
                 let (name, deeper) = rest.split_at(i);
                 let f = found.entry(name).or_default();
@@ -712,6 +725,7 @@ pub(crate) fn children_from_keys<'k>(
                 name: String::from_utf8_lossy(name).into_owned(),
                 created: Some(created),
                 czxid: f.key,
+                owner: f.owner,
             })
         })
         .collect()

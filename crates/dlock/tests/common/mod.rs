@@ -207,6 +207,21 @@ pub async fn remove_tree(session: &Session, root: &str) -> Result<()> {
     Ok(())
 }
 
+/// Waits (by watch, not by sleeping) until `path` exists.
+pub async fn await_exists(session: &Session, path: &str, within: Duration) -> Result<()> {
+    tokio::time::timeout(within, async {
+        loop {
+            let (stat, watch) = session.exists_watch(path).await?;
+            if stat.is_some() {
+                return Ok(());
+            }
+            watch.changed().await;
+        }
+    })
+    .await
+    .with_context(|| format!("{path} does not exist after {within:?}"))?
+}
+
 /// Waits (by watch, not by sleeping) until `path` does not exist.
 pub async fn await_gone(session: &Session, path: &str, within: Duration) -> Result<()> {
     tokio::time::timeout(within, async {

@@ -91,6 +91,7 @@ impl CachedChild {
             name: self.name.clone(),
             created: self.created,
             czxid: Some(self.stat.czxid),
+            owner: None,
         }
     }
 }

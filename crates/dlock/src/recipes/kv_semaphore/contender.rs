@@ -113,30 +113,13 @@ impl KvSemaphore {
         let listed = session.retrying(|| store.children(&self.dir, watch)).await;
         let (children, w) = listed.found()?.unwrap_or_default();
         watches.extend(w);
-        let names = children.into_iter().map(|c| c.name).filter(|n| n != RECORD);
-        let mut live: HashSet<String> = names.collect();
-        if self.layout == Layout::Consul {
-            // Consul's sessions release (not delete) their keys when they
-            // end: an entry is alive only while a session owns it.
-            // Read through the store: a foreign key's name need not be a
-            // valid path of ours, and must not fail the look.
-            let dead = live.iter().map(|name| {
-                let node = path::join(&self.dir, name);
-                async move {
-                    let found = session.retrying(|| store.exists(&node, false)).await;
-                    let stat = found.found()?.and_then(|(stat, _)| stat);
-                    let owned = stat.is_some_and(|s| s.ephemeral_owner != 0);
-                    Ok::<_, Error>((!owned).then(|| name.clone()))
-                }
-            });
-            for name in futures::future::try_join_all(dead)
-                .await?
-                .into_iter()
-                .flatten()
-            {
-                live.remove(&name);
-            }
-        }
+        // An entry nobody's session holds (on Consul, a session that ended
+        // with behavior `release` leaves its key) proves no holder lives.
+        let live = children
+            .into_iter()
+            .filter(|c| c.name != RECORD && c.owner != Some(0))
+            .map(|c| c.name)
+            .collect();
         Ok(Look {
             record,
             live,

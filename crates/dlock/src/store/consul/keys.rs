@@ -133,7 +133,7 @@ pub fn markers(node_key: &str) -> String {
 pub fn children<'e>(below: &str, entries: impl IntoIterator<Item = &'e Entry>) -> Vec<Child> {
     let keys = entries
         .into_iter()
-        .map(|e| (e.key.as_bytes(), e.create_index as i64));
+        .map(|e| (e.key.as_bytes(), e.create_index as i64, Some(e.owner())));
     crate::store::children_from_keys(below.as_bytes(), MARKER.as_bytes(), 1, keys)
 }
 

@@ -157,6 +157,8 @@ pub fn children(path: &str, kvs: &[KeyValue]) -> Vec<Child> {
 
 /// [`children`] from (key, create revision) pairs.
 pub fn children_of<'k>(path: &str, keys: impl IntoIterator<Item = (&'k [u8], i64)>) -> Vec<Child> {
+    // A key goes with its lease: no owner to tell.
+    let keys = keys.into_iter().map(|(key, created)| (key, created, None));
     crate::store::children_from_keys(&child_prefix(path), MARKER, 0, keys)
 }
 
