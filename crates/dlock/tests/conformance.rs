@@ -413,7 +413,8 @@ async fn a_listed_owner_is_the_session_holding_the_child(h: &Harness) -> Result<
     let s = h.session().await;
     let dir = h.path("/owner");
     s.create(&format!("{dir}/ours"), b"", ephemeral()).await?;
-    s.create(&format!("{dir}/nobodys"), b"", persistent()).await?;
+    s.create(&format!("{dir}/nobodys"), b"", persistent())
+        .await?;
     let kids = s.children(&dir).await?;
     let owner = |name: &str| kids.iter().find(|c| c.name == name).map(|c| c.owner);
     let (ours, nobodys) = (owner("ours"), owner("nobodys"));
@@ -421,7 +422,10 @@ async fn a_listed_owner_is_the_session_holding_the_child(h: &Harness) -> Result<
         ours.context("listed")?.is_none_or(|o| o == s.session_id()),
         "{kids:?}"
     );
-    ensure!(nobodys.context("listed")?.is_none_or(|o| o == 0), "{kids:?}");
+    ensure!(
+        nobodys.context("listed")?.is_none_or(|o| o == 0),
+        "{kids:?}"
+    );
     for n in ["ours", "nobodys"] {
         s.delete(&format!("{dir}/{n}"), None).await?;
     }

@@ -25,8 +25,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock::store::{CreateMode, CreateOptions};
-use dlock::{Mutex, SessionOptions};
+use dlock::{KvSemaphore, Layout, Mutex, Session, SessionOptions};
 use dlock_testkit::TcpProxy;
+use futures::future::BoxFuture;
 
 /// Measures 5 acquire + release cycles through a proxy to `upstream`
 /// (`scheme://` + the proxy's address is the endpoint) and checks that an
@@ -36,6 +37,26 @@ async fn an_uncontended_cycle_takes(
     scheme: &str,
     upstream: &str,
     expected: u64,
+) -> anyhow::Result<()> {
+    an_uncontended_cycle_of(scheme, upstream, expected, |session, path| {
+        Box::pin(async move {
+            let mutex = Mutex::new(&session, &path)?;
+            mutex.acquire().await?.release().await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// One acquire + release of a recipe on `session` at the lock path.
+type Cycle = fn(Session, String) -> BoxFuture<'static, dlock::Result<()>>;
+
+/// [`an_uncontended_cycle_takes`] for any recipe's `cycle`.
+async fn an_uncontended_cycle_of(
+    scheme: &str,
+    upstream: &str,
+    expected: u64,
+    cycle: Cycle,
 ) -> anyhow::Result<()> {
     let proxy = TcpProxy::start(upstream)?;
     // A long session: few keep-alives (one every third of it) in the way.
@@ -48,13 +69,13 @@ async fn an_uncontended_cycle_takes(
     session
         .create(&format!("{root}/lock"), b"", options)
         .await?;
-    let mutex = Mutex::new(&session, &format!("{root}/lock"))?;
-    mutex.acquire().await?.release().await?;
+    let path = format!("{root}/lock");
+    cycle(session.clone(), path.clone()).await?;
     proxy.delay_replies(Duration::from_millis(20));
     let mut cycles = Vec::new();
     for _ in 0..5 {
         let before = proxy.flights();
-        mutex.acquire().await?.release().await?;
+        cycle(session.clone(), path.clone()).await?;
         cycles.push(proxy.flights() - before);
     }
     let fewest = *cycles.iter().min().unwrap();
@@ -89,6 +110,25 @@ async fn an_uncontended_acquire_and_release_is_two_round_trips() -> anyhow::Resu
 async fn an_uncontended_acquire_and_release_is_three_round_trips_on_consul() -> anyhow::Result<()> {
     let upstream = dlock_testkit::shared_consul().endpoint();
     an_uncontended_cycle_takes("consul", &upstream, 3).await
+}
+
+/// A Consul-layout `KvSemaphore` slot, taken and given back: 11 — the
+/// entry's create (its ancestors' reads, then the transaction: 2), a look
+/// (the record, then the entries, whose listing tells who holds each, so
+/// no read per entry: 2), the record's create (2); then the release's look
+/// (2), the record's delete (read, then a transaction: 2) and the entry's
+/// (fenced by what its create returned: 1).
+#[cfg(feature = "consul")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kv_semaphore_slot_is_eleven_round_trips_on_consul() -> anyhow::Result<()> {
+    let upstream = dlock_testkit::shared_consul().endpoint();
+    an_uncontended_cycle_of("consul", &upstream, 11, |session, path| {
+        Box::pin(async move {
+            let sem = KvSemaphore::new(&session, &path, 2)?.with_layout(Layout::Consul);
+            sem.acquire().await?.release().await
+        })
+    })
+    .await
 }
 
 /// What a server has sent and served so far, as its own counters tell:
