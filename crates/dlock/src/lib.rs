@@ -71,8 +71,9 @@
 //!    Backends implement it and nothing else: `store/embedded/`,
 //!    `store/zookeeper.rs`, `store/etcd.rs`, `store/consul.rs`. The trait
 //!    is sealed: a backend supplies one combined create-and-maybe-list
-//!    (`create_in`; the lost-reply fault is injected once, in
-//!    `store/create.rs`) and its session machine, and the trait provides
+//!    (`create_in`, and `learn_created` for what it keeps from a reply;
+//!    the lost-reply fault is injected once, in `store/create.rs`, between
+//!    the two) and its session machine, and the trait provides
 //!    `create`, `create_and_list`, `status` and `session_timeout`. Each
 //!    feeds its connection events into the one session-status machine,
 //!    `store/status.rs` (connected → suspended → reconnected | lost,

@@ -508,6 +508,12 @@ impl Session {
                 if retry > 0 {
                     match session.find_protected(&parent, &prefix, mode).await {
                         Ok(Some(created)) => {
+                            // Ours, though its reply was lost: the store
+                            // learns it as from that reply (its fence).
+                            if created.path.starts_with(&full) {
+                                let request = CreateRequest::new(&full, &data, opts);
+                                store.learn_created(&request, &created);
+                            }
                             let children = match list {
                                 true => Some(
                                     session.retrying(|| store.children(&parent, false)).await?.0,

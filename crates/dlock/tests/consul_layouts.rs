@@ -238,7 +238,8 @@ async fn on_consul_a_semaphore_holder_whose_session_released_its_entry_is_pruned
         // behavior `release`, its entry, and the record naming it.
         let created = put(
             "/v1/session/create",
-            r#"{"Behavior":"release","LockDelay":"0s"}"#,
+            // A TTL, so that a failed run leaves nothing for good.
+            r#"{"Behavior":"release","LockDelay":"0s","TTL":"30s"}"#,
         )?;
         let created: serde_json::Value = serde_json::from_str(&created)?;
         let foreign = created["ID"].as_str().context("a session ID")?.to_string();
@@ -263,7 +264,13 @@ async fn on_consul_a_semaphore_holder_whose_session_released_its_entry_is_pruned
         // Its entry there, the waiter has looked or is about to.
         let entry = format!("{dir}/{}", s.native_session_id().1);
         common::await_exists(&s, &entry, WITHIN).await?;
+        // What wakes a waiter: the entries' watch fires when the holder's
+        // session lets go of its entry.
+        let (_, entries) = s.children_watch(&dir).await?;
         put(&format!("/v1/session/destroy/{foreign}"), "")?;
+        tokio::time::timeout(WITHIN, entries.changed())
+            .await
+            .context("the entries' watch fires on the release")?;
         let lease = waiting.await?.context("the slot of the dead holder")?;
         let (data, _) = s.get_data(&format!("{dir}/.lock")).await?;
         let record: serde_json::Value = serde_json::from_slice(&data)?;

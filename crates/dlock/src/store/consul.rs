@@ -485,16 +485,7 @@ impl ConsulStore {
     }
 
     fn remember(&self, session: SessionId, path: &str, e: &Entry, suffix: Option<&str>) {
-        self.remember_fence(session, path, (e.create_index, e.modify_index), suffix);
-    }
-
-    fn remember_fence(
-        &self,
-        session: SessionId,
-        path: &str,
-        fence: (u64, u64),
-        suffix: Option<&str>,
-    ) {
+        let fence = (e.create_index, e.modify_index);
         self.owned(session).remember(path, fence, suffix);
     }
 
@@ -585,25 +576,16 @@ impl Store for ConsulStore {
         (keys::session_id(&uuid), uuid)
     }
 
-    /// Creates the node and, with a listing asked for, lists that
-    /// directory in the same transaction.
     fn learn_created(&self, request: &CreateRequest<'_>, created: &Created) {
-        let owner = created.stat.ephemeral_owner;
-        if owner != 0 {
-            let suffix = request
-                .opts
-                .mode
-                .is_sequential()
-                .then(|| &created.path[request.path.len()..]);
-            self.remember_fence(
-                owner,
-                &created.path,
-                (created.stat.czxid as u64, created.stat.mzxid as u64),
-                suffix,
-            );
-        }
+        self.owned.learn(
+            request,
+            created,
+            (created.stat.czxid as u64, created.stat.mzxid as u64),
+        );
     }
 
+    /// Creates the node and, with a listing asked for, lists that
+    /// directory in the same transaction.
     async fn create_in(&self, request: CreateRequest<'_>) -> Result<(Created, Option<Vec<Child>>)> {
         let (session, uuid) = self.keeper.current().await?;
         let path = request.path;

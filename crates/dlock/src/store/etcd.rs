@@ -175,11 +175,13 @@
 //!   run with a new lease.
 //! - [`Faults::lose_next_create_reply`]: the next create (or create and
 //!   list) is applied, but the caller gets `ConnectionLoss`, and the status
-//!   blips `Suspended` → `Reconnected`.
+//!   blips `Suspended` → `Reconnected`. The client learns nothing from the
+//!   lost reply: no fence for the node it made.
 //! - [`Faults::lose_next_delete_reply`]: likewise for the next delete. The
 //!   fence of a node this lease created is kept (the client would have no
 //!   reply to clear it with), so a retry finds `NoNode` even if a newer
-//!   node of the same name exists by then.
+//!   node of the same name exists by then — unless that node is in our
+//!   own lease (see "Fenced deletes" above).
 
 mod channel;
 mod error;
@@ -658,20 +660,12 @@ impl Store for EtcdStore {
         &self.lease.machine
     }
 
-    /// Creates the node (with a suffix, if sequential) and, with a listing
-    /// asked for, lists that directory in the same transaction.
     fn learn_created(&self, request: &CreateRequest<'_>, created: &Created) {
-        let owner = created.stat.ephemeral_owner;
-        if owner != 0 {
-            let suffix = request
-                .opts
-                .mode
-                .is_sequential()
-                .then(|| &created.path[request.path.len()..]);
-            self.remember(owner, &created.path, created.stat.czxid, suffix);
-        }
+        self.owned.learn(request, created, created.stat.czxid);
     }
 
+    /// Creates the node (with a suffix, if sequential) and, with a listing
+    /// asked for, lists that directory in the same transaction.
     async fn create_in(&self, request: CreateRequest<'_>) -> Result<(Created, Option<Vec<Child>>)> {
         let lease = self.lease.current().await?;
         let path = request.path;

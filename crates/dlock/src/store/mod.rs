@@ -249,10 +249,12 @@ pub struct Child {
     /// name has another czxid: so a waiter can tell that the node it means
     /// to wait for is gone, even if its name is back.
     pub czxid: Option<i64>,
-    /// The session holding the child now, for backends where a node can
-    /// outlive its session: on Consul a session that ends with behavior
-    /// `release` (as `consul lock`'s do) leaves its keys, held by nobody
-    /// (`Some(0)`). `None` where an ephemeral node goes with its session.
+    /// The session holding the child now, as the listing tells it, for
+    /// backends where a node can outlive its session: on Consul a session
+    /// that ends with behavior `release` (as `consul lock`'s do) leaves its
+    /// keys, held by nobody (`Some(0)`). `None` where the listing does not
+    /// tell: where an ephemeral node goes with its session (ZooKeeper,
+    /// etcd, embedded), and for an implicit directory (no key of its own).
     pub owner: Option<SessionId>,
 }
 

@@ -80,6 +80,14 @@ impl<S: Store> Namespaced<S> {
         }
     }
 
+    /// The inner paths of a create's node and listing.
+    fn inside_request(&self, request: &CreateRequest<'_>) -> (String, Option<String>) {
+        (
+            self.inside(request.path),
+            request.list.map(|l| self.inside(l)),
+        )
+    }
+
     fn op(&self, op: &Op) -> Op {
         let mut op = op.clone();
         match &mut op {
@@ -103,10 +111,7 @@ impl<S: Store> Store for Namespaced<S> {
     }
 
     async fn create_in(&self, request: CreateRequest<'_>) -> Result<(Created, Option<Vec<Child>>)> {
-        let (path, list) = (
-            self.inside(request.path),
-            request.list.map(|l| self.inside(l)),
-        );
+        let (path, list) = self.inside_request(&request);
         let inner = CreateRequest {
             path: &path,
             list: list.as_deref(),
@@ -116,6 +121,20 @@ impl<S: Store> Store for Namespaced<S> {
             Ok((created, children)) => Ok((self.created(created), children)),
             Err(e) => Err(self.error(e)),
         }
+    }
+
+    fn learn_created(&self, request: &CreateRequest<'_>, created: &Created) {
+        let (path, list) = self.inside_request(request);
+        let inner = CreateRequest {
+            path: &path,
+            list: list.as_deref(),
+            ..*request
+        };
+        let created = Created {
+            path: self.inside(&created.path),
+            stat: created.stat,
+        };
+        self.inner.learn_created(&inner, &created);
     }
 
     async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {

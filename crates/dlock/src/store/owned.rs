@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex as StdMutex, MutexGuard};
 
-use super::SessionId;
+use super::{CreateRequest, Created, SessionId};
 use crate::path;
 
 /// How many digits a sequence suffix has (as ZooKeeper's `%010d`).
@@ -106,6 +106,17 @@ impl<F> Default for OwnedNodes<F> {
 }
 
 impl<F> OwnedNodes<F> {
+    /// Takes note of the node `created` by `request` with its `fence`, if
+    /// it is ephemeral (see `Store::learn_created`).
+    pub fn learn(&self, request: &CreateRequest<'_>, created: &Created, fence: F) {
+        let owner = created.stat.ephemeral_owner;
+        if owner != 0 {
+            let sequential = request.opts.mode.is_sequential();
+            let suffix = sequential.then(|| &created.path[request.path.len()..]);
+            self.of(owner).remember(&created.path, fence, suffix);
+        }
+    }
+
     /// The nodes of `session` (none, if the table was another session's).
     pub fn of(&self, session: SessionId) -> MutexGuard<'_, Owned<F>> {
         // Every critical section leaves the table consistent.
