@@ -562,6 +562,16 @@ impl Session {
         true
     }
 
+    /// Takes `created`, a node made without a sequence with `opts` and
+    /// found ours after its create's reply was lost, as if from that reply:
+    /// the store learns it (on etcd and Consul, its fence).
+    pub(crate) fn adopt(&self, opts: CreateOptions, created: &Created) {
+        if created.stat.ephemeral_owner == self.session_id() && !opts.mode.is_sequential() {
+            let request = CreateRequest::new(&created.path, &[], opts);
+            self.inner.store.learn_created(&request, created);
+        }
+    }
+
     async fn find_protected(
         &self,
         parent: &str,

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use common::tests2::{
     a_lost_reply, failed_with, no_node, tokens_grow_across_sessions, versions_guard_writes_at,
     watched_ephemeral, WatchBy,
@@ -434,6 +434,36 @@ async fn a_listed_owner_is_the_session_holding_the_child(h: &Harness) -> Result<
     Ok(())
 }
 
+/// A check on a node our session made passes while that node is there.
+/// Once another session's node took its name, a store that fences (etcd,
+/// Consul) fails it — a guarded write never lands under a lock lost to a
+/// holder of the same node name; ZooKeeper's check (and the embedded
+/// store's, which follows it) only asks that the name exist.
+async fn a_check_on_our_node_fails_once_another_sessions_node_took_its_name(
+    h: &Harness,
+) -> Result<()> {
+    let (ours, theirs) = (h.session().await, h.session().await);
+    let node = h.path("/fenced-check/n");
+    let check = [Op::Check {
+        path: node.clone(),
+        version: None,
+    }];
+    ours.create(&node, b"", ephemeral()).await?;
+    ours.multi(&check).await.context("our node is there")?;
+    theirs.delete(&node, None).await?;
+    theirs.create(&node, b"", ephemeral()).await?;
+    let checked = ours.multi(&check).await;
+    let fenced = matches!(ours.backend(), BackendKind::Etcd | BackendKind::Consul);
+    match (fenced, checked) {
+        (true, Err(Error::MultiFailed { index: 0, source })) if matches!(&*source, Error::NoNode { path } if *path == node) =>
+            {}
+        (false, Ok(_)) => {}
+        (_, other) => bail!("fenced: {fenced}, the check after the name changed hands: {other:?}"),
+    }
+    theirs.delete(&node, None).await?;
+    Ok(())
+}
+
 /// What a woken waiter relies on: once the watch on a listed child fired
 /// for its deletion, `children_seen` no longer lists it but lists the
 /// waiter's own node, and `watch_child` on it (or on a newer node under its
@@ -700,6 +730,7 @@ per_backend!(every_backend {
     children_sort_by_sequence_like_curator,
     a_listed_czxid_is_the_nodes_and_a_recreated_node_has_another,
     a_listed_owner_is_the_session_holding_the_child,
+    a_check_on_our_node_fails_once_another_sessions_node_took_its_name,
     a_listing_seen_after_a_watch_has_what_the_watch_delivered,
     suspension_within_the_timeout_keeps_the_session,
     suspension_past_the_timeout_loses_the_session,
@@ -731,6 +762,7 @@ per_backend!({
     children_sort_by_sequence_like_curator,
     a_listed_czxid_is_the_nodes_and_a_recreated_node_has_another,
     a_listed_owner_is_the_session_holding_the_child,
+    a_check_on_our_node_fails_once_another_sessions_node_took_its_name,
     a_listing_seen_after_a_watch_has_what_the_watch_delivered,
     suspension_within_the_timeout_keeps_the_session,
     suspension_past_the_timeout_loses_the_session,

@@ -8,11 +8,12 @@ mod common;
 
 use std::time::Duration;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use common::tests1::rivals;
 use common::Harness;
 use dlock::recipes::layout::{CONSUL_LOCK_FLAGS, CONSUL_SEMAPHORE_FLAGS};
-use dlock::store::{CreateMode, CreateOptions};
+use dlock::store::{BackendKind, CreateMode, CreateOptions, Op};
+use dlock::Error;
 use dlock::{ConsulLock, KvSemaphore, Layout};
 
 const WITHIN: Duration = Duration::from_secs(10);
@@ -63,6 +64,39 @@ async fn consul_lock_takes_over_a_released_key(h: &Harness) -> Result<()> {
     ensure!(stat.ephemeral_owner == b.session_id(), "{stat:?}");
     guard.release().await?;
     ensure!(a.exists(&node).await?.is_none());
+    Ok(())
+}
+
+/// A `ConsulLock` whose create's reply was lost reads its key back as
+/// ours: the store learns it as from the reply, so that a guarded write
+/// under the lock fails once another session's key took the name — on the
+/// stores that fence (etcd, Consul); ZooKeeper's check only asks that the
+/// name exist.
+async fn a_consul_lock_read_back_after_a_lost_reply_is_fenced(h: &Harness) -> Result<()> {
+    let (a, b) = (h.session().await, h.session().await);
+    let prefix = h.path("/read-back");
+    let node = format!("{prefix}/.lock");
+    a.faults().context("faults")?.lose_next_create_reply();
+    let held = ConsulLock::new(&a, &prefix)?
+        .acquire_timeout(WITHIN)
+        .await?;
+    let check = [Op::Check {
+        path: node.clone(),
+        version: None,
+    }];
+    a.multi(&check).await.context("held, the check passes")?;
+    b.delete(&node, None).await?;
+    let taken = ConsulLock::new(&b, &prefix)?
+        .acquire_timeout(WITHIN)
+        .await?;
+    let checked = a.multi(&check).await;
+    let fenced = matches!(a.backend(), BackendKind::Etcd | BackendKind::Consul);
+    match (fenced, checked) {
+        (true, Err(Error::MultiFailed { index: 0, .. })) | (false, Ok(_)) => {}
+        (_, other) => bail!("fenced: {fenced}, the check after the key changed hands: {other:?}"),
+    }
+    taken.release().await?;
+    let _ = held.release().await;
     Ok(())
 }
 
@@ -132,6 +166,7 @@ async fn inspect_reads_consuls_layouts(h: &Harness) -> Result<()> {
 per_backend!(every_backend {
     consul_lock_excludes_and_hands_over,
     consul_lock_takes_over_a_released_key,
+    a_consul_lock_read_back_after_a_lost_reply_is_fenced,
     kv_semaphore_consul_layout_keeps_the_limit,
     inspect_reads_consuls_layouts,
 });

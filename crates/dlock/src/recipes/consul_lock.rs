@@ -20,6 +20,11 @@
 //!   (hashicorp/consul#2767); here the loser sees the winner's node and
 //!   watches it.
 //! - **Release** deletes the node (fenced: never a newer holder's).
+//! - **Guarded writes** check the node by its fence on etcd and Consul, so
+//!   they fail once a newer holder's node has the name. ZooKeeper (and the
+//!   embedded store, which follows it) can only check that the name
+//!   exists: there a write lands in the moment between losing the node
+//!   and the lost signal, if another holder made it again meanwhile.
 //! - **Fencing token**: the node's creation index (Consul: `CreateIndex`),
 //!   which only grows, store-wide. A key acquired again by `api.Lock`
 //!   without being deleted keeps its `CreateIndex`; dlock never does that,

@@ -80,10 +80,18 @@ impl Entry {
             }
         };
         Ok(match stat.ephemeral_owner == owner && mine {
-            true => Claim::Ours(Created {
-                path: self.path.clone(),
-                stat,
-            }),
+            true => {
+                let created = Created {
+                    path: self.path.clone(),
+                    stat,
+                };
+                // Read back after a lost reply: the store learns it as from
+                // that reply (its fence, which guarded writes compare).
+                if watch.is_some() {
+                    session.adopt(opts, &created);
+                }
+                Claim::Ours(created)
+            }
             false => Claim::Other {
                 stat,
                 watch,

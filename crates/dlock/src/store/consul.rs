@@ -115,7 +115,9 @@
 //!   `ModifyIndex`; a delete of one of this session's ephemeral nodes is
 //!   fenced by its `ModifyIndex`, so a retried delete never removes a
 //!   newer node of the same name (etcd#22082) — unless our own session
-//!   holds it, as after a create whose reply was lost.
+//!   holds it, as after a create whose reply was lost. A multi's check or
+//!   delete of such a node without a version is fenced the same way, so a
+//!   guarded write fails once another session's node took the name.
 //! - `num_children` counts every key below a node; `cversion` is 0.
 //! - Multi is one `/v1/txn` after reading the paths it touches:
 //!   preconditions are checked on the reads and pinned in the transaction
@@ -918,6 +920,8 @@ struct Planned {
     /// version is only known after the transaction).
     version: Option<i32>,
     ephemeral: bool,
+    /// The key read: its create index and the session holding it.
+    created: Option<(u64, SessionId)>,
     /// The modify index read, while the multi has not touched it yet.
     pinned: Option<u64>,
     /// Touched by an earlier operation of the multi.
@@ -925,6 +929,20 @@ struct Planned {
 }
 
 impl ConsulStore {
+    /// Whether `n`, read for a multi's check or delete of `path` without a
+    /// version, is a newer node of that name than the node of ours its
+    /// fence names, and another session's: a guarded write then fails, as
+    /// etcd's fenced check does.
+    fn replaced(&self, session: SessionId, path: &str, version: Option<i32>, n: &Planned) -> bool {
+        let fence = self.owned(session).nodes.get(path).map(|f| f.0);
+        match (version, fence, n.created) {
+            (None, Some(fence), Some((created, owner))) if !n.touched => {
+                created != fence && owner != session
+            }
+            _ => false,
+        }
+    }
+
     /// One attempt at a multi: the results, or the failing operation, or
     /// `Err(None)` if the store moved since the reads (try again).
     async fn multi_once(
@@ -965,6 +983,7 @@ impl ConsulStore {
                         flags: e.flags,
                         version: Some(e.version()),
                         ephemeral: e.session.is_some(),
+                        created: Some((e.create_index, e.owner())),
                         pinned: Some(e.modify_index),
                         touched: false,
                     },
@@ -995,6 +1014,9 @@ impl ConsulStore {
                     }
                     if version.is_some_and(|v| n.version != Some(v)) {
                         return fail(i, Error::BadVersion { path: path.clone() });
+                    }
+                    if self.replaced(session, path, *version, &n) {
+                        return fail(i, no_node(path));
                     }
                     if let (Some(index), false) = (n.pinned, n.touched) {
                         let key = self.layout.key(path);
@@ -1088,6 +1110,9 @@ impl ConsulStore {
                     }
                     if version.is_some_and(|v| n.version != Some(v)) {
                         return fail(i, Error::BadVersion { path: path.clone() });
+                    }
+                    if self.replaced(session, path, *version, &n) {
+                        return fail(i, no_node(path));
                     }
                     let key = self.layout.key(path);
                     if let (Some(index), false) = (n.pinned, n.touched) {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use crate::error::{Error, Result};
 use crate::recipes::lifecycle::{lock, Backoff};
 use crate::session::Session;
-use crate::store::{CreateMode, CreateOptions, SessionState, Watch, WatchEvent};
+use crate::store::{CreateMode, CreateOptions, Created, SessionState, Watch, WatchEvent};
 
 /// Makes sure the member's node exists, creating it with the payload if it
 /// does not, and returns a watch on it.
@@ -18,7 +18,10 @@ pub(super) async fn ensure_node(
     let opts = CreateOptions::new(CreateMode::Ephemeral).with_parents();
     loop {
         let (stat, watch) = session.retrying(|| session.exists_watch(node)).await?;
-        if stat.is_some() {
+        if let Some(stat) = stat {
+            // Ours, if a create's reply was lost: the store learns it.
+            let path = node.to_string();
+            session.adopt(opts, &Created { path, stat });
             return Ok(watch);
         }
         let data = lock(payload).clone();
