@@ -718,7 +718,10 @@ async fn an_ended_sessions_node_name_is_free_at_once(h: &Harness) -> Result<()> 
     Ok(())
 }
 
-per_backend!(every_backend {
+/// The whole contract, on `$backends` (as `per_backend!` takes them).
+macro_rules! the_contract_on {
+    ($($backends:tt)+) => {
+        per_backend!($($backends)+ {
     fencing_tokens_only_grow,
     ephemeral_nodes_die_with_their_session,
     ephemeral_nodes_cannot_have_children,
@@ -744,37 +747,16 @@ per_backend!(every_backend {
     an_ended_sessions_node_name_is_free_at_once,
     errors_name_the_node,
 });
+    };
+}
+
+the_contract_on!(every_backend);
 
 // Again below an etcd namespace: the namespace maps every path in and out,
 // and what the store learns from a create's reply (its fences) too.
-per_backend!({
+the_contract_on!({
     #[cfg(feature = "etcd")]
     etcd_namespaced => crate::common::etcd_namespaced(),
-} {
-    fencing_tokens_only_grow,
-    ephemeral_nodes_die_with_their_session,
-    ephemeral_nodes_cannot_have_children,
-    versions_guard_writes,
-    watches_fire_once_on_node_events,
-    multi_is_all_or_nothing,
-    parents_are_created_as_containers_and_reaped,
-    create_and_list_sees_its_own_node,
-    children_sort_by_sequence_like_curator,
-    a_listed_czxid_is_the_nodes_and_a_recreated_node_has_another,
-    a_listed_owner_is_the_session_holding_the_child,
-    a_check_on_our_node_fails_once_another_sessions_node_took_its_name,
-    a_listing_seen_after_a_watch_has_what_the_watch_delivered,
-    suspension_within_the_timeout_keeps_the_session,
-    suspension_past_the_timeout_loses_the_session,
-    expiry_fires_watches_and_renews_the_session,
-    a_lost_create_reply_still_creates_the_node,
-    a_lost_delete_reply_still_deletes_the_node,
-    a_node_named_after_a_siblings_sequence_takes_its_place,
-    tagged_nodes_keep_versions_for_compare_and_set,
-    native_session_ids_name_the_owner,
-    dlocks_own_nodes_have_no_foreign_owner,
-    an_ended_sessions_node_name_is_free_at_once,
-    errors_name_the_node,
 });
 
 // ZooKeeper-style stores only; etcd differs (see `dlock::store::etcd`):
