@@ -452,13 +452,27 @@ async fn a_check_on_our_node_fails_once_another_sessions_node_took_its_name(
     ours.multi(&check).await.context("our node is there")?;
     theirs.delete(&node, None).await?;
     theirs.create(&node, b"", ephemeral()).await?;
-    let checked = ours.multi(&check).await;
     let fenced = matches!(ours.backend(), BackendKind::Etcd | BackendKind::Consul);
-    match (fenced, checked) {
-        (true, Err(Error::MultiFailed { index: 0, source })) if matches!(&*source, Error::NoNode { path } if *path == node) =>
-            {}
-        (false, Ok(_)) => {}
-        (_, other) => bail!("fenced: {fenced}, the check after the name changed hands: {other:?}"),
+    // Alone, and after a write to the node earlier in the same multi.
+    let write = Op::SetData {
+        path: node.clone(),
+        data: b"x".to_vec(),
+        version: None,
+    };
+    for (ops, at) in [
+        (check.to_vec(), 0),
+        ([vec![write], check.to_vec()].concat(), 1),
+    ] {
+        let done = ours.multi(&ops).await;
+        let refused = |source: &Error| matches!(source, Error::NoNode { path } if *path == node);
+        match (fenced, done) {
+            (true, Err(Error::MultiFailed { index, source }))
+                if index == at && refused(&source) => {}
+            (false, Ok(_)) => {}
+            (_, other) => {
+                bail!("fenced: {fenced}, {ops:?} after the name changed hands: {other:?}")
+            }
+        }
     }
     theirs.delete(&node, None).await?;
     Ok(())

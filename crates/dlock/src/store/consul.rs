@@ -116,8 +116,9 @@
 //!   fenced by its `ModifyIndex`, so a retried delete never removes a
 //!   newer node of the same name (etcd#22082) — unless our own session
 //!   holds it, as after a create whose reply was lost. A multi's check or
-//!   delete of such a node without a version is fenced the same way, so a
-//!   guarded write fails once another session's node took the name.
+//!   delete of such a node without a version fails once the key is held
+//!   by another session (or none), so a guarded write fails once another
+//!   session's node took the name.
 //! - `num_children` counts every key below a node; `cversion` is 0.
 //! - Multi is one `/v1/txn` after reading the paths it touches:
 //!   preconditions are checked on the reads and pinned in the transaction
@@ -929,16 +930,15 @@ struct Planned {
 }
 
 impl ConsulStore {
-    /// Whether `n`, read for a multi's check or delete of `path` without a
-    /// version, is a newer node of that name than the node of ours its
-    /// fence names, and another session's: a guarded write then fails, as
-    /// etcd's fenced check does.
+    /// Whether `path`, a node of ours (it has a fence), is no longer ours
+    /// as read for a multi's check or delete without a version: its key is
+    /// held by another session, or by none. A guarded write then fails, as
+    /// etcd's fenced check does. (A create or delete earlier in the multi
+    /// leaves no key read to judge by.)
     fn replaced(&self, session: SessionId, path: &str, version: Option<i32>, n: &Planned) -> bool {
-        let fence = self.owned(session).nodes.get(path).map(|f| f.0);
-        match (version, fence, n.created) {
-            (None, Some(fence), Some((created, owner))) if !n.touched => {
-                created != fence && owner != session
-            }
+        let ours = self.owned(session).nodes.contains_key(path);
+        match (version, n.created) {
+            (None, Some((_, owner))) => ours && owner != session,
             _ => false,
         }
     }

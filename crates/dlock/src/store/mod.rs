@@ -592,7 +592,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Takes note of the reply to `request` (the fence of an ephemeral
     /// node), once it arrived: after the lost-reply fault it is not called,
-    /// so the store is left as a real lost reply leaves it. Nothing for
+    /// so the store is left as a real lost reply leaves it — until the
+    /// session finds the node and takes it as ours, as if from that reply
+    /// (`Session::adopt`, and a protected create's retry). Nothing for
     /// backends that learn nothing from a reply.
     #[doc(hidden)]
     fn learn_created(&self, _request: &CreateRequest<'_>, _created: &Created) {}
