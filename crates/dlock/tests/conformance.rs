@@ -478,6 +478,31 @@ async fn a_check_on_our_node_fails_once_another_sessions_node_took_its_name(
     Ok(())
 }
 
+/// A fence ends when the name gets a persistent node of ours: our
+/// ephemeral node there was deleted by someone else, and our persistent
+/// node that took the name is checked and deleted as any node.
+async fn a_persistent_node_in_the_name_of_our_gone_ephemeral_is_not_fenced_out(
+    h: &Harness,
+) -> Result<()> {
+    let (ours, theirs) = (h.session().await, h.session().await);
+    let node = h.path("/fence-ends/n");
+    ours.create(&node, b"", ephemeral()).await?;
+    theirs.delete(&node, None).await?;
+    ours.create(&node, b"", persistent()).await?;
+    let check = [Op::Check {
+        path: node.clone(),
+        version: None,
+    }];
+    ours.multi(&check)
+        .await
+        .context("our persistent node passes")?;
+    ours.delete(&node, None)
+        .await
+        .context("and is ours to delete")?;
+    ensure!(theirs.exists(&node).await?.is_none(), "deleted");
+    Ok(())
+}
+
 /// What a woken waiter relies on: once the watch on a listed child fired
 /// for its deletion, `children_seen` no longer lists it but lists the
 /// waiter's own node, and `watch_child` on it (or on a newer node under its
@@ -748,6 +773,7 @@ macro_rules! the_contract_on {
     a_listed_czxid_is_the_nodes_and_a_recreated_node_has_another,
     a_listed_owner_is_the_session_holding_the_child,
     a_check_on_our_node_fails_once_another_sessions_node_took_its_name,
+    a_persistent_node_in_the_name_of_our_gone_ephemeral_is_not_fenced_out,
     a_listing_seen_after_a_watch_has_what_the_watch_delivered,
     suspension_within_the_timeout_keeps_the_session,
     suspension_past_the_timeout_loses_the_session,

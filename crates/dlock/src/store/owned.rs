@@ -107,13 +107,19 @@ impl<F> Default for OwnedNodes<F> {
 
 impl<F> OwnedNodes<F> {
     /// Takes note of the node `created` by `request` with its `fence`, if
-    /// it is ephemeral (see `Store::learn_created`).
+    /// it is ephemeral (see `Store::learn_created`); a persistent one ends
+    /// any fence of its name.
     pub fn learn(&self, request: &CreateRequest<'_>, created: &Created, fence: F) {
         let owner = created.stat.ephemeral_owner;
         if owner != 0 {
             let sequential = request.opts.mode.is_sequential();
             let suffix = sequential.then(|| &created.path[request.path.len()..]);
             self.of(owner).remember(&created.path, fence, suffix);
+        } else {
+            // A persistent node of ours has the name now: a fence left by
+            // an ephemeral one that went must not refuse it.
+            let mut owned = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            owned.forget(&created.path);
         }
     }
 
