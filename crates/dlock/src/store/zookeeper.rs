@@ -82,6 +82,10 @@ use crate::error::{Error, Result};
 use crate::options::SessionOptions;
 use crate::path;
 
+/// How many times a create with parents makes missing ancestors and tries
+/// again, while the container reaper keeps removing one.
+const PARENT_TRIES: u32 = 5;
+
 /// Opens a client of the ZooKeeper ensemble of `endpoint` (an
 /// [`Endpoint::ZooKeeper`]), asking for `options.session_timeout`.
 ///
@@ -268,9 +272,19 @@ impl Store for ZooKeeperStore {
     async fn create_in(&self, request: CreateRequest<'_>) -> Result<(Created, Option<Vec<Child>>)> {
         let client = self.inner.client().await?;
         let (mut create, mut listing) = self.send_create(&client, request).await;
-        if matches!(create, Err(zk::Error::NoNode)) && request.opts.create_parents {
-            self.mkdirs(&client, request.path).await?;
+        // The container reaper may remove an empty ancestor between our
+        // check of it and the create below it: a few more tries.
+        let mut tries = 0;
+        while matches!(create, Err(zk::Error::NoNode)) && request.opts.create_parents {
+            tries += 1;
+            match self.mkdirs(&client, request.path).await {
+                Err(Error::NoNode { .. }) if tries < PARENT_TRIES => continue,
+                made => made?,
+            }
             (create, listing) = self.send_create(&client, request).await;
+            if tries == PARENT_TRIES {
+                break;
+            }
         }
         let created = self.finish_create(&client, request.path, request.opts.mode, create)?;
         let listed = match (listing, request.list) {
