@@ -112,13 +112,14 @@
 //!   indexes of the children are needed for the queue order, which
 //!   `?keys&separator=/` does not tell.
 //! - Versioned writes read the key and compare-and-set on its
-//!   `ModifyIndex`; a delete of one of this session's ephemeral nodes is
-//!   fenced by its `ModifyIndex`, so a retried delete never removes a
-//!   newer node of the same name (etcd#22082) — unless our own session
-//!   holds it, as after a create whose reply was lost. A multi's check or
-//!   delete of such a node without a version fails once the key is held
-//!   by another session (or none), so a guarded write fails once another
-//!   session's node took the name.
+//!   `ModifyIndex`. A delete of one of this session's ephemeral nodes is
+//!   one transaction that holds only while our session holds the key
+//!   (`check-session`), so a retried delete never removes another
+//!   session's newer node of the same name (etcd#22082), while ours goes,
+//!   also one whose create lost its reply. A multi's check or delete of
+//!   such a node without a version fails the same way once the key is
+//!   held by another session (or none): a guarded write fails once
+//!   another session's node took the name.
 //! - `num_children` counts every key below a node; `cversion` is 0.
 //! - Multi is one `/v1/txn` after reading the paths it touches:
 //!   preconditions are checked on the reads and pinned in the transaction
@@ -226,7 +227,7 @@ struct ConsulStore {
     layout: Layout,
     /// The ephemeral nodes this client created in the current session, by
     /// their (create index, modify index).
-    owned: OwnedNodes<(u64, u64)>,
+    owned: OwnedNodes<u64>,
     sequence: Sequence,
 }
 
@@ -483,13 +484,12 @@ impl ConsulStore {
         }
     }
 
-    fn owned(&self, session: SessionId) -> MutexGuard<'_, Owned<(u64, u64)>> {
+    fn owned(&self, session: SessionId) -> MutexGuard<'_, Owned<u64>> {
         self.owned.of(session)
     }
 
     fn remember(&self, session: SessionId, path: &str, e: &Entry, suffix: Option<&str>) {
-        let fence = (e.create_index, e.modify_index);
-        self.owned(session).remember(path, fence, suffix);
+        self.owned(session).remember(path, e.create_index, suffix);
     }
 
     fn forget(&self, session: SessionId, path: &str) {
@@ -502,7 +502,7 @@ impl ConsulStore {
         let owned = self.owned(session);
         owned
             .sibling_of(full)
-            .map(|(sibling, &(created, _))| (sibling, created))
+            .map(|(sibling, &created)| (sibling, created))
     }
 
     fn next_suffix(&self) -> String {
@@ -516,48 +516,27 @@ impl ConsulStore {
         )
     }
 
-    /// Deletes one of this session's ephemeral nodes, fenced by its modify
-    /// index: a newer node of that name is never removed, unless this
-    /// session holds it too.
-    async fn delete_owned(
-        &self,
-        path: &str,
-        session: SessionId,
-        (mut created, mut modified): (u64, u64),
-    ) -> Result<()> {
+    /// Deletes one of this session's ephemeral nodes in one transaction,
+    /// only while our session holds its key: a retried delete never
+    /// removes another session's newer node of that name (etcd#22082),
+    /// while ours — also one whose create lost its reply — goes.
+    async fn delete_owned(&self, path: &str, session: SessionId, uuid: &str) -> Result<()> {
         let key = self.layout.key(path);
-        for _ in 0..CAS_ATTEMPTS {
-            let ops = fenced_delete(&key, modified);
-            match self.txn(&ops, path, session).await? {
-                Ok(_) => {
-                    self.keeper.machine.lost_delete_reply()?;
-                    self.forget(session, path);
-                    return Ok(());
-                }
-                Err(_) => match self.entry(path).await? {
-                    // Ours, but its data was set by someone: fenced again.
-                    Some(e) if e.create_index == created => modified = e.modify_index,
-                    // A newer node of the same name, yet in our session:
-                    // ours, from a create whose reply was lost (so it left
-                    // no fence). The fence keeps other sessions' nodes
-                    // safe, not our own.
-                    Some(e) if e.owner() == session => {
-                        (created, modified) = (e.create_index, e.modify_index);
-                        self.owned(session)
-                            .nodes
-                            .insert(path.to_string(), (created, modified));
-                    }
-                    _ => {
-                        return Err(Error::NoNode {
-                            path: path.to_string(),
-                        })
-                    }
-                },
+        let ops = [
+            with(kv("check-session", &key), "Session", uuid.into()),
+            kv("delete", &key),
+            kv("delete-tree", &keys::markers(&key)),
+        ];
+        match self.txn(&ops, path, session).await? {
+            Ok(_) => {
+                self.keeper.machine.lost_delete_reply()?;
+                self.forget(session, path);
+                Ok(())
             }
+            Err(_) => Err(Error::NoNode {
+                path: path.to_string(),
+            }),
         }
-        Err(Error::Backend(format!(
-            "{path} kept changing while it was deleted"
-        )))
     }
 }
 
@@ -580,11 +559,8 @@ impl Store for ConsulStore {
     }
 
     fn learn_created(&self, request: &CreateRequest<'_>, created: &Created) {
-        self.owned.learn(
-            request,
-            created,
-            (created.stat.czxid as u64, created.stat.mzxid as u64),
-        );
+        self.owned
+            .learn(request, created, created.stat.czxid as u64);
     }
 
     /// Creates the node and, with a listing asked for, lists that
@@ -701,10 +677,9 @@ impl Store for ConsulStore {
         if path == "/" {
             return Err(Error::InvalidArgument("the root cannot be deleted".into()));
         }
-        let (session, _) = self.keeper.current().await?;
-        let fence = self.owned(session).nodes.get(path).copied();
-        if let (None, Some(fence)) = (version, fence) {
-            return self.delete_owned(path, session, fence).await;
+        let (session, uuid) = self.keeper.current().await?;
+        if version.is_none() && self.owned(session).nodes.contains_key(path) {
+            return self.delete_owned(path, session, &uuid).await;
         }
         let key = self.layout.key(path);
         for _ in 0..CAS_ATTEMPTS {
@@ -769,10 +744,6 @@ impl Store for ConsulStore {
                         "Consul set {path} but did not return its entry"
                     )));
                 };
-                let mut owned = self.owned(session);
-                if let Some(node) = owned.nodes.get_mut(path) {
-                    node.1 = set.modify_index;
-                }
                 let mut stat = keys::stat(set, 0);
                 stat.data_length = data.len().min(i32::MAX as usize) as i32;
                 return Ok(stat);
@@ -921,8 +892,8 @@ struct Planned {
     /// version is only known after the transaction).
     version: Option<i32>,
     ephemeral: bool,
-    /// The key read: its create index and the session holding it.
-    created: Option<(u64, SessionId)>,
+    /// The session holding the key read (0: none); `None` without one.
+    owner: Option<SessionId>,
     /// The modify index read, while the multi has not touched it yet.
     pinned: Option<u64>,
     /// Touched by an earlier operation of the multi.
@@ -936,11 +907,8 @@ impl ConsulStore {
     /// etcd's fenced check does. (A create or delete earlier in the multi
     /// leaves no key read to judge by.)
     fn replaced(&self, session: SessionId, path: &str, version: Option<i32>, n: &Planned) -> bool {
-        let ours = self.owned(session).nodes.contains_key(path);
-        match (version, n.created) {
-            (None, Some((_, owner))) => ours && owner != session,
-            _ => false,
-        }
+        let ours = || self.owned(session).nodes.contains_key(path);
+        version.is_none() && n.owner.is_some_and(|owner| owner != session) && ours()
     }
 
     /// One attempt at a multi: the results, or the failing operation, or
@@ -983,7 +951,7 @@ impl ConsulStore {
                         flags: e.flags,
                         version: Some(e.version()),
                         ephemeral: e.session.is_some(),
-                        created: Some((e.create_index, e.owner())),
+                        owner: Some(e.owner()),
                         pinned: Some(e.modify_index),
                         touched: false,
                     },

@@ -121,13 +121,13 @@
 //!   holder's delete alone (why that is safe: `store::etcd::mirror`).
 //! - **Fenced deletes and checks (etcd#22082).** This client remembers the
 //!   create revision of each ephemeral node it created in the current
-//!   session. Deleting one, or an `Op::Check` without version on one,
-//!   compares that revision: a delete retried after a lost reply can never
-//!   delete a newer key of the same name (it reports `NoNode`, which the
-//!   guaranteed delete takes as done), and a guarded write fails if our
-//!   node was replaced. A newer key in our own lease is ours (a create of
-//!   it lost its reply, so it left no revision to compare): a delete takes
-//!   its revision as the fence and removes it. One exception, for speed: a queue node (protected
+//!   session. An `Op::Check` without version on one compares that
+//!   revision, so a guarded write fails if our node was replaced; a delete
+//!   of one compares the key's lease with ours, so a delete retried after
+//!   a lost reply can never delete another session's newer key of the same
+//!   name (it reports `NoNode`, which the guaranteed delete takes as done),
+//!   while a newer key in our own lease (a create of it lost its reply)
+//!   goes. One exception, for speed: a queue node (protected
 //!   and sequential) is deleted with a plain delete, because a transaction
 //!   costs etcd 3.4 markedly more and releases are on every lock's hot
 //!   path. Its name carries our random protection UUID, so only we make it
@@ -786,78 +786,63 @@ impl Store for EtcdStore {
         if version.is_none() && self.deletes_plainly(lease, path) {
             return self.delete_plainly(path, lease).await;
         }
-        // Twice at most: once more after taking a node of ours as fenced.
-        for _ in 0..2 {
-            let fence = self.fence(lease, path);
-            let mut compares = vec![Compare::version(path, CompareOp::Greater, 0)];
-            if let Some(v) = version {
-                compares.push(Compare::version(path, CompareOp::Equal, v as i64 + 1));
-            }
-            let (start, end) = keys::descendants(path);
-            compares.push(
-                Compare::create_revision(start.clone(), CompareOp::Equal, 0)
-                    .with_range(end.clone()),
-            );
-            if let Some(revision) = fence {
-                compares.push(Compare::create_revision(path, CompareOp::Equal, revision));
-            }
-            let (marker_start, marker_end) = keys::markers(path);
-            let txn = Txn::new()
-                .when(compares)
-                .and_then([
-                    TxnOp::delete(path, None),
-                    TxnOp::delete(
-                        marker_start,
-                        Some(etcd_client::DeleteOptions::new().with_range(marker_end)),
-                    ),
-                ])
-                .or_else([TxnOp::get(path, keys_only()), count_range((start, end))]);
-            let resp = self.txn(txn, path, lease).await?;
-            if resp.succeeded() {
-                // A lost reply keeps the fence, so a retry cannot remove a
-                // newer node of this name (etcd#22082).
-                self.lease.machine.lost_delete_reply()?;
-                self.forget(lease, path);
-                return Ok(());
-            }
-            let gets = gets(&resp);
-            let below = gets.get(1).map_or(0, GetResponse::count);
-            let no_node = Error::NoNode {
-                path: path.to_string(),
-            };
-            // A fence stays until a delete succeeds (or the lease changes): a
-            // later delete of this path must not remove a newer node either.
-            return match first(gets.first()) {
-                None if below > 0 => Err(Error::NotEmpty {
-                    path: path.to_string(),
-                }),
-                None => Err(no_node),
-                // A newer node of the same name, yet in our lease: ours, from
-                // a create whose reply was lost (so it left no fence). The
-                // fence keeps other sessions' nodes safe, not our own.
-                Some(kv)
-                    if fence.is_some_and(|r| r != kv.create_revision()) && kv.lease() == lease =>
-                {
-                    self.owned(lease)
-                        .nodes
-                        .insert(path.to_string(), kv.create_revision());
-                    continue;
-                }
-                // Not our node any more: a newer one of the same name.
-                Some(kv) if fence.is_some_and(|r| r != kv.create_revision()) => Err(no_node),
-                Some(kv) if version.is_some_and(|v| kv.version() != v as i64 + 1) => {
-                    Err(Error::BadVersion {
-                        path: path.to_string(),
-                    })
-                }
-                Some(_) => Err(Error::NotEmpty {
-                    path: path.to_string(),
-                }),
-            };
+        // A node of ours is deleted only while it is in our lease: never
+        // another session's newer node of its name (etcd#22082), while ours
+        // goes, also one whose create lost its reply.
+        let ours = self.fence(lease, path).is_some();
+        let mut compares = vec![Compare::version(path, CompareOp::Greater, 0)];
+        if let Some(v) = version {
+            compares.push(Compare::version(path, CompareOp::Equal, v as i64 + 1));
         }
-        Err(Error::Backend(format!(
-            "{path} kept changing while it was deleted"
-        )))
+        let (start, end) = keys::descendants(path);
+        compares.push(
+            Compare::create_revision(start.clone(), CompareOp::Equal, 0).with_range(end.clone()),
+        );
+        if ours {
+            compares.push(Compare::lease(path, CompareOp::Equal, lease));
+        }
+        let (marker_start, marker_end) = keys::markers(path);
+        let txn = Txn::new()
+            .when(compares)
+            .and_then([
+                TxnOp::delete(path, None),
+                TxnOp::delete(
+                    marker_start,
+                    Some(etcd_client::DeleteOptions::new().with_range(marker_end)),
+                ),
+            ])
+            .or_else([TxnOp::get(path, keys_only()), count_range((start, end))]);
+        let resp = self.txn(txn, path, lease).await?;
+        if resp.succeeded() {
+            // A lost reply keeps the fence, so a retry cannot remove
+            // another session's newer node of this name (etcd#22082).
+            self.lease.machine.lost_delete_reply()?;
+            self.forget(lease, path);
+            return Ok(());
+        }
+        let gets = gets(&resp);
+        let below = gets.get(1).map_or(0, GetResponse::count);
+        let no_node = Error::NoNode {
+            path: path.to_string(),
+        };
+        // A fence stays until a delete succeeds (or the lease changes): a
+        // later delete of this path must not remove another's node either.
+        match first(gets.first()) {
+            None if below > 0 => Err(Error::NotEmpty {
+                path: path.to_string(),
+            }),
+            None => Err(no_node),
+            // Not our node any more: another session's of the same name.
+            Some(kv) if ours && kv.lease() != lease => Err(no_node),
+            Some(kv) if version.is_some_and(|v| kv.version() != v as i64 + 1) => {
+                Err(Error::BadVersion {
+                    path: path.to_string(),
+                })
+            }
+            Some(_) => Err(Error::NotEmpty {
+                path: path.to_string(),
+            }),
+        }
     }
 
     async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
