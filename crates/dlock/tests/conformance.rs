@@ -478,28 +478,140 @@ async fn a_check_on_our_node_fails_once_another_sessions_node_took_its_name(
     Ok(())
 }
 
+/// A fence outlives the session that set it: once our session expired and
+/// was renewed, a check or a delete of the node we had at a name fails
+/// (`NoNode`) on etcd and Consul although another session's node took the
+/// name meanwhile — a guarded write that waited out the renewal must not
+/// land on the new holder's node, nor a retried delete remove it. (ZooKeeper
+/// and the embedded store can only check that the name exists.)
+async fn a_fence_outlives_the_session_that_set_it(h: &Harness) -> Result<()> {
+    let (ours, theirs) = (h.session().await, h.session().await);
+    let node = h.path("/fence-renewed/n");
+    let first = ours.session_id();
+    ours.create(&node, b"", ephemeral()).await?;
+    ours.faults().context("faults")?.expire().await?;
+    await_gone(&theirs, &node, h.timeout()).await?;
+    theirs.create(&node, b"", ephemeral()).await?;
+    let fenced = matches!(ours.backend(), BackendKind::Etcd | BackendKind::Consul);
+    let check = [Op::Check {
+        path: node.clone(),
+        version: None,
+    }];
+    let checked = ours.multi(&check).await;
+    ensure!(
+        ours.session_id() != first,
+        "the check ran in a renewed session"
+    );
+    let refused = |e: &Error| matches!(e, Error::NoNode { path } if *path == node);
+    match (fenced, checked) {
+        (true, Err(Error::MultiFailed { index: 0, source })) if refused(&source) => {}
+        (false, Ok(_)) => {}
+        (_, other) => bail!("fenced: {fenced}, a check after the renewal: {other:?}"),
+    }
+    if fenced {
+        match ours.delete(&node, None).await {
+            Err(e) if refused(&e) => {}
+            other => bail!("a delete of our gone node after the renewal: {other:?}"),
+        }
+        ensure!(theirs.exists(&node).await?.is_some(), "their node stays");
+        // Our own node of that name, made in the new session, is ours again.
+        theirs.delete(&node, None).await?;
+        ours.create(&node, b"", ephemeral()).await?;
+        ours.multi(&check).await.context("our new node passes")?;
+        ours.delete(&node, None)
+            .await
+            .context("and is ours to delete")?;
+    } else {
+        theirs.delete(&node, None).await?;
+    }
+    ensure!(theirs.exists(&node).await?.is_none(), "nothing left");
+    Ok(())
+}
+
+/// A delete with a version names the node it read: it removes another
+/// session's node in the name of our gone one (alone and in a multi), where
+/// a delete without a version would refuse it as not ours.
+async fn a_delete_with_a_version_removes_the_node_it_read(h: &Harness) -> Result<()> {
+    let (ours, theirs) = (h.session().await, h.session().await);
+    let keep = h.path("/versioned/keep");
+    ours.create(&keep, b"", persistent()).await?;
+    let node = h.path("/versioned/n");
+    for in_multi in [false, true] {
+        ours.create(&node, b"", ephemeral()).await?;
+        theirs.delete(&node, None).await?;
+        theirs.create(&node, b"", persistent_only()).await?;
+        let stat = ours.exists(&node).await?.context("their node")?;
+        let version = Some(stat.version);
+        match in_multi {
+            false => ours.delete(&node, version).await,
+            true => ours
+                .multi(&[Op::Delete {
+                    path: node.clone(),
+                    version,
+                }])
+                .await
+                .map(drop),
+        }
+        .with_context(|| format!("in a multi: {in_multi}"))?;
+        ensure!(theirs.exists(&node).await?.is_none(), "deleted");
+    }
+    ours.delete(&keep, None).await?;
+    Ok(())
+}
+
 /// A fence ends when the name gets a persistent node of ours: our
-/// ephemeral node there was deleted by someone else, and our persistent
-/// node that took the name is checked and deleted as any node.
+/// ephemeral node there was deleted (by someone else, or by the multi that
+/// makes the persistent one), and our persistent node that took the name,
+/// by a create or in a multi, is checked and deleted as any node.
 async fn a_persistent_node_in_the_name_of_our_gone_ephemeral_is_not_fenced_out(
     h: &Harness,
 ) -> Result<()> {
     let (ours, theirs) = (h.session().await, h.session().await);
     let node = h.path("/fence-ends/n");
-    ours.create(&node, b"", ephemeral()).await?;
-    theirs.delete(&node, None).await?;
-    ours.create(&node, b"", persistent()).await?;
     let check = [Op::Check {
         path: node.clone(),
         version: None,
     }];
-    ours.multi(&check)
-        .await
-        .context("our persistent node passes")?;
-    ours.delete(&node, None)
-        .await
-        .context("and is ours to delete")?;
-    ensure!(theirs.exists(&node).await?.is_none(), "deleted");
+    let persistent_by_multi = Op::Create {
+        path: node.clone(),
+        data: Vec::new(),
+        mode: CreateMode::Persistent,
+    };
+    let delete_by_multi = Op::Delete {
+        path: node.clone(),
+        version: None,
+    };
+    // The directory stays while the name changes hands (a multi makes no
+    // parents).
+    let keep = h.path("/fence-ends/keep");
+    ours.create(&keep, b"", persistent()).await?;
+    // Made by a create, a multi, and a multi that deletes our ephemeral
+    // node and makes the persistent one in its place.
+    for round in ["create", "multi", "multi replacing ours"] {
+        ours.create(&node, b"", ephemeral()).await?;
+        match round {
+            "create" => {
+                theirs.delete(&node, None).await?;
+                ours.create(&node, b"", persistent()).await?;
+            }
+            "multi" => {
+                theirs.delete(&node, None).await?;
+                ours.multi(&[persistent_by_multi.clone()]).await?;
+            }
+            _ => {
+                let replace = [delete_by_multi.clone(), persistent_by_multi.clone()];
+                ours.multi(&replace).await?;
+            }
+        }
+        ours.multi(&check)
+            .await
+            .with_context(|| format!("{round}: our persistent node passes"))?;
+        ours.delete(&node, None)
+            .await
+            .with_context(|| format!("{round}: and is ours to delete"))?;
+        ensure!(theirs.exists(&node).await?.is_none(), "{round}: deleted");
+    }
+    ours.delete(&keep, None).await?;
     Ok(())
 }
 
@@ -774,6 +886,8 @@ macro_rules! the_contract_on {
     a_listed_owner_is_the_session_holding_the_child,
     a_check_on_our_node_fails_once_another_sessions_node_took_its_name,
     a_persistent_node_in_the_name_of_our_gone_ephemeral_is_not_fenced_out,
+    a_fence_outlives_the_session_that_set_it,
+    a_delete_with_a_version_removes_the_node_it_read,
     a_listing_seen_after_a_watch_has_what_the_watch_delivered,
     suspension_within_the_timeout_keeps_the_session,
     suspension_past_the_timeout_loses_the_session,

@@ -349,6 +349,34 @@ async fn bad_keys_and_values_get_typed_errors(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// Consul's refusals quote the keys they name, and a key named like a
+/// reason is not read as one: a fenced delete of our node after another
+/// session took its name is refused by `check-session` with a message
+/// naming the key, which answers `NoNode` and leaves our session alive
+/// (not `SessionExpired`, `LockDelay` or `NoAuth`).
+async fn a_key_named_like_a_refusal_is_not_read_as_one(h: &Harness) -> Result<()> {
+    let (ours, theirs) = (h.session().await, h.session().await);
+    let id = ours.session_id();
+    for name in ["/session not found", "/lock delay", "/Permission denied"] {
+        let node = h.path(name);
+        ours.create(&node, b"", ephemeral()).await?;
+        theirs.delete(&node, None).await?;
+        theirs.create(&node, b"", ephemeral()).await?;
+        match ours.delete(&node, None).await {
+            Err(Error::NoNode { path }) if path == node => {}
+            other => bail!("{node:?}: {other:?}"),
+        }
+        ensure!(
+            ours.session_id() == id && ours.state() != SessionState::Lost,
+            "{node:?}: our session ended"
+        );
+        ensure!(theirs.exists(&node).await?.is_some(), "their node stays");
+        theirs.delete(&node, None).await?;
+    }
+    Ok(())
+}
+
 per_backend!(consul => crate::common::consul();
     bad_keys_and_values_get_typed_errors,
+    a_key_named_like_a_refusal_is_not_read_as_one,
 );

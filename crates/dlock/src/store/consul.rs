@@ -119,7 +119,10 @@
 //!   also one whose create lost its reply. A multi's check or delete of
 //!   such a node without a version fails the same way once the key is
 //!   held by another session (or none): a guarded write fails once
-//!   another session's node took the name.
+//!   another session's node took the name. The names of our nodes stay
+//!   fenced when our session is renewed (for the next 8 sessions), so a
+//!   guarded write or delete that waited out the renewal fails the same
+//!   way.
 //! - `num_children` counts every key below a node; `cversion` is 0.
 //! - Multi is one `/v1/txn` after reading the paths it touches:
 //!   preconditions are checked on the reads and pinned in the transaction
@@ -245,9 +248,28 @@ struct TxnFailure {
 }
 
 impl TxnFailure {
+    /// Consul's message in lower case, without its quoted parts: they name
+    /// keys and sessions, and a key such as `a/not found` must not read as
+    /// a reason.
+    fn reason(&self) -> String {
+        let mut reason = String::with_capacity(self.what.len());
+        let (mut quoted, mut escaped) = (false, false);
+        for c in self.what.chars() {
+            match (quoted, escaped, c) {
+                (true, false, '\\') => escaped = true,
+                (true, true, _) => escaped = false,
+                (_, _, '"') => quoted = !quoted,
+                (false, _, c) => reason.push(c.to_ascii_lowercase()),
+                (true, false, _) => {}
+            }
+        }
+        reason
+    }
+
     fn session_gone(&self) -> bool {
-        let what = self.what.to_ascii_lowercase();
-        what.contains("invalid session") || what.contains("session") && what.contains("not found")
+        let reason = self.reason();
+        reason.contains("invalid session")
+            || reason.contains("session") && reason.contains("not found")
     }
 }
 
@@ -466,14 +488,14 @@ impl ConsulStore {
                 }
                 // The key of an invalidated session with a lock delay:
                 // "failed to lock key ... due to lock delay".
-                if failure.what.contains("lock delay") {
+                if failure.reason().contains("lock delay") {
                     return Err(Error::LockDelay {
                         path: path.to_string(),
                     });
                 }
                 // ACLs deny a transaction's operation as its failure (409),
                 // not as a 403 like the KV endpoint.
-                if failure.what.contains("Permission denied") {
+                if failure.reason().contains("permission denied") {
                     return Err(Error::NoAuth {
                         path: path.to_string(),
                     });
@@ -489,11 +511,17 @@ impl ConsulStore {
     }
 
     fn remember(&self, session: SessionId, path: &str, e: &Entry, suffix: Option<&str>) {
-        self.owned(session).remember(path, e.create_index, suffix);
+        let mut owned = self.owned(session);
+        if owned.is_of(session) {
+            owned.remember(path, e.create_index, suffix);
+        }
     }
 
     fn forget(&self, session: SessionId, path: &str) {
-        self.owned(session).forget(path);
+        let mut owned = self.owned(session);
+        if owned.is_of(session) {
+            owned.forget(path);
+        }
     }
 
     /// The sequential sibling whose place a non-sequential create of
@@ -678,7 +706,7 @@ impl Store for ConsulStore {
             return Err(Error::InvalidArgument("the root cannot be deleted".into()));
         }
         let (session, uuid) = self.keeper.current().await?;
-        if version.is_none() && self.owned(session).nodes.contains_key(path) {
+        if version.is_none() && self.owned(session).fenced(path) {
             return self.delete_owned(path, session, &uuid).await;
         }
         let key = self.layout.key(path);
@@ -907,7 +935,7 @@ impl ConsulStore {
     /// etcd's fenced check does. (A create or delete earlier in the multi
     /// leaves no key read to judge by.)
     fn replaced(&self, session: SessionId, path: &str, version: Option<i32>, n: &Planned) -> bool {
-        let ours = || self.owned(session).nodes.contains_key(path);
+        let ours = || self.owned(session).fenced(path);
         version.is_none() && n.owner.is_some_and(|owner| owner != session) && ours()
     }
 
@@ -1147,6 +1175,10 @@ impl ConsulStore {
                                 .flatten();
                             self.remember(session, full, e, suffix);
                         }
+                    } else {
+                        // A persistent node of ours has the name now: its
+                        // fence ends (as `learn_created`'s does).
+                        self.forget(session, full);
                     }
                     OpResult::Created(Created {
                         path: full.clone(),

@@ -123,7 +123,8 @@
 //!   create revision of each ephemeral node it created in the current
 //!   session. An `Op::Check` without version on one compares that
 //!   revision, so a guarded write fails if our node was replaced; a delete
-//!   of one compares the key's lease with ours, so a delete retried after
+//!   of one without a version (one with a version names the node it read)
+//!   compares the key's lease with ours, so a delete retried after
 //!   a lost reply can never delete another session's newer key of the same
 //!   name (it reports `NoNode`, which the guaranteed delete takes as done),
 //!   while a newer key in our own lease (a create of it lost its reply)
@@ -134,6 +135,10 @@
 //!   again — and we do only once our delete of it was answered; a plain
 //!   delete that goes unanswered (it may still land, much later) retires
 //!   the name for the life of this client, and its retries compare.
+//!   The names of our nodes stay fenced when the lease changes (for the
+//!   next 8 leases): a check or delete of "our node" there, issued in the
+//!   old lease and sent in the new one, fails rather than land on another
+//!   session's node that took the name after ours went with the old lease.
 //! - **Waiting is safe after a lease loss (the etcd 3.4.3 Jepsen bug).**
 //!   After every wake-up the wait queue looks at the directory again (the
 //!   copy kept from the shared watch, current up to the event that woke
@@ -247,6 +252,10 @@ pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<d
 /// How often a sequential create is retried when another client drew the
 /// same suffix for the same name.
 const SEQUENCE_ATTEMPTS: usize = 16;
+
+/// The fence of a name whose node of ours went with an earlier lease: no
+/// key has this create revision, so a compare on it always fails.
+const GONE_FENCE: i64 = -1;
 
 /// A plain delete on its way: unless its answer came, its name becomes
 /// doubtful when this is dropped — the delete may still be applied, even
@@ -373,15 +382,26 @@ impl EtcdStore {
     }
 
     fn remember(&self, lease: SessionId, path: &str, revision: i64, suffix: Option<&str>) {
-        self.owned(lease).remember(path, revision, suffix);
+        let mut owned = self.owned(lease);
+        if owned.is_of(lease) {
+            owned.remember(path, revision, suffix);
+        }
     }
 
     fn forget(&self, lease: SessionId, path: &str) {
-        self.owned(lease).forget(path);
+        let mut owned = self.owned(lease);
+        if owned.is_of(lease) {
+            owned.forget(path);
+        }
     }
 
+    /// The create revision our node at `path` must have: the one we
+    /// created, or none that can exist (`-1`) where our node went with an
+    /// earlier lease (see [`Owned::fenced`]).
     fn fence(&self, lease: SessionId, path: &str) -> Option<i64> {
-        self.owned(lease).nodes.get(path).copied()
+        let owned = self.owned(lease);
+        let gone = owned.is_gone(path).then_some(GONE_FENCE);
+        owned.nodes.get(path).copied().or(gone)
     }
 
     /// Whether the name `path` followed by `suffix` is one a plain delete
@@ -788,8 +808,9 @@ impl Store for EtcdStore {
         }
         // A node of ours is deleted only while it is in our lease: never
         // another session's newer node of its name (etcd#22082), while ours
-        // goes, also one whose create lost its reply.
-        let ours = self.fence(lease, path).is_some();
+        // goes, also one whose create lost its reply. A delete with a
+        // version names the node it read, as on Consul.
+        let ours = version.is_none() && self.fence(lease, path).is_some();
         let mut compares = vec![Compare::version(path, CompareOp::Greater, 0)];
         if let Some(v) = version {
             compares.push(Compare::version(path, CompareOp::Equal, v as i64 + 1));
@@ -1034,6 +1055,13 @@ impl Store for EtcdStore {
         }
         for p in &plan.deleted {
             self.forget(lease, p);
+        }
+        // A persistent node of ours has the name now: its fence ends, as
+        // after a create of one (`learn_created`).
+        for (op, full) in ops.iter().zip(&plan.paths) {
+            if matches!(op, Op::Create { mode, .. } if !mode.is_ephemeral()) {
+                self.forget(lease, full);
+            }
         }
         let synthetic = |ephemeral: bool| Stat {
             czxid: rev,

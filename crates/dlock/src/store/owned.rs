@@ -3,7 +3,7 @@
 //! so a delete is fenced by what the create returned, and a sequential
 //! node is found again by its directory and sequence suffix.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex as StdMutex, MutexGuard};
 
@@ -43,27 +43,84 @@ impl Sequence {
     }
 }
 
+/// How many session renewals a name of a node that went with its session
+/// stays fenced ([`Owned::gone`]): a guarded write or a delete started in
+/// that session is long settled by then.
+const GONE_FOR_RENEWALS: u32 = 8;
+
 /// One session's nodes; `F` fences a delete of one (etcd: its create
-/// revision; Consul: its create and modify indexes).
+/// revision; Consul: its create index).
 pub(crate) struct Owned<F> {
     session: SessionId,
+    /// How many times the session changed.
+    renewals: u32,
     /// Path → fence.
     pub nodes: HashMap<String, F>,
     /// (directory, sequence suffix) → path, for sequential nodes.
     pub sequenced: HashMap<(String, String), String>,
+    /// The names of our nodes that went with an earlier session (→ the
+    /// renewal that ended it). They stay fenced, as if still ours: a check
+    /// or delete of "our node" there, issued in that session and sent in
+    /// the next one (it waited out the renewal), must fail rather than
+    /// land on another session's node that took the name meanwhile.
+    gone: HashMap<String, u32>,
+    /// The sessions that ended, to ignore a create's late reply from one.
+    ended: HashSet<SessionId>,
 }
 
 impl<F> Owned<F> {
     fn of(session: SessionId) -> Self {
         Owned {
             session,
+            renewals: 0,
             nodes: HashMap::new(),
             sequenced: HashMap::new(),
+            gone: HashMap::new(),
+            ended: HashSet::new(),
         }
+    }
+
+    /// The table of the next session, `session`: our nodes so far went
+    /// with the one that ended, and their names stay fenced (see `gone`).
+    fn renewed(&mut self, session: SessionId) {
+        let renewals = self.renewals + 1;
+        let mut gone = std::mem::take(&mut self.gone);
+        gone.retain(|_, ended| renewals - *ended < GONE_FOR_RENEWALS);
+        gone.extend(self.nodes.drain().map(|(path, _)| (path, renewals)));
+        // One id per renewal, which only an expiry brings: kept, so that an
+        // ended session's table never becomes current again.
+        let mut ended = std::mem::take(&mut self.ended);
+        ended.insert(self.session);
+        *self = Owned {
+            session,
+            renewals,
+            gone,
+            ended,
+            ..Owned::of(session)
+        };
+    }
+
+    /// Whether `path` is fenced: a node of ours, or the name of one that
+    /// went with an earlier session.
+    pub fn fenced(&self, path: &str) -> bool {
+        self.nodes.contains_key(path) || self.gone.contains_key(path)
+    }
+
+    /// Whether `path` is only the name of a node of ours that went with an
+    /// earlier session (none of this session's is known there).
+    pub fn is_gone(&self, path: &str) -> bool {
+        !self.nodes.contains_key(path) && self.gone.contains_key(path)
+    }
+
+    /// Whether this is the table of `session`; else `session` ended, and
+    /// what it created or deleted must not change this one.
+    pub fn is_of(&self, session: SessionId) -> bool {
+        self.session == session
     }
 
     /// Notes `path`, created with `fence` (and `suffix`, if sequential).
     pub fn remember(&mut self, path: &str, fence: F, suffix: Option<&str>) {
+        self.gone.remove(path);
         self.nodes.insert(path.to_string(), fence);
         if let Some(suffix) = suffix {
             self.sequenced.insert(
@@ -83,8 +140,9 @@ impl<F> Owned<F> {
         Some((sibling.clone(), self.nodes.get(sibling)?))
     }
 
-    /// Forgets `path`, deleted.
+    /// Forgets `path`, deleted (or made a persistent node of ours).
     pub fn forget(&mut self, path: &str) {
+        self.gone.remove(path);
         if self.nodes.remove(path).is_some() {
             if let Some(suffix) = sequence_suffix(path::node_name(path)) {
                 let key = (path::parent(path).to_string(), suffix.to_string());
@@ -114,7 +172,12 @@ impl<F> OwnedNodes<F> {
         if owner != 0 {
             let sequential = request.opts.mode.is_sequential();
             let suffix = sequential.then(|| &created.path[request.path.len()..]);
-            self.of(owner).remember(&created.path, fence, suffix);
+            let mut owned = self.of(owner);
+            // A late reply from a session that ended: its node went with
+            // it, and the current session's table stays as it is.
+            if owned.is_of(owner) {
+                owned.remember(&created.path, fence, suffix);
+            }
         } else {
             // A persistent node of ours has the name now: a fence left by
             // an ephemeral one that went must not refuse it.
@@ -123,13 +186,77 @@ impl<F> OwnedNodes<F> {
         }
     }
 
-    /// The nodes of `session` (none, if the table was another session's).
+    /// The nodes of `session`: none yet, if the table was another
+    /// session's (whose nodes' names stay fenced, see [`Owned::fenced`]).
+    /// For a session that ended, the current table, not to be changed
+    /// ([`Owned::is_of`]): an ended session's table never becomes current
+    /// again.
     pub fn of(&self, session: SessionId) -> MutexGuard<'_, Owned<F>> {
         // Every critical section leaves the table consistent.
         let mut owned = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if owned.session != session {
-            *owned = Owned::of(session);
+        if owned.session != session && !owned.ended.contains(&session) {
+            owned.renewed(session);
         }
         owned
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{CreateMode, CreateOptions, Stat};
+
+    fn learn(table: &OwnedNodes<i64>, path: &str, owner: SessionId, fence: i64) {
+        let request = CreateRequest::new(path, b"", CreateOptions::new(CreateMode::Ephemeral));
+        let stat = Stat {
+            ephemeral_owner: owner,
+            ..Stat::default()
+        };
+        let created = Created {
+            path: path.to_string(),
+            stat,
+        };
+        table.learn(&request, &created, fence);
+    }
+
+    #[test]
+    fn a_node_of_an_ended_session_stays_fenced_until_ours_again() {
+        let table = OwnedNodes::default();
+        learn(&table, "/a", 1, 10);
+        assert_eq!(table.of(1).nodes.get("/a"), Some(&10));
+        // Session 1 ended; 2 is current: "/a" has no fence value, but is fenced.
+        let renewed = table.of(2);
+        assert!(renewed.fenced("/a") && renewed.is_gone("/a"));
+        drop(renewed);
+        learn(&table, "/a", 2, 20);
+        let owned = table.of(2);
+        assert_eq!(owned.nodes.get("/a"), Some(&20));
+        assert!(!owned.is_gone("/a"));
+    }
+
+    #[test]
+    fn a_late_reply_from_an_ended_session_changes_nothing() {
+        let table = OwnedNodes::default();
+        learn(&table, "/a", 1, 10);
+        learn(&table, "/b", 2, 20);
+        // A create sent in session 1 answers after session 2 began.
+        learn(&table, "/c", 1, 30);
+        let owned = table.of(1);
+        assert!(
+            owned.is_of(2),
+            "the ended session's table is not made current again"
+        );
+        assert_eq!(owned.nodes.get("/b"), Some(&20));
+        assert!(!owned.fenced("/c") && owned.is_gone("/a"));
+    }
+
+    #[test]
+    fn a_gone_name_is_fenced_for_a_few_renewals_only() {
+        let table: OwnedNodes<i64> = OwnedNodes::default();
+        learn(&table, "/a", 1, 10);
+        for session in 2..2 + SessionId::from(GONE_FOR_RENEWALS) {
+            assert!(table.of(session).fenced("/a"), "session {session}");
+        }
+        assert!(!table.of(100).fenced("/a"));
     }
 }

@@ -379,7 +379,7 @@ pub(super) fn plan(ops: &[Op], cx: &Context<'_>) -> std::result::Result<Plan, St
                 sim.data = Some(data.clone());
                 sim.dirty = true;
             }
-            Op::Delete { .. } => {
+            Op::Delete { version, .. } => {
                 let below = format!("{full}/");
                 if sims.iter().any(|(p, s)| s.exists && p.starts_with(&below)) {
                     return Err(fail(index, Error::NotEmpty { path: full }, &conds));
@@ -391,7 +391,8 @@ pub(super) fn plan(ops: &[Op], cx: &Context<'_>) -> std::result::Result<Plan, St
                     .collect();
                 conds.push((index, Cond::NoDescendants(full.clone(), except)));
                 if sim.stored && sim.created.is_none() {
-                    if let Some(revision) = (cx.fence)(&full) {
+                    // Our own node, unless a version names the one read.
+                    if let Some(revision) = version.is_none().then(|| (cx.fence)(&full)).flatten() {
                         conds.push((index, Cond::Fence(full.clone(), revision)));
                     }
                     store_deleted.push(full.clone());
