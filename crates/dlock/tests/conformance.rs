@@ -528,6 +528,25 @@ async fn a_fence_outlives_the_session_that_set_it(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// Our node made again in a name whose fence is stale (another session
+/// deleted our first node, and the create of the second lost its reply, so
+/// the store never learned it) is still ours to delete: a delete holds
+/// while our session holds the key (etcd: the key's lease; Consul:
+/// `check-session`), not by a remembered create index.
+async fn a_node_of_ours_made_again_unanswered_is_ours_to_delete(h: &Harness) -> Result<()> {
+    let (ours, theirs) = (h.session().await, h.session().await);
+    let node = h.path("/unanswered/n");
+    ours.create(&node, b"", ephemeral()).await?;
+    theirs.delete(&node, None).await?;
+    let create = ours.create(&node, b"", ephemeral());
+    a_lost_reply(&ours, |faults| faults.lose_next_create_reply(), create).await?;
+    let made = theirs.exists(&node).await?.context("made, unanswered")?;
+    ensure!(made.ephemeral_owner == ours.session_id(), "{made:?}");
+    ours.delete(&node, None).await.context("ours to delete")?;
+    ensure!(theirs.exists(&node).await?.is_none(), "deleted");
+    Ok(())
+}
+
 /// A delete with a version names the node it read: it removes another
 /// session's node in the name of our gone one (alone and in a multi), where
 /// a delete without a version would refuse it as not ours.
@@ -888,6 +907,7 @@ macro_rules! the_contract_on {
     a_persistent_node_in_the_name_of_our_gone_ephemeral_is_not_fenced_out,
     a_fence_outlives_the_session_that_set_it,
     a_delete_with_a_version_removes_the_node_it_read,
+    a_node_of_ours_made_again_unanswered_is_ours_to_delete,
     a_listing_seen_after_a_watch_has_what_the_watch_delivered,
     suspension_within_the_timeout_keeps_the_session,
     suspension_past_the_timeout_loses_the_session,
