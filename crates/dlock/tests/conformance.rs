@@ -615,7 +615,8 @@ async fn a_persistent_node_in_the_name_of_our_gone_ephemeral_is_not_fenced_out(
             }
             "multi" => {
                 theirs.delete(&node, None).await?;
-                ours.multi(&[persistent_by_multi.clone()]).await?;
+                ours.multi(std::slice::from_ref(&persistent_by_multi))
+                    .await?;
             }
             _ => {
                 let replace = [delete_by_multi.clone(), persistent_by_multi.clone()];
