@@ -119,10 +119,11 @@
 //!   also one whose create lost its reply. A multi's check or delete of
 //!   such a node without a version fails the same way once the key is
 //!   held by another session (or none): a guarded write fails once
-//!   another session's node took the name. The names of our nodes stay
-//!   fenced when our session is renewed (for the next 8 sessions), so a
-//!   guarded write or delete that waited out the renewal fails the same
-//!   way.
+//!   another session's node took the name. A fence outlives its session
+//!   (for the next 8): a check or delete of "our node" at the name of a
+//!   node of an earlier session holds while that session holds the key
+//!   (Consul may keep a session the client gave up on), so a guarded write
+//!   or delete that waited out the renewal fails the same way.
 //! - `num_children` counts every key below a node; `cversion` is 0.
 //! - Multi is one `/v1/txn` after reading the paths it touches:
 //!   preconditions are checked on the reads and pinned in the transaction
@@ -507,7 +508,8 @@ impl ConsulStore {
     }
 
     fn owned(&self, session: SessionId) -> MutexGuard<'_, Owned<u64>> {
-        self.owned.of(session)
+        self.owned
+            .of(session, self.keeper.machine.snapshot().session_id)
     }
 
     fn remember(&self, session: SessionId, path: &str, e: &Entry, suffix: Option<&str>) {
@@ -568,6 +570,30 @@ impl ConsulStore {
     }
 }
 
+impl ConsulStore {
+    /// Deletes our node at `path` that was made in the earlier session
+    /// `made_in`, if that session still holds it (Consul may keep a session
+    /// the client gave up on): one read, then a delete that holds only
+    /// while that session holds the key. `NoNode` if another session's
+    /// node (or none) has the name.
+    async fn delete_gone(&self, path: &str, session: SessionId, made_in: SessionId) -> Result<()> {
+        let (entry, _) = self.read(path).await?;
+        let no_node = || Error::NoNode {
+            path: path.to_string(),
+        };
+        let Some(entry) = entry.filter(|e| e.owner() == made_in) else {
+            return Err(no_node());
+        };
+        let holder = entry.session.clone().ok_or_else(no_node)?;
+        self.delete_owned(path, made_in, &holder).await?;
+        let mut owned = self.owned(session);
+        if owned.is_of(session) {
+            owned.forget(path);
+        }
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl Store for ConsulStore {
     fn backend(&self) -> BackendKind {
@@ -587,8 +613,9 @@ impl Store for ConsulStore {
     }
 
     fn learn_created(&self, request: &CreateRequest<'_>, created: &Created) {
-        self.owned
-            .learn(request, created, created.stat.czxid as u64);
+        let newest = self.keeper.machine.snapshot().session_id;
+        let fence = created.stat.czxid as u64;
+        self.owned.learn(request, created, fence, newest);
     }
 
     /// Creates the node and, with a listing asked for, lists that
@@ -706,7 +733,14 @@ impl Store for ConsulStore {
             return Err(Error::InvalidArgument("the root cannot be deleted".into()));
         }
         let (session, uuid) = self.keeper.current().await?;
-        if version.is_none() && self.owned(session).fenced(path) {
+        let (fenced, gone) = {
+            let owned = self.owned(session);
+            (owned.fenced(path), owned.gone(path).map(|g| g.session))
+        };
+        if let (None, Some(made_in)) = (version, gone) {
+            return self.delete_gone(path, session, made_in).await;
+        }
+        if version.is_none() && fenced {
             return self.delete_owned(path, session, &uuid).await;
         }
         let key = self.layout.key(path);
@@ -935,8 +969,20 @@ impl ConsulStore {
     /// etcd's fenced check does. (A create or delete earlier in the multi
     /// leaves no key read to judge by.)
     fn replaced(&self, session: SessionId, path: &str, version: Option<i32>, n: &Planned) -> bool {
-        let ours = || self.owned(session).fenced(path);
-        version.is_none() && n.owner.is_some_and(|owner| owner != session) && ours()
+        if version.is_some() {
+            return false;
+        }
+        // Who holds our node there: this session, or the earlier one it
+        // was made in (see `Owned::gone`).
+        let holder = {
+            let owned = self.owned(session);
+            match owned.gone(path) {
+                Some(gone) => gone.session,
+                None if owned.fenced(path) => session,
+                None => return false,
+            }
+        };
+        n.owner.is_some_and(|owner| owner != holder)
     }
 
     /// One attempt at a multi: the results, or the failing operation, or

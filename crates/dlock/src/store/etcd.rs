@@ -135,10 +135,14 @@
 //!   again — and we do only once our delete of it was answered; a plain
 //!   delete that goes unanswered (it may still land, much later) retires
 //!   the name for the life of this client, and its retries compare.
-//!   The names of our nodes stay fenced when the lease changes (for the
-//!   next 8 leases): a check or delete of "our node" there, issued in the
-//!   old lease and sent in the new one, fails rather than land on another
-//!   session's node that took the name after ours went with the old lease.
+//!   A fence outlives its lease (for the next 8 leases): a check or delete
+//!   of "our node" at the name of a node of an earlier lease compares that
+//!   node's create revision. So it still removes that node while the
+//!   server keeps the lease the client gave up on, and one issued in the
+//!   old lease and sent in the new one fails rather than land on another
+//!   session's node that took the name. The table of fences only moves
+//!   forward, to the newest lease: an operation of an older one that
+//!   finishes late changes nothing in it.
 //! - **Waiting is safe after a lease loss (the etcd 3.4.3 Jepsen bug).**
 //!   After every wake-up the wait queue looks at the directory again (the
 //!   copy kept from the shared watch, current up to the event that woke
@@ -206,6 +210,7 @@ use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
 
 use self::error::{map_error, Failure};
 use self::lease::{Config, Lease};
+use self::multi::Fence;
 use self::watch::{Hub, Kind, Request};
 use super::create::CreateRequest;
 use super::keepalive::{Kept, Renewer};
@@ -252,10 +257,6 @@ pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<d
 /// How often a sequential create is retried when another client drew the
 /// same suffix for the same name.
 const SEQUENCE_ATTEMPTS: usize = 16;
-
-/// The fence of a name whose node of ours went with an earlier lease: no
-/// key has this create revision, so a compare on it always fails.
-const GONE_FENCE: i64 = -1;
 
 /// A plain delete on its way: unless its answer came, its name becomes
 /// doubtful when this is dropped — the delete may still be applied, even
@@ -378,7 +379,8 @@ impl EtcdStore {
 
     /// The owned-node table of `lease` (emptied when the lease changed).
     fn owned(&self, lease: SessionId) -> MutexGuard<'_, Owned<i64>> {
-        self.owned.of(lease)
+        self.owned
+            .of(lease, self.lease.machine.snapshot().session_id)
     }
 
     fn remember(&self, lease: SessionId, path: &str, revision: i64, suffix: Option<&str>) {
@@ -395,13 +397,20 @@ impl EtcdStore {
         }
     }
 
-    /// The create revision our node at `path` must have: the one we
-    /// created, or none that can exist (`-1`) where our node went with an
-    /// earlier lease (see [`Owned::fenced`]).
-    fn fence(&self, lease: SessionId, path: &str) -> Option<i64> {
+    /// What our node at `path` must be, if we have (or had) one there: the
+    /// one we created in this lease, or in an earlier one (see
+    /// [`Owned::gone`]); for an operation of a lease that is not the newest,
+    /// one that lease holds.
+    fn fence(&self, lease: SessionId, path: &str) -> Option<Fence> {
         let owned = self.owned(lease);
-        let gone = owned.is_gone(path).then_some(GONE_FENCE);
-        owned.nodes.get(path).copied().or(gone)
+        if let Some(gone) = owned.gone(path) {
+            return Some(Fence::Gone(gone.fence));
+        }
+        let &revision = owned.nodes.get(path)?;
+        Some(match owned.is_of(lease) {
+            true => Fence::Created(revision),
+            false => Fence::Held,
+        })
     }
 
     /// Whether the name `path` followed by `suffix` is one a plain delete
@@ -442,10 +451,12 @@ impl EtcdStore {
         // Sequenced by us in this lease, and so ephemeral (only ephemeral
         // nodes are remembered) and fenced (`remember` records both,
         // `forget` drops both).
-        self.owned(lease)
-            .sequenced
-            .get(&(path::parent(path).to_string(), suffix.to_string()))
-            .is_some_and(|p| p == path)
+        let owned = self.owned(lease);
+        owned.is_of(lease)
+            && owned
+                .sequenced
+                .get(&(path::parent(path).to_string(), suffix.to_string()))
+                .is_some_and(|p| p == path)
     }
 
     /// Deletes our node `path` without a transaction (see
@@ -681,7 +692,9 @@ impl Store for EtcdStore {
     }
 
     fn learn_created(&self, request: &CreateRequest<'_>, created: &Created) {
-        self.owned.learn(request, created, created.stat.czxid);
+        let newest = self.lease.machine.snapshot().session_id;
+        self.owned
+            .learn(request, created, created.stat.czxid, newest);
     }
 
     /// Creates the node (with a suffix, if sequential) and, with a listing
@@ -810,7 +823,7 @@ impl Store for EtcdStore {
         // another session's newer node of its name (etcd#22082), while ours
         // goes, also one whose create lost its reply. A delete with a
         // version names the node it read, as on Consul.
-        let ours = version.is_none() && self.fence(lease, path).is_some();
+        let fence = self.fence(lease, path).filter(|_| version.is_none());
         let mut compares = vec![Compare::version(path, CompareOp::Greater, 0)];
         if let Some(v) = version {
             compares.push(Compare::version(path, CompareOp::Equal, v as i64 + 1));
@@ -819,8 +832,12 @@ impl Store for EtcdStore {
         compares.push(
             Compare::create_revision(start.clone(), CompareOp::Equal, 0).with_range(end.clone()),
         );
-        if ours {
-            compares.push(Compare::lease(path, CompareOp::Equal, lease));
+        match fence {
+            Some(Fence::Gone(revision)) => {
+                compares.push(Compare::create_revision(path, CompareOp::Equal, revision));
+            }
+            Some(_) => compares.push(Compare::lease(path, CompareOp::Equal, lease)),
+            None => {}
         }
         let (marker_start, marker_end) = keys::markers(path);
         let txn = Txn::new()
@@ -854,7 +871,7 @@ impl Store for EtcdStore {
             }),
             None => Err(no_node),
             // Not our node any more: another session's of the same name.
-            Some(kv) if ours && kv.lease() != lease => Err(no_node),
+            Some(kv) if fence.is_some_and(|f| !f.holds(kv, lease)) => Err(no_node),
             Some(kv) if version.is_some_and(|v| kv.version() != v as i64 + 1) => {
                 Err(Error::BadVersion {
                     path: path.to_string(),
@@ -1059,7 +1076,8 @@ impl Store for EtcdStore {
         // A persistent node of ours has the name now: its fence ends, as
         // after a create of one (`learn_created`).
         for (op, full) in ops.iter().zip(&plan.paths) {
-            if matches!(op, Op::Create { mode, .. } if !mode.is_ephemeral()) {
+            let persistent = matches!(op, Op::Create { mode, .. } if !mode.is_ephemeral());
+            if persistent && !plan.created_ephemeral.contains(full) {
                 self.forget(lease, full);
             }
         }

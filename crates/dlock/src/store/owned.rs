@@ -3,7 +3,7 @@
 //! so a delete is fenced by what the create returned, and a sequential
 //! node is found again by its directory and sequence suffix.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex as StdMutex, MutexGuard};
 
@@ -58,14 +58,23 @@ pub(crate) struct Owned<F> {
     pub nodes: HashMap<String, F>,
     /// (directory, sequence suffix) → path, for sequential nodes.
     pub sequenced: HashMap<(String, String), String>,
-    /// The names of our nodes that went with an earlier session (→ the
-    /// renewal that ended it). They stay fenced, as if still ours: a check
-    /// or delete of "our node" there, issued in that session and sent in
-    /// the next one (it waited out the renewal), must fail rather than
-    /// land on another session's node that took the name meanwhile.
-    gone: HashMap<String, u32>,
-    /// The sessions that ended, to ignore a create's late reply from one.
-    ended: HashSet<SessionId>,
+    /// Our nodes of earlier sessions, by path. Their names stay fenced by
+    /// them: a check or delete of "our node" there (one issued in that
+    /// session and sent in a later one, after waiting out the renewal)
+    /// acts on that very node if the server still has it (a session the
+    /// client gave up on may outlive it there), and fails rather than land
+    /// on another session's node that took the name meanwhile.
+    gone: HashMap<String, Gone<F>>,
+}
+
+/// A node of ours that went with an earlier session.
+pub(crate) struct Gone<F> {
+    /// What its create returned.
+    pub fence: F,
+    /// The session it was made in.
+    pub session: SessionId,
+    /// The renewal that ended that session.
+    renewal: u32,
 }
 
 impl<F> Owned<F> {
@@ -76,7 +85,6 @@ impl<F> Owned<F> {
             nodes: HashMap::new(),
             sequenced: HashMap::new(),
             gone: HashMap::new(),
-            ended: HashSet::new(),
         }
     }
 
@@ -85,17 +93,23 @@ impl<F> Owned<F> {
     fn renewed(&mut self, session: SessionId) {
         let renewals = self.renewals + 1;
         let mut gone = std::mem::take(&mut self.gone);
-        gone.retain(|_, ended| renewals - *ended < GONE_FOR_RENEWALS);
-        gone.extend(self.nodes.drain().map(|(path, _)| (path, renewals)));
-        // One id per renewal, which only an expiry brings: kept, so that an
-        // ended session's table never becomes current again.
-        let mut ended = std::mem::take(&mut self.ended);
-        ended.insert(self.session);
+        gone.retain(|_, g| renewals - g.renewal < GONE_FOR_RENEWALS);
+        let ended = self.session;
+        gone.extend(self.nodes.drain().map(|(path, fence)| {
+            let renewal = renewals;
+            (
+                path,
+                Gone {
+                    fence,
+                    session: ended,
+                    renewal,
+                },
+            )
+        }));
         *self = Owned {
             session,
             renewals,
             gone,
-            ended,
             ..Owned::of(session)
         };
     }
@@ -106,14 +120,17 @@ impl<F> Owned<F> {
         self.nodes.contains_key(path) || self.gone.contains_key(path)
     }
 
-    /// Whether `path` is only the name of a node of ours that went with an
-    /// earlier session (none of this session's is known there).
-    pub fn is_gone(&self, path: &str) -> bool {
-        !self.nodes.contains_key(path) && self.gone.contains_key(path)
+    /// Our node at `path` that went with an earlier session (none if this
+    /// session has one there).
+    pub fn gone(&self, path: &str) -> Option<&Gone<F>> {
+        self.gone
+            .get(path)
+            .filter(|_| !self.nodes.contains_key(path))
     }
 
-    /// Whether this is the table of `session`; else `session` ended, and
-    /// what it created or deleted must not change this one.
+    /// Whether this is the table of `session`; else `session` is not the
+    /// store's newest, and what it created or deleted must not change this
+    /// one.
     pub fn is_of(&self, session: SessionId) -> bool {
         self.session == session
     }
@@ -167,12 +184,19 @@ impl<F> OwnedNodes<F> {
     /// Takes note of the node `created` by `request` with its `fence`, if
     /// it is ephemeral (see `Store::learn_created`); a persistent one ends
     /// any fence of its name.
-    pub fn learn(&self, request: &CreateRequest<'_>, created: &Created, fence: F) {
+    /// `newest` is the store's newest session (its status's).
+    pub fn learn(
+        &self,
+        request: &CreateRequest<'_>,
+        created: &Created,
+        fence: F,
+        newest: SessionId,
+    ) {
         let owner = created.stat.ephemeral_owner;
         if owner != 0 {
             let sequential = request.opts.mode.is_sequential();
             let suffix = sequential.then(|| &created.path[request.path.len()..]);
-            let mut owned = self.of(owner);
+            let mut owned = self.of(owner, newest);
             // A late reply from a session that ended: its node went with
             // it, and the current session's table stays as it is.
             if owned.is_of(owner) {
@@ -186,15 +210,17 @@ impl<F> OwnedNodes<F> {
         }
     }
 
-    /// The nodes of `session`: none yet, if the table was another
+    /// The nodes of `session`, if it is `newest`, the store's newest
+    /// session (its status's): none yet, if the table was an earlier
     /// session's (whose nodes' names stay fenced, see [`Owned::fenced`]).
-    /// For a session that ended, the current table, not to be changed
-    /// ([`Owned::is_of`]): an ended session's table never becomes current
-    /// again.
-    pub fn of(&self, session: SessionId) -> MutexGuard<'_, Owned<F>> {
+    /// For any other session, the current table, not to be changed
+    /// ([`Owned::is_of`]): the table only moves forward, never back to a
+    /// session that ended (an operation that started in it may finish
+    /// late), whether or not it had been the table's.
+    pub fn of(&self, session: SessionId, newest: SessionId) -> MutexGuard<'_, Owned<F>> {
         // Every critical section leaves the table consistent.
         let mut owned = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if owned.session != session && !owned.ended.contains(&session) {
+        if owned.session != session && session == newest {
             owned.renewed(session);
         }
         owned
@@ -206,7 +232,15 @@ mod tests {
     use super::*;
     use crate::store::{CreateMode, CreateOptions, Stat};
 
-    fn learn(table: &OwnedNodes<i64>, path: &str, owner: SessionId, fence: i64) {
+    /// Whether `path` is only the name of a node of ours that went with an
+    /// earlier session.
+    fn is_gone<F>(owned: &Owned<F>, path: &str) -> bool {
+        owned.gone(path).is_some()
+    }
+
+    /// Learns our node `path` made in session `owner`, while the store's
+    /// newest session is `newest`.
+    fn learn(table: &OwnedNodes<i64>, path: &str, owner: SessionId, newest: SessionId, fence: i64) {
         let request = CreateRequest::new(path, b"", CreateOptions::new(CreateMode::Ephemeral));
         let stat = Stat {
             ephemeral_owner: owner,
@@ -216,47 +250,48 @@ mod tests {
             path: path.to_string(),
             stat,
         };
-        table.learn(&request, &created, fence);
+        table.learn(&request, &created, fence, newest);
     }
 
     #[test]
     fn a_node_of_an_ended_session_stays_fenced_until_ours_again() {
         let table = OwnedNodes::default();
-        learn(&table, "/a", 1, 10);
-        assert_eq!(table.of(1).nodes.get("/a"), Some(&10));
+        learn(&table, "/a", 1, 1, 10);
+        assert_eq!(table.of(1, 1).nodes.get("/a"), Some(&10));
         // Session 1 ended; 2 is current: "/a" has no fence value, but is fenced.
-        let renewed = table.of(2);
-        assert!(renewed.fenced("/a") && renewed.is_gone("/a"));
+        let renewed = table.of(2, 2);
+        let gone = renewed.gone("/a").expect("fenced by the node that went");
+        assert_eq!((gone.fence, gone.session), (10, 1));
         drop(renewed);
-        learn(&table, "/a", 2, 20);
-        let owned = table.of(2);
+        learn(&table, "/a", 2, 2, 20);
+        let owned = table.of(2, 2);
         assert_eq!(owned.nodes.get("/a"), Some(&20));
-        assert!(!owned.is_gone("/a"));
+        assert!(!is_gone(&owned, "/a"));
     }
 
     #[test]
-    fn a_late_reply_from_an_ended_session_changes_nothing() {
+    fn an_ended_session_never_moves_the_table() {
         let table = OwnedNodes::default();
-        learn(&table, "/a", 1, 10);
-        learn(&table, "/b", 2, 20);
+        learn(&table, "/a", 1, 1, 10);
+        learn(&table, "/b", 2, 2, 20);
         // A create sent in session 1 answers after session 2 began.
-        learn(&table, "/c", 1, 30);
-        let owned = table.of(1);
-        assert!(
-            owned.is_of(2),
-            "the ended session's table is not made current again"
-        );
+        learn(&table, "/c", 1, 2, 30);
+        // And one from session 3, which ended before the table ever saw it
+        // (4 is the newest now).
+        learn(&table, "/d", 3, 4, 40);
+        let owned = table.of(3, 4);
+        assert!(owned.is_of(2), "the table stays session 2's");
         assert_eq!(owned.nodes.get("/b"), Some(&20));
-        assert!(!owned.fenced("/c") && owned.is_gone("/a"));
+        assert!(!owned.fenced("/c") && !owned.fenced("/d") && is_gone(&owned, "/a"));
     }
 
     #[test]
     fn a_gone_name_is_fenced_for_a_few_renewals_only() {
         let table: OwnedNodes<i64> = OwnedNodes::default();
-        learn(&table, "/a", 1, 10);
+        learn(&table, "/a", 1, 1, 10);
         for session in 2..2 + SessionId::from(GONE_FOR_RENEWALS) {
-            assert!(table.of(session).fenced("/a"), "session {session}");
+            assert!(table.of(session, session).fenced("/a"), "session {session}");
         }
-        assert!(!table.of(100).fenced("/a"));
+        assert!(!table.of(100, 100).fenced("/a"));
     }
 }

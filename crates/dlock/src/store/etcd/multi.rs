@@ -34,6 +34,9 @@ pub(super) enum Cond {
     /// The key's create revision is this (our node, not a newer one of the
     /// same name).
     Fence(String, i64),
+    /// The key is held by this lease (our node, where we know no create
+    /// revision of it).
+    Held(String, i64),
     /// The key is not ephemeral (or absent).
     NotEphemeral(String),
     /// Nothing is below the path, apart from these keys (deleted earlier in
@@ -51,6 +54,7 @@ impl Cond {
             Cond::Version(p, v) => vec![Compare::version(p.as_str(), CompareOp::Equal, *v)],
             Cond::Fence(p, r) => vec![Compare::create_revision(p.as_str(), CompareOp::Equal, *r)],
             Cond::NotEphemeral(p) => vec![Compare::lease(p.as_str(), CompareOp::Equal, 0)],
+            Cond::Held(p, lease) => vec![Compare::lease(p.as_str(), CompareOp::Equal, *lease)],
             Cond::HasDescendants(p) => {
                 // A range compare holds for every key in the range, and
                 // compares an empty range as one absent key (revision 0).
@@ -102,6 +106,7 @@ impl Cond {
             | Cond::Absent(p)
             | Cond::Version(p, _)
             | Cond::Fence(p, _)
+            | Cond::Held(p, _)
             | Cond::NotEphemeral(p) => {
                 TxnOp::get(p.as_str(), Some(GetOptions::new().with_keys_only()))
             }
@@ -121,6 +126,10 @@ impl Cond {
             },
             Cond::Fence(p, r) => match key {
                 Some(kv) if kv.create_revision() == *r => None,
+                _ => Some(Error::NoNode { path: p.clone() }),
+            },
+            Cond::Held(p, lease) => match key {
+                Some(kv) if kv.lease() == *lease => None,
                 _ => Some(Error::NoNode { path: p.clone() }),
             },
             Cond::NotEphemeral(p) => match key {
@@ -190,13 +199,47 @@ pub(super) struct StaticFailure {
     pub conds: Vec<(usize, Cond)>,
 }
 
+/// What our node at a path must be, for a fenced check or delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fence {
+    /// The node we created in this lease, with this create revision.
+    Created(i64),
+    /// Our node of an earlier lease, with this create revision: still ours
+    /// while the server keeps that lease.
+    Gone(i64),
+    /// Any node the operation's lease holds: that lease is not the newest.
+    Held,
+}
+
+impl Fence {
+    /// Whether `kv`, read at our node's path, is our node, for an operation
+    /// of `lease` (as a single delete compares it: our node of this lease
+    /// by the lease, so that one whose create lost its reply goes too).
+    pub fn holds(self, kv: &KeyValue, lease: i64) -> bool {
+        match self {
+            Fence::Gone(revision) => kv.create_revision() == revision,
+            Fence::Created(_) | Fence::Held => kv.lease() == lease,
+        }
+    }
+
+    /// The condition that our node at `path` is still there.
+    fn cond(self, path: &str, lease: i64) -> Cond {
+        match self {
+            Fence::Created(revision) | Fence::Gone(revision) => {
+                Cond::Fence(path.to_string(), revision)
+            }
+            Fence::Held => Cond::Held(path.to_string(), lease),
+        }
+    }
+}
+
 /// What the planner needs from the store.
 pub(super) struct Context<'a> {
     /// The lease ephemeral nodes are created with.
     pub lease: i64,
-    /// Our node's create revision, for nodes this client created (fenced
+    /// What our node must be, at paths where we have (or had) one (fenced
     /// checks and deletes).
-    pub fence: &'a dyn Fn(&str) -> Option<i64>,
+    pub fence: &'a dyn Fn(&str) -> Option<Fence>,
     /// Whether a path exists in the store now (asked only for parents of
     /// creates that the multi does not tell).
     pub parent_exists: &'a dyn Fn(&str) -> bool,
@@ -324,8 +367,8 @@ pub(super) fn plan(ops: &[Op], cx: &Context<'_>) -> std::result::Result<Plan, St
                 // Our own node: it must be the one we created, not a newer
                 // one of the same name.
                 if sim.stored && sim.created.is_none() {
-                    if let Some(revision) = (cx.fence)(&full) {
-                        conds.push((index, Cond::Fence(full.clone(), revision)));
+                    if let Some(fence) = (cx.fence)(&full) {
+                        conds.push((index, fence.cond(&full, cx.lease)));
                     }
                 }
             }
@@ -392,8 +435,8 @@ pub(super) fn plan(ops: &[Op], cx: &Context<'_>) -> std::result::Result<Plan, St
                 conds.push((index, Cond::NoDescendants(full.clone(), except)));
                 if sim.stored && sim.created.is_none() {
                     // Our own node, unless a version names the one read.
-                    if let Some(revision) = version.is_none().then(|| (cx.fence)(&full)).flatten() {
-                        conds.push((index, Cond::Fence(full.clone(), revision)));
+                    if let Some(fence) = version.is_none().then(|| (cx.fence)(&full)).flatten() {
+                        conds.push((index, fence.cond(&full, cx.lease)));
                     }
                     store_deleted.push(full.clone());
                 }
