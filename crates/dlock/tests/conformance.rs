@@ -11,8 +11,8 @@ use common::tests2::{
     watched_ephemeral, WatchBy,
 };
 use common::{
-    await_gone, ephemeral, hand_over, is_node_event, persistent, persistent_only, sequential,
-    Harness,
+    await_gone, await_state, ephemeral, hand_over, is_node_event, persistent, persistent_only,
+    sequential, Harness,
 };
 use dlock::store::BackendKind;
 use dlock::store::{
@@ -514,8 +514,15 @@ async fn a_fence_outlives_the_session_that_set_it(h: &Harness) -> Result<()> {
             other => bail!("a delete of our gone node after the renewal: {other:?}"),
         }
         ensure!(theirs.exists(&node).await?.is_some(), "their node stays");
-        // Our own node of that name, made in the new session, is ours again.
+        // Our own node of that name, made in the new session, is ours
+        // again: to delete, also one whose create lost its reply (none was
+        // learned); and to check, once learned.
         theirs.delete(&node, None).await?;
+        let create = ours.create(&node, b"", ephemeral());
+        a_lost_reply(&ours, |faults| faults.lose_next_create_reply(), create).await?;
+        ours.delete(&node, None)
+            .await
+            .context("our new node, unanswered, is ours to delete")?;
         ours.create(&node, b"", ephemeral()).await?;
         ours.multi(&check).await.context("our new node passes")?;
         ours.delete(&node, None)
@@ -544,6 +551,29 @@ async fn a_node_of_ours_made_again_unanswered_is_ours_to_delete(h: &Harness) -> 
     ensure!(made.ephemeral_owner == ours.session_id(), "{made:?}");
     ours.delete(&node, None).await.context("ours to delete")?;
     ensure!(theirs.exists(&node).await?.is_none(), "deleted");
+    Ok(())
+}
+
+/// A session the client gave up on (its connection was down for longer
+/// than the session timeout) may still live at the server for a while: our
+/// node of it, deleted in the next session, is deleted (or was already gone
+/// with it) — never refused while it is still there.
+async fn our_node_of_a_session_given_up_on_is_deleted_in_the_next(h: &Harness) -> Result<()> {
+    let (ours, observer) = (h.session().await, h.session().await);
+    let node = h.path("/given-up/n");
+    let first = ours.session_id();
+    ours.create(&node, b"", ephemeral()).await?;
+    ours.faults().context("faults")?.suspend(h.timeout() * 2);
+    await_state(&ours, SessionState::Lost, h.timeout() * 4).await?;
+    match ours.delete(&node, None).await {
+        Ok(()) | Err(Error::NoNode { .. }) => {}
+        other => bail!("a delete of our node of the lost session: {other:?}"),
+    }
+    ensure!(
+        ours.session_id() != first,
+        "the delete ran in the next session"
+    );
+    ensure!(observer.exists(&node).await?.is_none(), "our node is gone");
     Ok(())
 }
 
@@ -908,6 +938,7 @@ macro_rules! the_contract_on {
     a_persistent_node_in_the_name_of_our_gone_ephemeral_is_not_fenced_out,
     a_fence_outlives_the_session_that_set_it,
     a_delete_with_a_version_removes_the_node_it_read,
+    our_node_of_a_session_given_up_on_is_deleted_in_the_next,
     a_node_of_ours_made_again_unanswered_is_ours_to_delete,
     a_listing_seen_after_a_watch_has_what_the_watch_delivered,
     suspension_within_the_timeout_keeps_the_session,

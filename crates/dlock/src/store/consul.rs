@@ -122,8 +122,9 @@
 //!   another session's node took the name. A fence outlives its session
 //!   (for the next 8): a check or delete of "our node" at the name of a
 //!   node of an earlier session holds while that session holds the key
-//!   (Consul may keep a session the client gave up on), so a guarded write
-//!   or delete that waited out the renewal fails the same way.
+//!   (Consul may keep a session the client gave up on) or — a delete —
+//!   ours does, so a guarded write or delete that waited out the renewal
+//!   fails the same way.
 //! - `num_children` counts every key below a node; `cversion` is 0.
 //! - Multi is one `/v1/txn` after reading the paths it touches:
 //!   preconditions are checked on the reads and pinned in the transaction
@@ -514,8 +515,9 @@ impl ConsulStore {
 
     fn remember(&self, session: SessionId, path: &str, e: &Entry, suffix: Option<&str>) {
         let mut owned = self.owned(session);
-        if owned.is_of(session) {
-            owned.remember(path, e.create_index, suffix);
+        match owned.is_of(session) {
+            true => owned.remember(path, e.create_index, suffix),
+            false => owned.remember_gone(path, session),
         }
     }
 
@@ -571,25 +573,33 @@ impl ConsulStore {
 }
 
 impl ConsulStore {
-    /// Deletes our node at `path` that was made in the earlier session
-    /// `made_in`, if that session still holds it (Consul may keep a session
-    /// the client gave up on): one read, then a delete that holds only
-    /// while that session holds the key. `NoNode` if another session's
-    /// node (or none) has the name.
-    async fn delete_gone(&self, path: &str, session: SessionId, made_in: SessionId) -> Result<()> {
+    /// Deletes our node at `path`, in the name of one made in the earlier
+    /// session `made_in`: the node that session still holds (Consul may
+    /// keep a session the client gave up on), or one our session holds.
+    /// One read, then a delete that holds only while the holder read still
+    /// holds the key. `NoNode` if another session's node (or none) has the
+    /// name.
+    async fn delete_gone(
+        &self,
+        path: &str,
+        (session, uuid): (SessionId, &str),
+        made_in: SessionId,
+    ) -> Result<()> {
         let (entry, _) = self.read(path).await?;
-        let no_node = || Error::NoNode {
-            path: path.to_string(),
-        };
-        let Some(entry) = entry.filter(|e| e.owner() == made_in) else {
-            return Err(no_node());
-        };
-        let holder = entry.session.clone().ok_or_else(no_node)?;
-        self.delete_owned(path, made_in, &holder).await?;
-        let mut owned = self.owned(session);
-        if owned.is_of(session) {
-            owned.forget(path);
+        let owner = entry.as_ref().map(Entry::owner);
+        if owner == Some(session) {
+            return self.delete_owned(path, session, uuid).await;
         }
+        let holder = entry
+            .and_then(|e| e.session)
+            .filter(|_| owner == Some(made_in));
+        let Some(holder) = holder else {
+            return Err(Error::NoNode {
+                path: path.to_string(),
+            });
+        };
+        self.delete_owned(path, made_in, &holder).await?;
+        self.owned(session).forget_gone(path, made_in);
         Ok(())
     }
 }
@@ -738,7 +748,7 @@ impl Store for ConsulStore {
             (owned.fenced(path), owned.gone(path).map(|g| g.session))
         };
         if let (None, Some(made_in)) = (version, gone) {
-            return self.delete_gone(path, session, made_in).await;
+            return self.delete_gone(path, (session, &uuid), made_in).await;
         }
         if version.is_none() && fenced {
             return self.delete_owned(path, session, &uuid).await;
@@ -973,7 +983,7 @@ impl ConsulStore {
             return false;
         }
         // Who holds our node there: this session, or the earlier one it
-        // was made in (see `Owned::gone`).
+        // was made in (in a multi, as on etcd, only that one's node).
         let holder = {
             let owned = self.owned(session);
             match owned.gone(path) {

@@ -136,13 +136,14 @@
 //!   delete that goes unanswered (it may still land, much later) retires
 //!   the name for the life of this client, and its retries compare.
 //!   A fence outlives its lease (for the next 8 leases): a check or delete
-//!   of "our node" at the name of a node of an earlier lease compares that
-//!   node's create revision. So it still removes that node while the
-//!   server keeps the lease the client gave up on, and one issued in the
-//!   old lease and sent in the new one fails rather than land on another
-//!   session's node that took the name. The table of fences only moves
-//!   forward, to the newest lease: an operation of an older one that
-//!   finishes late changes nothing in it.
+//!   of "our node" at the name of a node of an earlier lease holds for a
+//!   key of that lease (the server may keep a lease the client gave up
+//!   on, and the node then still goes) and — a delete — of ours; one
+//!   issued in the old lease and sent in the new one fails rather than
+//!   land on another session's node that took the name. The table of
+//!   fences only moves forward, to the newest lease: an operation of an
+//!   older one that finishes late changes nothing in it (a create's late
+//!   reply is fenced as of its lease).
 //! - **Waiting is safe after a lease loss (the etcd 3.4.3 Jepsen bug).**
 //!   After every wake-up the wait queue looks at the directory again (the
 //!   copy kept from the shared watch, current up to the event that woke
@@ -385,8 +386,9 @@ impl EtcdStore {
 
     fn remember(&self, lease: SessionId, path: &str, revision: i64, suffix: Option<&str>) {
         let mut owned = self.owned(lease);
-        if owned.is_of(lease) {
-            owned.remember(path, revision, suffix);
+        match owned.is_of(lease) {
+            true => owned.remember(path, revision, suffix),
+            false => owned.remember_gone(path, lease),
         }
     }
 
@@ -404,7 +406,7 @@ impl EtcdStore {
     fn fence(&self, lease: SessionId, path: &str) -> Option<Fence> {
         let owned = self.owned(lease);
         if let Some(gone) = owned.gone(path) {
-            return Some(Fence::Gone(gone.fence));
+            return Some(Fence::Gone(gone.session));
         }
         let &revision = owned.nodes.get(path)?;
         Some(match owned.is_of(lease) {
@@ -821,65 +823,75 @@ impl Store for EtcdStore {
         }
         // A node of ours is deleted only while it is in our lease: never
         // another session's newer node of its name (etcd#22082), while ours
-        // goes, also one whose create lost its reply. A delete with a
-        // version names the node it read, as on Consul.
+        // goes, also one whose create lost its reply. In the name of our
+        // node of an earlier lease, that lease's (while the server keeps
+        // it), else ours. A delete with a version names the node it read,
+        // as on Consul.
         let fence = self.fence(lease, path).filter(|_| version.is_none());
-        let mut compares = vec![Compare::version(path, CompareOp::Greater, 0)];
-        if let Some(v) = version {
-            compares.push(Compare::version(path, CompareOp::Equal, v as i64 + 1));
-        }
-        let (start, end) = keys::descendants(path);
-        compares.push(
-            Compare::create_revision(start.clone(), CompareOp::Equal, 0).with_range(end.clone()),
-        );
-        match fence {
-            Some(Fence::Gone(revision)) => {
-                compares.push(Compare::create_revision(path, CompareOp::Equal, revision));
+        let mut holder = fence.map(|fence| match fence {
+            Fence::Gone(earlier) => earlier,
+            Fence::Created(_) | Fence::Held => lease,
+        });
+        loop {
+            let mut compares = vec![Compare::version(path, CompareOp::Greater, 0)];
+            if let Some(v) = version {
+                compares.push(Compare::version(path, CompareOp::Equal, v as i64 + 1));
             }
-            Some(_) => compares.push(Compare::lease(path, CompareOp::Equal, lease)),
-            None => {}
-        }
-        let (marker_start, marker_end) = keys::markers(path);
-        let txn = Txn::new()
-            .when(compares)
-            .and_then([
-                TxnOp::delete(path, None),
-                TxnOp::delete(
-                    marker_start,
-                    Some(etcd_client::DeleteOptions::new().with_range(marker_end)),
-                ),
-            ])
-            .or_else([TxnOp::get(path, keys_only()), count_range((start, end))]);
-        let resp = self.txn(txn, path, lease).await?;
-        if resp.succeeded() {
-            // A lost reply keeps the fence, so a retry cannot remove
-            // another session's newer node of this name (etcd#22082).
-            self.lease.machine.lost_delete_reply()?;
-            self.forget(lease, path);
-            return Ok(());
-        }
-        let gets = gets(&resp);
-        let below = gets.get(1).map_or(0, GetResponse::count);
-        let no_node = Error::NoNode {
-            path: path.to_string(),
-        };
-        // A fence stays until a delete succeeds (or the lease changes): a
-        // later delete of this path must not remove another's node either.
-        match first(gets.first()) {
-            None if below > 0 => Err(Error::NotEmpty {
+            let (start, end) = keys::descendants(path);
+            compares.push(
+                Compare::create_revision(start.clone(), CompareOp::Equal, 0)
+                    .with_range(end.clone()),
+            );
+            if let Some(holder) = holder {
+                compares.push(Compare::lease(path, CompareOp::Equal, holder));
+            }
+            let (marker_start, marker_end) = keys::markers(path);
+            let txn = Txn::new()
+                .when(compares)
+                .and_then([
+                    TxnOp::delete(path, None),
+                    TxnOp::delete(
+                        marker_start,
+                        Some(etcd_client::DeleteOptions::new().with_range(marker_end)),
+                    ),
+                ])
+                .or_else([TxnOp::get(path, keys_only()), count_range((start, end))]);
+            let resp = self.txn(txn, path, lease).await?;
+            if resp.succeeded() {
+                // A lost reply keeps the fence, so a retry cannot remove
+                // another session's newer node of this name (etcd#22082).
+                self.lease.machine.lost_delete_reply()?;
+                self.forget(lease, path);
+                return Ok(());
+            }
+            let gets = gets(&resp);
+            let below = gets.get(1).map_or(0, GetResponse::count);
+            let no_node = Error::NoNode {
                 path: path.to_string(),
-            }),
-            None => Err(no_node),
-            // Not our node any more: another session's of the same name.
-            Some(kv) if fence.is_some_and(|f| !f.holds(kv, lease)) => Err(no_node),
-            Some(kv) if version.is_some_and(|v| kv.version() != v as i64 + 1) => {
-                Err(Error::BadVersion {
+            };
+            // A fence stays until a delete succeeds: a later delete of this
+            // path must not remove another's node either.
+            return match first(gets.first()) {
+                None if below > 0 => Err(Error::NotEmpty {
                     path: path.to_string(),
-                })
-            }
-            Some(_) => Err(Error::NotEmpty {
-                path: path.to_string(),
-            }),
+                }),
+                None => Err(no_node),
+                // Not the earlier lease's node, but one of ours: go again.
+                Some(kv) if holder.is_some_and(|h| h != lease) && kv.lease() == lease => {
+                    holder = Some(lease);
+                    continue;
+                }
+                // Not our node any more: another session's of the same name.
+                Some(kv) if holder.is_some_and(|h| kv.lease() != h) => Err(no_node),
+                Some(kv) if version.is_some_and(|v| kv.version() != v as i64 + 1) => {
+                    Err(Error::BadVersion {
+                        path: path.to_string(),
+                    })
+                }
+                Some(_) => Err(Error::NotEmpty {
+                    path: path.to_string(),
+                }),
+            };
         }
     }
 

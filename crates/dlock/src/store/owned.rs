@@ -58,19 +58,18 @@ pub(crate) struct Owned<F> {
     pub nodes: HashMap<String, F>,
     /// (directory, sequence suffix) → path, for sequential nodes.
     pub sequenced: HashMap<(String, String), String>,
-    /// Our nodes of earlier sessions, by path. Their names stay fenced by
-    /// them: a check or delete of "our node" there (one issued in that
-    /// session and sent in a later one, after waiting out the renewal)
-    /// acts on that very node if the server still has it (a session the
-    /// client gave up on may outlive it there), and fails rather than land
+    /// Our nodes of earlier sessions, by path. Their names stay fenced: a
+    /// check or delete of "our node" there (one issued in that session and
+    /// sent in a later one, after waiting out the renewal) acts on a node
+    /// held by that session — the server may keep a session the client
+    /// gave up on — or by the operation's own, and fails rather than land
     /// on another session's node that took the name meanwhile.
-    gone: HashMap<String, Gone<F>>,
+    gone: HashMap<String, Gone>,
 }
 
 /// A node of ours that went with an earlier session.
-pub(crate) struct Gone<F> {
-    /// What its create returned.
-    pub fence: F,
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Gone {
     /// The session it was made in.
     pub session: SessionId,
     /// The renewal that ended that session.
@@ -94,18 +93,11 @@ impl<F> Owned<F> {
         let renewals = self.renewals + 1;
         let mut gone = std::mem::take(&mut self.gone);
         gone.retain(|_, g| renewals - g.renewal < GONE_FOR_RENEWALS);
-        let ended = self.session;
-        gone.extend(self.nodes.drain().map(|(path, fence)| {
-            let renewal = renewals;
-            (
-                path,
-                Gone {
-                    fence,
-                    session: ended,
-                    renewal,
-                },
-            )
-        }));
+        let ended = Gone {
+            session: self.session,
+            renewal: renewals,
+        };
+        gone.extend(self.nodes.drain().map(|(path, _)| (path, ended)));
         *self = Owned {
             session,
             renewals,
@@ -122,10 +114,26 @@ impl<F> Owned<F> {
 
     /// Our node at `path` that went with an earlier session (none if this
     /// session has one there).
-    pub fn gone(&self, path: &str) -> Option<&Gone<F>> {
-        self.gone
-            .get(path)
-            .filter(|_| !self.nodes.contains_key(path))
+    pub fn gone(&self, path: &str) -> Option<Gone> {
+        let gone = self.gone.get(path).copied();
+        gone.filter(|_| !self.nodes.contains_key(path))
+    }
+
+    /// Notes `path`, created by `session`, an earlier session than the
+    /// table's (its create answered late): fenced as gone with it.
+    pub fn remember_gone(&mut self, path: &str, session: SessionId) {
+        if !self.nodes.contains_key(path) {
+            let renewal = self.renewals;
+            self.gone
+                .insert(path.to_string(), Gone { session, renewal });
+        }
+    }
+
+    /// Forgets the gone node at `path`, made in `session`, deleted.
+    pub fn forget_gone(&mut self, path: &str, session: SessionId) {
+        if self.gone.get(path).is_some_and(|g| g.session == session) {
+            self.gone.remove(path);
+        }
     }
 
     /// Whether this is the table of `session`; else `session` is not the
@@ -197,10 +205,11 @@ impl<F> OwnedNodes<F> {
             let sequential = request.opts.mode.is_sequential();
             let suffix = sequential.then(|| &created.path[request.path.len()..]);
             let mut owned = self.of(owner, newest);
-            // A late reply from a session that ended: its node went with
-            // it, and the current session's table stays as it is.
-            if owned.is_of(owner) {
-                owned.remember(&created.path, fence, suffix);
+            match owned.is_of(owner) {
+                true => owned.remember(&created.path, fence, suffix),
+                // A late reply from an earlier session: its node went (or
+                // goes) with it, and the table stays the current session's.
+                false => owned.remember_gone(&created.path, owner),
             }
         } else {
             // A persistent node of ours has the name now: a fence left by
@@ -261,7 +270,7 @@ mod tests {
         // Session 1 ended; 2 is current: "/a" has no fence value, but is fenced.
         let renewed = table.of(2, 2);
         let gone = renewed.gone("/a").expect("fenced by the node that went");
-        assert_eq!((gone.fence, gone.session), (10, 1));
+        assert_eq!(gone.session, 1);
         drop(renewed);
         learn(&table, "/a", 2, 2, 20);
         let owned = table.of(2, 2);
@@ -282,7 +291,10 @@ mod tests {
         let owned = table.of(3, 4);
         assert!(owned.is_of(2), "the table stays session 2's");
         assert_eq!(owned.nodes.get("/b"), Some(&20));
-        assert!(!owned.fenced("/c") && !owned.fenced("/d") && is_gone(&owned, "/a"));
+        assert!(is_gone(&owned, "/a"));
+        // The late ones are fenced as gone with their sessions.
+        assert_eq!(owned.gone("/c").map(|g| g.session), Some(1));
+        assert_eq!(owned.gone("/d").map(|g| g.session), Some(3));
     }
 
     #[test]

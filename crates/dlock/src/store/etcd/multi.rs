@@ -204,30 +204,19 @@ pub(super) struct StaticFailure {
 pub(crate) enum Fence {
     /// The node we created in this lease, with this create revision.
     Created(i64),
-    /// Our node of an earlier lease, with this create revision: still ours
-    /// while the server keeps that lease.
+    /// Our node of this earlier lease: any node it holds (the server may
+    /// keep a lease the client gave up on).
     Gone(i64),
     /// Any node the operation's lease holds: that lease is not the newest.
     Held,
 }
 
 impl Fence {
-    /// Whether `kv`, read at our node's path, is our node, for an operation
-    /// of `lease` (as a single delete compares it: our node of this lease
-    /// by the lease, so that one whose create lost its reply goes too).
-    pub fn holds(self, kv: &KeyValue, lease: i64) -> bool {
-        match self {
-            Fence::Gone(revision) => kv.create_revision() == revision,
-            Fence::Created(_) | Fence::Held => kv.lease() == lease,
-        }
-    }
-
     /// The condition that our node at `path` is still there.
     fn cond(self, path: &str, lease: i64) -> Cond {
         match self {
-            Fence::Created(revision) | Fence::Gone(revision) => {
-                Cond::Fence(path.to_string(), revision)
-            }
+            Fence::Created(revision) => Cond::Fence(path.to_string(), revision),
+            Fence::Gone(earlier) => Cond::Held(path.to_string(), earlier),
             Fence::Held => Cond::Held(path.to_string(), lease),
         }
     }
