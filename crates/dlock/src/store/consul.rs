@@ -585,22 +585,33 @@ impl ConsulStore {
         (session, uuid): (SessionId, &str),
         made_in: SessionId,
     ) -> Result<()> {
-        let (entry, _) = self.read(path).await?;
-        let owner = entry.as_ref().map(Entry::owner);
-        if owner == Some(session) {
-            return self.delete_owned(path, session, uuid).await;
+        // Twice at most: the earlier session's key may go, and one of ours
+        // take its name, between the read and the delete.
+        for _ in 0..2 {
+            let (entry, _) = self.read(path).await?;
+            let owner = entry.as_ref().map(Entry::owner);
+            if owner == Some(session) {
+                return self.delete_owned(path, session, uuid).await;
+            }
+            let holder = entry
+                .and_then(|e| e.session)
+                .filter(|_| owner == Some(made_in));
+            let Some(holder) = holder else { break };
+            match self.delete_owned(path, made_in, &holder).await {
+                Ok(()) => {
+                    let mut owned = self.owned(session);
+                    if owned.is_of(session) {
+                        owned.forget_gone(path, made_in);
+                    }
+                    return Ok(());
+                }
+                Err(Error::NoNode { .. }) => continue,
+                Err(e) => return Err(e),
+            }
         }
-        let holder = entry
-            .and_then(|e| e.session)
-            .filter(|_| owner == Some(made_in));
-        let Some(holder) = holder else {
-            return Err(Error::NoNode {
-                path: path.to_string(),
-            });
-        };
-        self.delete_owned(path, made_in, &holder).await?;
-        self.owned(session).forget_gone(path, made_in);
-        Ok(())
+        Err(Error::NoNode {
+            path: path.to_string(),
+        })
     }
 }
 

@@ -120,9 +120,11 @@ impl<F> Owned<F> {
     }
 
     /// Notes `path`, created by `session`, an earlier session than the
-    /// table's (its create answered late): fenced as gone with it.
+    /// table's (its create answered late): fenced as gone with it, unless
+    /// the name is fenced already (by a node the table knows of, which is
+    /// newer than a reply that comes this late).
     pub fn remember_gone(&mut self, path: &str, session: SessionId) {
-        if !self.nodes.contains_key(path) {
+        if !self.fenced(path) {
             let renewal = self.renewals;
             self.gone
                 .insert(path.to_string(), Gone { session, renewal });
