@@ -267,12 +267,11 @@ impl TxnFailure {
         }
         reason
     }
+}
 
-    fn session_gone(&self) -> bool {
-        let reason = self.reason();
-        reason.contains("invalid session")
-            || reason.contains("session") && reason.contains("not found")
-    }
+/// Whether a transaction's failure `reason` says that our session is gone.
+fn session_gone(reason: &str) -> bool {
+    reason.contains("invalid session") || reason.contains("session") && reason.contains("not found")
 }
 
 #[derive(Deserialize)]
@@ -484,20 +483,21 @@ impl ConsulStore {
                             "Consul refused a transaction on {path} without saying why"
                         ))
                     })?;
-                if failure.session_gone() {
+                let reason = failure.reason();
+                if session_gone(&reason) {
                     self.keeper.machine.lose(session);
                     return Err(Error::SessionExpired);
                 }
                 // The key of an invalidated session with a lock delay:
                 // "failed to lock key ... due to lock delay".
-                if failure.reason().contains("lock delay") {
+                if reason.contains("lock delay") {
                     return Err(Error::LockDelay {
                         path: path.to_string(),
                     });
                 }
                 // ACLs deny a transaction's operation as its failure (409),
                 // not as a 403 like the KV endpoint.
-                if failure.reason().contains("permission denied") {
+                if reason.contains("permission denied") {
                     return Err(Error::NoAuth {
                         path: path.to_string(),
                     });
@@ -509,23 +509,21 @@ impl ConsulStore {
     }
 
     fn owned(&self, session: SessionId) -> MutexGuard<'_, Owned<u64>> {
-        self.owned
-            .of(session, self.keeper.machine.snapshot().session_id)
+        self.owned.of(session, || self.newest())
+    }
+
+    /// The store's newest session (its status's).
+    fn newest(&self) -> SessionId {
+        self.keeper.machine.snapshot().session_id
     }
 
     fn remember(&self, session: SessionId, path: &str, e: &Entry, suffix: Option<&str>) {
-        let mut owned = self.owned(session);
-        match owned.is_of(session) {
-            true => owned.remember(path, e.create_index, suffix),
-            false => owned.remember_gone(path, session),
-        }
+        let fence = e.create_index;
+        self.owned(session).remember(session, path, fence, suffix);
     }
 
     fn forget(&self, session: SessionId, path: &str) {
-        let mut owned = self.owned(session);
-        if owned.is_of(session) {
-            owned.forget(path);
-        }
+        self.owned(session).forget(session, path);
     }
 
     /// The sequential sibling whose place a non-sequential create of
@@ -570,9 +568,7 @@ impl ConsulStore {
             }),
         }
     }
-}
 
-impl ConsulStore {
     /// Deletes our node at `path`, in the name of one made in the earlier
     /// session `made_in`: the node that session still holds (Consul may
     /// keep a session the client gave up on), or one our session holds.
@@ -599,10 +595,7 @@ impl ConsulStore {
             let Some(holder) = holder else { break };
             match self.delete_owned(path, made_in, &holder).await {
                 Ok(()) => {
-                    let mut owned = self.owned(session);
-                    if owned.is_of(session) {
-                        owned.forget_gone(path, made_in);
-                    }
+                    self.owned(session).forget_gone(session, path, made_in);
                     return Ok(());
                 }
                 Err(Error::NoNode { .. }) => continue,
@@ -634,9 +627,8 @@ impl Store for ConsulStore {
     }
 
     fn learn_created(&self, request: &CreateRequest<'_>, created: &Created) {
-        let newest = self.keeper.machine.snapshot().session_id;
         let fence = created.stat.czxid as u64;
-        self.owned.learn(request, created, fence, newest);
+        self.owned.learn(request, created, fence, || self.newest());
     }
 
     /// Creates the node and, with a listing asked for, lists that

@@ -380,23 +380,20 @@ impl EtcdStore {
 
     /// The owned-node table of `lease` (emptied when the lease changed).
     fn owned(&self, lease: SessionId) -> MutexGuard<'_, Owned<i64>> {
-        self.owned
-            .of(lease, self.lease.machine.snapshot().session_id)
+        self.owned.of(lease, || self.newest())
+    }
+
+    /// The store's newest lease (its status's).
+    fn newest(&self) -> SessionId {
+        self.lease.machine.snapshot().session_id
     }
 
     fn remember(&self, lease: SessionId, path: &str, revision: i64, suffix: Option<&str>) {
-        let mut owned = self.owned(lease);
-        match owned.is_of(lease) {
-            true => owned.remember(path, revision, suffix),
-            false => owned.remember_gone(path, lease),
-        }
+        self.owned(lease).remember(lease, path, revision, suffix);
     }
 
     fn forget(&self, lease: SessionId, path: &str) {
-        let mut owned = self.owned(lease);
-        if owned.is_of(lease) {
-            owned.forget(path);
-        }
+        self.owned(lease).forget(lease, path);
     }
 
     /// What our node at `path` must be, if we have (or had) one there: the
@@ -694,9 +691,8 @@ impl Store for EtcdStore {
     }
 
     fn learn_created(&self, request: &CreateRequest<'_>, created: &Created) {
-        let newest = self.lease.machine.snapshot().session_id;
-        self.owned
-            .learn(request, created, created.stat.czxid, newest);
+        let fence = created.stat.czxid;
+        self.owned.learn(request, created, fence, || self.newest());
     }
 
     /// Creates the node (with a suffix, if sequential) and, with a listing

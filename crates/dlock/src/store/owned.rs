@@ -58,7 +58,8 @@ pub(crate) struct Owned<F> {
     pub nodes: HashMap<String, F>,
     /// (directory, sequence suffix) → path, for sequential nodes.
     pub sequenced: HashMap<(String, String), String>,
-    /// Our nodes of earlier sessions, by path. Their names stay fenced: a
+    /// Our nodes of earlier sessions, by path (never a path in `nodes`).
+    /// Their names stay fenced: a
     /// check or delete of "our node" there (one issued in that session and
     /// sent in a later one, after waiting out the renewal) acts on a node
     /// held by that session — the server may keep a session the client
@@ -112,41 +113,41 @@ impl<F> Owned<F> {
         self.nodes.contains_key(path) || self.gone.contains_key(path)
     }
 
-    /// Our node at `path` that went with an earlier session (none if this
-    /// session has one there).
+    /// Our node at `path` that went with an earlier session.
     pub fn gone(&self, path: &str) -> Option<Gone> {
-        let gone = self.gone.get(path).copied();
-        gone.filter(|_| !self.nodes.contains_key(path))
+        self.gone.get(path).copied()
     }
 
-    /// Notes `path`, created by `session`, an earlier session than the
-    /// table's (its create answered late): fenced as gone with it, unless
-    /// the name is fenced already (by a node the table knows of, which is
-    /// newer than a reply that comes this late).
-    pub fn remember_gone(&mut self, path: &str, session: SessionId) {
-        if !self.fenced(path) {
-            let renewal = self.renewals;
-            self.gone
-                .insert(path.to_string(), Gone { session, renewal });
-        }
-    }
-
-    /// Forgets the gone node at `path`, made in `session`, deleted.
-    pub fn forget_gone(&mut self, path: &str, session: SessionId) {
-        if self.gone.get(path).is_some_and(|g| g.session == session) {
+    /// Forgets the gone node at `path`, made in `made_in`, deleted by an
+    /// operation of `session`.
+    pub fn forget_gone(&mut self, session: SessionId, path: &str, made_in: SessionId) {
+        let ours = self.gone.get(path).is_some_and(|g| g.session == made_in);
+        if self.is_of(session) && ours {
             self.gone.remove(path);
         }
     }
 
     /// Whether this is the table of `session`; else `session` is not the
-    /// store's newest, and what it created or deleted must not change this
-    /// one.
+    /// store's newest, and what it created or deleted does not change this
+    /// one (but a node it created is fenced as gone with it).
     pub fn is_of(&self, session: SessionId) -> bool {
         self.session == session
     }
 
-    /// Notes `path`, created with `fence` (and `suffix`, if sequential).
-    pub fn remember(&mut self, path: &str, fence: F, suffix: Option<&str>) {
+    /// Notes `path`, created by `session` with `fence` (and `suffix`, if
+    /// sequential). From an earlier session than the table's (its create
+    /// answered late), the node is fenced as gone with it, unless the name
+    /// is fenced already (by a node the table knows of, newer than a reply
+    /// that comes this late).
+    pub fn remember(&mut self, session: SessionId, path: &str, fence: F, suffix: Option<&str>) {
+        if !self.is_of(session) {
+            if !self.fenced(path) {
+                let renewal = self.renewals;
+                self.gone
+                    .insert(path.to_string(), Gone { session, renewal });
+            }
+            return;
+        }
         self.gone.remove(path);
         self.nodes.insert(path.to_string(), fence);
         if let Some(suffix) = suffix {
@@ -167,8 +168,15 @@ impl<F> Owned<F> {
         Some((sibling.clone(), self.nodes.get(sibling)?))
     }
 
-    /// Forgets `path`, deleted (or made a persistent node of ours).
-    pub fn forget(&mut self, path: &str) {
+    /// Forgets `path`, deleted (or made a persistent node of ours) by an
+    /// operation of `session`.
+    pub fn forget(&mut self, session: SessionId, path: &str) {
+        if self.is_of(session) {
+            self.forget_any(path);
+        }
+    }
+
+    fn forget_any(&mut self, path: &str) {
         self.gone.remove(path);
         if self.nodes.remove(path).is_some() {
             if let Some(suffix) = sequence_suffix(path::node_name(path)) {
@@ -194,44 +202,44 @@ impl<F> OwnedNodes<F> {
     /// Takes note of the node `created` by `request` with its `fence`, if
     /// it is ephemeral (see `Store::learn_created`); a persistent one ends
     /// any fence of its name.
-    /// `newest` is the store's newest session (its status's).
+    /// `newest` tells the store's newest session (its status's).
     pub fn learn(
         &self,
         request: &CreateRequest<'_>,
         created: &Created,
         fence: F,
-        newest: SessionId,
+        newest: impl FnOnce() -> SessionId,
     ) {
         let owner = created.stat.ephemeral_owner;
         if owner != 0 {
             let sequential = request.opts.mode.is_sequential();
             let suffix = sequential.then(|| &created.path[request.path.len()..]);
-            let mut owned = self.of(owner, newest);
-            match owned.is_of(owner) {
-                true => owned.remember(&created.path, fence, suffix),
-                // A late reply from an earlier session: its node went (or
-                // goes) with it, and the table stays the current session's.
-                false => owned.remember_gone(&created.path, owner),
-            }
+            self.of(owner, newest)
+                .remember(owner, &created.path, fence, suffix);
         } else {
             // A persistent node of ours has the name now: a fence left by
             // an ephemeral one that went must not refuse it.
             let mut owned = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            owned.forget(&created.path);
+            owned.forget_any(&created.path);
         }
     }
 
-    /// The nodes of `session`, if it is `newest`, the store's newest
-    /// session (its status's): none yet, if the table was an earlier
+    /// The nodes of `session`, if it is the store's newest session (its
+    /// status's, which `newest` tells, asked only when the table is another
+    /// session's — not on the hot path): none yet, if the table was an earlier
     /// session's (whose nodes' names stay fenced, see [`Owned::fenced`]).
     /// For any other session, the current table, not to be changed
     /// ([`Owned::is_of`]): the table only moves forward, never back to a
     /// session that ended (an operation that started in it may finish
     /// late), whether or not it had been the table's.
-    pub fn of(&self, session: SessionId, newest: SessionId) -> MutexGuard<'_, Owned<F>> {
+    pub fn of(
+        &self,
+        session: SessionId,
+        newest: impl FnOnce() -> SessionId,
+    ) -> MutexGuard<'_, Owned<F>> {
         // Every critical section leaves the table consistent.
         let mut owned = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if owned.session != session && session == newest {
+        if owned.session != session && session == newest() {
             owned.renewed(session);
         }
         owned
@@ -242,12 +250,6 @@ impl<F> OwnedNodes<F> {
 mod tests {
     use super::*;
     use crate::store::{CreateMode, CreateOptions, Stat};
-
-    /// Whether `path` is only the name of a node of ours that went with an
-    /// earlier session.
-    fn is_gone<F>(owned: &Owned<F>, path: &str) -> bool {
-        owned.gone(path).is_some()
-    }
 
     /// Learns our node `path` made in session `owner`, while the store's
     /// newest session is `newest`.
@@ -261,23 +263,23 @@ mod tests {
             path: path.to_string(),
             stat,
         };
-        table.learn(&request, &created, fence, newest);
+        table.learn(&request, &created, fence, || newest);
     }
 
     #[test]
     fn a_node_of_an_ended_session_stays_fenced_until_ours_again() {
         let table = OwnedNodes::default();
         learn(&table, "/a", 1, 1, 10);
-        assert_eq!(table.of(1, 1).nodes.get("/a"), Some(&10));
+        assert_eq!(table.of(1, || 1).nodes.get("/a"), Some(&10));
         // Session 1 ended; 2 is current: "/a" has no fence value, but is fenced.
-        let renewed = table.of(2, 2);
+        let renewed = table.of(2, || 2);
         let gone = renewed.gone("/a").expect("fenced by the node that went");
         assert_eq!(gone.session, 1);
         drop(renewed);
         learn(&table, "/a", 2, 2, 20);
-        let owned = table.of(2, 2);
+        let owned = table.of(2, || 2);
         assert_eq!(owned.nodes.get("/a"), Some(&20));
-        assert!(!is_gone(&owned, "/a"));
+        assert!(owned.gone("/a").is_none());
     }
 
     #[test]
@@ -290,10 +292,10 @@ mod tests {
         // And one from session 3, which ended before the table ever saw it
         // (4 is the newest now).
         learn(&table, "/d", 3, 4, 40);
-        let owned = table.of(3, 4);
+        let owned = table.of(3, || 4);
         assert!(owned.is_of(2), "the table stays session 2's");
         assert_eq!(owned.nodes.get("/b"), Some(&20));
-        assert!(is_gone(&owned, "/a"));
+        assert!(owned.gone("/a").is_some());
         // The late ones are fenced as gone with their sessions.
         assert_eq!(owned.gone("/c").map(|g| g.session), Some(1));
         assert_eq!(owned.gone("/d").map(|g| g.session), Some(3));
@@ -304,8 +306,11 @@ mod tests {
         let table: OwnedNodes<i64> = OwnedNodes::default();
         learn(&table, "/a", 1, 1, 10);
         for session in 2..2 + SessionId::from(GONE_FOR_RENEWALS) {
-            assert!(table.of(session, session).fenced("/a"), "session {session}");
+            assert!(
+                table.of(session, || session).fenced("/a"),
+                "session {session}"
+            );
         }
-        assert!(!table.of(100, 100).fenced("/a"));
+        assert!(!table.of(100, || 100).fenced("/a"));
     }
 }

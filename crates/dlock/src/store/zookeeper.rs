@@ -274,17 +274,15 @@ impl Store for ZooKeeperStore {
         let (mut create, mut listing) = self.send_create(&client, request).await;
         // The container reaper may remove an empty ancestor between our
         // check of it and the create below it: a few more tries.
-        let mut tries = 0;
-        while matches!(create, Err(zk::Error::NoNode)) && request.opts.create_parents {
-            tries += 1;
+        for tries in 1..=PARENT_TRIES {
+            if !(matches!(create, Err(zk::Error::NoNode)) && request.opts.create_parents) {
+                break;
+            }
             match self.mkdirs(&client, request.path).await {
                 Err(Error::NoNode { .. }) if tries < PARENT_TRIES => continue,
                 made => made?,
             }
             (create, listing) = self.send_create(&client, request).await;
-            if tries == PARENT_TRIES {
-                break;
-            }
         }
         let created = self.finish_create(&client, request.path, request.opts.mode, create)?;
         let listed = match (listing, request.list) {
