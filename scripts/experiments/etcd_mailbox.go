@@ -30,6 +30,7 @@ import (
 
 	"go.etcd.io/etcd/clientv3"
 	"go.etcd.io/etcd/clientv3/concurrency"
+	"go.etcd.io/etcd/mvcc/mvccpb"
 	"go.uber.org/zap"
 )
 
@@ -38,10 +39,10 @@ var (
 	clients   = flag.Int("clients", 8, "clients (one clientv3.Client + Session each)")
 	seconds   = flag.Float64("seconds", 5, "run time")
 	prefix    = flag.String("path", "/experiment/mailbox", "the lock's key prefix")
-	successor = flag.String("successor", "note", "how a releaser knows its successor: note|read")
+	successor = flag.String("successor", "note", "how a releaser knows its successor: note|read|piggyback")
 	ctx       = context.Background()
 
-	inside, violations, woken, fallback int32
+	inside, violations, woken, fallback, reread int32
 )
 
 func check(err error) {
@@ -61,6 +62,7 @@ type mutex struct {
 	goes  chan string
 	mu    sync.Mutex
 	notes map[int64]string // our key's create revision -> our successor's mailbox
+	seen  int64            // the mod revision of the last mailbox event read
 }
 
 func newMutex() *mutex {
@@ -72,12 +74,18 @@ func newMutex() *mutex {
 	check(err)
 	m := &mutex{s: s, c: c, box: mailboxOf(s.Lease()), goes: make(chan string, 64), notes: map[int64]string{}}
 	m.key = fmt.Sprintf("%s/%x", *prefix, s.Lease())
-	_, err = c.Put(ctx, m.box, "", clientv3.WithLease(s.Lease()))
+	put, err := c.Put(ctx, m.box, "", clientv3.WithLease(s.Lease()))
 	check(err)
-	mail := c.Watch(clientv3.WithRequireLeader(ctx), m.box)
+	m.seen = put.Header.Revision
+	mail := c.Watch(clientv3.WithRequireLeader(ctx), m.box, clientv3.WithRev(m.seen+1))
 	go func() {
 		for wr := range mail {
 			for _, ev := range wr.Events {
+				m.mu.Lock()
+				if ev.Kv.ModRevision > m.seen {
+					m.seen = ev.Kv.ModRevision
+				}
+				m.mu.Unlock()
 				v := string(ev.Kv.Value)
 				if strings.HasPrefix(v, "go ") {
 					select {
@@ -102,26 +110,38 @@ func (m *mutex) lock() {
 	for len(m.goes) > 0 { // pokes of earlier rounds
 		<-m.goes
 	}
-	r, err := m.c.Put(ctx, m.key, "", clientv3.WithLease(m.s.Lease()))
-	check(err)
-	m.rev = r.Header.Revision
-	for {
-		g, err := m.c.Get(ctx, *prefix+"/", clientv3.WithPrefix(), clientv3.WithMaxCreateRev(m.rev-1),
-			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(1))
-		check(err)
-		if len(g.Kvs) == 0 {
-			return
+	var pred *mvccpb.KeyValue
+	watchFrom := int64(0)
+	if *successor == "piggyback" {
+		pred, watchFrom = m.enqueueNoted()
+		if pred == nil && watchFrom > 0 {
+			return // the queue was empty
 		}
-		pred := g.Kvs[0]
-		if *successor == "note" {
+	} else {
+		r, err := m.c.Put(ctx, m.key, "", clientv3.WithLease(m.s.Lease()))
+		check(err)
+		m.rev = r.Header.Revision
+	}
+	for {
+		noted := pred != nil
+		if pred == nil {
+			g, err := m.c.Get(ctx, *prefix+"/", clientv3.WithPrefix(), clientv3.WithMaxCreateRev(m.rev-1),
+				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(1))
+			check(err)
+			if len(g.Kvs) == 0 {
+				return
+			}
+			pred, watchFrom = g.Kvs[0], g.Header.Revision+1
+		}
+		if !noted && *successor != "read" {
 			box := mailboxOf(clientv3.LeaseID(pred.Lease))
-			_, err = m.c.Txn(ctx).If(clientv3.Compare(clientv3.Version(box), ">", 0)).
+			_, err := m.c.Txn(ctx).If(clientv3.Compare(clientv3.Version(box), ">", 0)).
 				Then(clientv3.OpPut(box, fmt.Sprintf("next %d %s", pred.CreateRevision, m.box), clientv3.WithIgnoreLease())).Commit()
 			check(err)
 		}
 		want := fmt.Sprintf("%s %d", pred.Key, pred.CreateRevision)
 		wctx, cancel := context.WithCancel(ctx)
-		deleted := m.c.Watch(wctx, string(pred.Key), clientv3.WithRev(g.Header.Revision+1), clientv3.WithFilterPut())
+		deleted := m.c.Watch(wctx, string(pred.Key), clientv3.WithRev(watchFrom), clientv3.WithFilterPut())
 		ours := false
 	wait:
 		for {
@@ -149,7 +169,41 @@ func (m *mutex) lock() {
 			return
 		}
 		atomic.AddInt32(&fallback, 1)
+		pred = nil
 	}
+}
+
+// enqueueNoted creates our key and, in the same transaction, notes us in the
+// mailbox of the queue's tail as read just before: a range compare proves
+// that tail is still the newest key. Returns the tail noted and the revision
+// to watch it from; no tail and a revision if the queue was empty; nil and 0
+// if the tail moved meanwhile (then our key is created all the same, and the
+// caller finds its predecessor and notes itself).
+func (m *mutex) enqueueNoted() (*mvccpb.KeyValue, int64) {
+	g, err := m.c.Get(ctx, *prefix+"/", clientv3.WithPrefix(), clientv3.WithSerializable(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(1))
+	check(err)
+	var tail *mvccpb.KeyValue
+	tailRev := int64(0)
+	if len(g.Kvs) > 0 {
+		tail, tailRev = g.Kvs[0], g.Kvs[0].CreateRevision
+	}
+	put := clientv3.OpPut(m.key, "", clientv3.WithLease(m.s.Lease()))
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(*prefix+"/"), "<", tailRev+1).WithPrefix()}
+	ops := []clientv3.Op{put}
+	if tail != nil {
+		box := mailboxOf(clientv3.LeaseID(tail.Lease))
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(string(tail.Key)), "=", tailRev),
+			clientv3.Compare(clientv3.Version(box), ">", 0))
+		ops = append(ops, clientv3.OpPut(box, fmt.Sprintf("next %d %s", tailRev, m.box), clientv3.WithIgnoreLease()))
+	}
+	r, err := m.c.Txn(ctx).If(cmps...).Then(ops...).Else(put).Commit()
+	check(err)
+	m.rev = r.Header.Revision
+	if !r.Succeeded {
+		return nil, 0
+	}
+	return tail, m.rev + 1
 }
 
 func (m *mutex) unlock() {
@@ -164,6 +218,10 @@ func (m *mutex) unlock() {
 		if known = len(g.Kvs) > 0; known {
 			box = mailboxOf(clientv3.LeaseID(g.Kvs[0].Lease))
 		}
+	}
+	if *successor == "piggyback" {
+		m.releaseNoted(box, known)
+		return
 	}
 	if !known {
 		_, err := m.c.Delete(ctx, m.key)
@@ -207,10 +265,44 @@ func main() {
 	for _, o := range ops {
 		total += o
 	}
-	fmt.Printf("peer=mailbox-experiment successor=%s clients=%d seconds=%.2f ops=%d ops_per_s=%.1f violations=%d woken_by_mailbox=%d fallbacks=%d\n",
-		*successor, *clients, elapsed, total, float64(total)/elapsed, violations, woken, fallback)
+	fmt.Printf("peer=mailbox-experiment successor=%s clients=%d seconds=%.2f ops=%d ops_per_s=%.1f violations=%d woken_by_mailbox=%d fallbacks=%d release_rereads=%d\n",
+		*successor, *clients, elapsed, total, float64(total)/elapsed, violations, woken, fallback, reread)
 	for _, m := range ms {
 		m.s.Close()
 		m.c.Close()
+	}
+}
+
+// releaseNoted deletes our key and wakes the successor that noted itself in
+// our mailbox, in one transaction that holds only if our mailbox is as we
+// last read it: a note that arrived meanwhile is read and sent again.
+func (m *mutex) releaseNoted(box string, known bool) {
+	for {
+		m.mu.Lock()
+		seen := m.seen
+		m.mu.Unlock()
+		then := []clientv3.Op{clientv3.OpDelete(m.key)}
+		if known {
+			wake := clientv3.OpPut(box, fmt.Sprintf("go %s %d", m.key, m.rev), clientv3.WithIgnoreLease())
+			then = append(then, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Version(box), ">", 0)}, []clientv3.Op{wake}, nil))
+		}
+		r, err := m.c.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(m.box), "=", seen)).
+			Then(then...).Else(clientv3.OpGet(m.box)).Commit()
+		check(err)
+		if r.Succeeded {
+			return
+		}
+		kvs := r.Responses[0].GetResponseRange().Kvs
+		m.mu.Lock()
+		if len(kvs) > 0 && kvs[0].ModRevision > m.seen {
+			m.seen = kvs[0].ModRevision
+			var rev int64
+			var next string
+			if n, _ := fmt.Sscanf(string(kvs[0].Value), "next %d %s", &rev, &next); n == 2 && rev == m.rev {
+				box, known = next, true
+			}
+		}
+		m.mu.Unlock()
+		atomic.AddInt32(&reread, 1)
 	}
 }
