@@ -112,10 +112,13 @@
 //!   watch fires on direct child keys only (not on implicit
 //!   sub-directories appearing or vanishing).
 //! - **A queue's directory is watched once per client, and mirrored.**
-//!   Watches on a directory's children (a queue's nodes) share one etcd
-//!   watch on the whole directory, kept a few seconds after its last
-//!   waiter. Its events also keep a copy of the directory, started from
-//!   any listing of it; so [`children_seen`](Store::children_seen) and
+//!   Waiters' watches on a directory's children (a queue's nodes, for
+//!   their deletion) share one etcd watch on the deletions below the
+//!   directory, kept a few seconds after its last waiter: a handoff sends
+//!   each client with a waiter one message. Its events also keep a copy of
+//!   the directory, started from any listing of it (the one a node queues
+//!   with, which has every node ahead); so
+//!   [`children_seen`](Store::children_seen) and
 //!   [`watch_child`](Store::watch_child) — what a waiter needs after it
 //!   queued and once woken — usually cost no request, and a handoff is the
 //!   holder's delete alone (why that is safe: `store::etcd::mirror`).
@@ -592,9 +595,8 @@ impl EtcdStore {
 
     /// Arms a watch on `path` after a read at `read_revision` that saw the
     /// key at `mod_revision` (0: no key) and, for children watches, a
-    /// listing with `digest`. A data watch on a `queued` node (ephemeral,
-    /// or watched as a queue member) is served by its directory's shared
-    /// watch.
+    /// listing with `digest`. A waiter's watch on a queued node, for its
+    /// deletion (`queued`), is served by its directory's shared watch.
     fn arm(
         &self,
         path: &str,
@@ -926,9 +928,7 @@ impl Store for EtcdStore {
         let (key, below, rev) = self.read(path, lease).await?;
         match key {
             Some(kv) => {
-                let w = watch.then(|| {
-                    self.arm(path, Kind::Data, rev, kv.mod_revision(), 0, kv.lease() != 0)
-                });
+                let w = watch.then(|| self.arm(path, Kind::Data, rev, kv.mod_revision(), 0, false));
                 Ok((kv.value().to_vec(), keys::stat(&kv, below), w))
             }
             None if below > 0 || path == self.root => {
@@ -944,7 +944,6 @@ impl Store for EtcdStore {
     async fn exists(&self, path: &str, watch: bool) -> Result<(Option<Stat>, Option<Watch>)> {
         let lease = self.lease.current().await?;
         let (key, below, rev) = self.read(path, lease).await?;
-        let ephemeral = key.as_ref().is_some_and(|kv| kv.lease() != 0);
         let (stat, kind, mod_revision) = match key {
             Some(kv) => (Some(keys::stat(&kv, below)), Kind::Data, kv.mod_revision()),
             None if below > 0 || path == self.root => {
@@ -954,7 +953,7 @@ impl Store for EtcdStore {
         };
         Ok((
             stat,
-            watch.then(|| self.arm(path, kind, rev, mod_revision, 0, ephemeral)),
+            watch.then(|| self.arm(path, kind, rev, mod_revision, 0, false)),
         ))
     }
 

@@ -617,12 +617,14 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// watch for a child creation or deletion, or the node's deletion.
     async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)>;
 
-    /// Lists a node's children, unwatched, as they were at some moment no
-    /// earlier than the transaction `since` (a zxid, an etcd revision: a
-    /// node's [`Stat::czxid`]) — not necessarily now, and normally no
-    /// earlier than the last event a [`watch_child`](Self::watch_child)
-    /// watch on one of them delivered. A backend that keeps what its
-    /// watches deliver may answer without a round trip; the others list.
+    /// Lists a node's children, unwatched: those created up to the
+    /// transaction `since` (a zxid, an etcd revision: a node's
+    /// [`Stat::czxid`]) as they were at some moment no earlier than
+    /// `since` — not necessarily now, and normally no earlier than the
+    /// last event a [`watch_child`](Self::watch_child) watch on one of
+    /// them delivered. Children created after `since` may be missing. A
+    /// backend that keeps what its watches deliver may answer without a
+    /// round trip; the others list.
     ///
     /// Enough for a wait queue: a node created up to `since` that is
     /// missing is gone for good; nodes created later queue behind the
@@ -633,8 +635,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         Ok(self.children(path, false).await?.0)
     }
 
-    /// Watches `child` of `dir`, as a listing showed it, for a data change
-    /// or its deletion. `None` if it is gone already — or back under its
+    /// Watches `child` of `dir`, as a listing showed it, for its deletion
+    /// (a data change may fire it too). `None` if it is gone already — or back under its
     /// name as a newer node (etcd reuses names; [`Child::czxid`] tells
     /// them apart): that one came after the listing. May answer, like
     /// [`children_seen`](Self::children_seen), from what the watches have

@@ -1,24 +1,30 @@
-//! What a directory's shared watch delivered: its latest changes, for
+//! What a directory's shared watch delivered: its latest deletions, for
 //! node watches that join it late, and a copy of the keys below the
 //! directory, so that a woken waiter needs no round trip.
 //!
 //! A handoff costs the new holder a listing (is anyone still ahead of me?)
 //! and, before that, a read to arm its watch on the node ahead. Both answers
-//! are already on the client: the directory's shared watch delivers every
-//! change below it, in order, with no gap. Started from one listing (at
-//! revision `L`, no older than the watch's start), and with every change
-//! after `L` applied, the copy is the directory exactly as of the last
-//! revision applied (`as_of`). The dispatcher records a response's changes
-//! before it fires the watches they wake, so a woken waiter's view already
-//! holds the change that woke it.
+//! are already on the client: the listing its node queued with (at
+//! revision `L`, no older than the watch's start) has every node created
+//! up to `L`, and the directory's shared watch delivers every deletion
+//! below it after that, in order, with no gap. So the copy (that listing,
+//! less the deletions after `L`) has exactly the nodes created up to `L`
+//! that still existed at the last deletion applied (`as_of`); nodes
+//! created after `L` are not in it (the watch does not deliver creations:
+//! they would cost every waiting client a message per handoff), so it
+//! answers only for nodes created up to `L`. The dispatcher records a
+//! response's deletions before it fires the watches they wake, so a woken
+//! waiter's view already holds the deletion that woke it.
 //!
-//! Why a view that may trail the server by the watch's delay is enough for a
-//! wait queue: it never shows a node as gone that exists (deletions reach
-//! it only once committed), and a node created after ours can never be
-//! ahead of ours. So "nobody ahead of me" seen at `as_of` stays true; and
-//! "my node is there" at `as_of` is what etcd's own recipe checks with its
-//! extra read after a wait (the etcd 3.4.3 Jepsen finding): a lease that
-//! expired before `as_of` would have shown as our key's deletion.
+//! Why that is enough for a wait queue: a waiter only waits for nodes
+//! created before its own (a node created after ours can never be ahead of
+//! ours), and asks with `since` = its node's creation, which its own
+//! listing covers. The copy never shows a node as gone that exists
+//! (deletions reach it only once committed), so "nobody ahead of me" stays
+//! true; and "my node is there" at `as_of` is what etcd's own recipe checks
+//! with its extra read after a wait (the etcd 3.4.3 Jepsen finding): a
+//! lease that expired before `as_of` would have shown as our key's
+//! deletion.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -44,7 +50,8 @@ pub(super) struct Mirrors(Arc<Mutex<HashMap<String, Seen>>>);
 
 #[derive(Debug, Default)]
 struct Seen {
-    /// The latest changes delivered, oldest first.
+    /// The latest changes delivered (deletions: see the module docs),
+    /// oldest first.
     recent: VecDeque<Change>,
     /// Every change after this revision has been delivered and is still in
     /// `recent`, or is still to come. `None` until the watch started.
@@ -57,10 +64,12 @@ struct Seen {
 struct Copy {
     keys: BTreeMap<Vec<u8>, Revisions>,
     /// The revision of the listing it started from: changes up to it are
-    /// in it already. (One revision can change several keys, so this, not
-    /// `as_of`, is the bound.)
+    /// in it already, and it has every node created up to it. (One
+    /// revision can change several keys, so this, not `as_of`, is the
+    /// bound.)
     listed_at: i64,
-    /// The revision the copy is exact at.
+    /// The revision of the last change applied: the copy has every
+    /// deletion up to it.
     as_of: i64,
 }
 
@@ -84,9 +93,9 @@ impl Seen {
         self.recent.range(first..)
     }
 
-    /// The copy, if it is no older than `since`.
+    /// The copy, if it has every node created up to `since`.
     fn copy_since(&self, since: i64) -> Option<&Copy> {
-        self.copy.as_ref().filter(|c| c.as_of >= since)
+        self.copy.as_ref().filter(|c| c.listed_at >= since)
     }
 }
 
@@ -183,7 +192,7 @@ impl Mirrors {
         let Some(seen) = mirrors.get_mut(dir) else {
             return;
         };
-        let older = seen.copy.as_ref().is_some_and(|c| revision <= c.as_of);
+        let older = seen.copy.as_ref().is_some_and(|c| revision <= c.listed_at);
         if older || seen.complete_after.is_none_or(|c| revision < c) {
             return;
         }
@@ -198,8 +207,8 @@ impl Mirrors {
         seen.copy = Some(copy);
     }
 
-    /// `dir`'s children as of a revision no older than `since`, if the copy
-    /// has them.
+    /// `dir`'s children created up to `since` (and maybe later ones), as of
+    /// a revision no older than `since`, if the copy has them.
     pub fn children(&self, dir: &str, since: i64) -> Option<Vec<Child>> {
         let mirrors = self.lock();
         let copy = mirrors.get(dir)?.copy_since(since)?;
@@ -211,9 +220,10 @@ impl Mirrors {
         ))
     }
 
-    /// Node `path` in its directory's copy, if that is no older than
-    /// `since`: the copy's revision, and the node's create and mod
-    /// revisions (`None`: not there).
+    /// Node `path`, created up to `since`, in its directory's copy, if that
+    /// has every node created up to `since`: the revision up to which the
+    /// copy has every deletion, and the node's create and mod revisions
+    /// (`None`: gone).
     pub fn node(&self, path: &str, since: i64) -> Option<(i64, Option<Revisions>)> {
         let mirrors = self.lock();
         let copy = mirrors.get(crate::path::parent(path))?.copy_since(since)?;
@@ -269,12 +279,12 @@ mod tests {
             None,
             "older than the watch"
         );
-        mirrors.deliver("/d", [put(13, "/d/b"), delete(14, "/d/a")]);
-        // A listing at 13 already has b: only the delete after it applies.
+        mirrors.deliver("/d", [delete(13, "/d/c"), delete(14, "/d/a")]);
+        // A listing at 13 no longer has c: only the delete after it applies.
         mirrors.seed_with("/d", 13, listed(&[("/d/a", 5), ("/d/b", 13)]));
-        assert_eq!(names(mirrors.children("/d", 14)), Some(vec!["b".into()]));
+        assert_eq!(names(mirrors.children("/d", 13)), Some(vec!["b".into()]));
         assert_eq!(mirrors.node("/d/a", 0), Some((14, None)));
-        assert_eq!(mirrors.node("/d/b", 0), Some((14, Some((13, 13)))));
+        assert_eq!(mirrors.node("/d/b", 13), Some((14, Some((13, 13)))));
     }
 
     #[test]
@@ -283,7 +293,24 @@ mod tests {
         mirrors.seed_with("/d", 3, listed(&[("/d/a", 2), ("/d/b", 3)]));
         // One lease revocation deletes both keys at revision 4.
         mirrors.deliver("/d", [delete(4, "/d/a"), delete(4, "/d/b")]);
-        assert_eq!(names(mirrors.children("/d", 4)), Some(vec![]));
+        assert_eq!(names(mirrors.children("/d", 3)), Some(vec![]));
+    }
+
+    #[test]
+    fn a_copy_answers_for_nodes_created_up_to_its_listing_only() {
+        let mirrors = started_after(1);
+        mirrors.seed_with("/d", 5, listed(&[("/d/a", 3)]));
+        // b, created at 7, is not in the copy: unknown, not gone.
+        assert_eq!(mirrors.node("/d/b", 7), None);
+        assert_eq!(names(mirrors.children("/d", 7)), None);
+        assert_eq!(names(mirrors.children("/d", 5)), Some(vec!["a".into()]));
+        mirrors.deliver("/d", [delete(10, "/d/a")]);
+        assert_eq!(mirrors.node("/d/a", 3), Some((10, None)));
+        // A listing at 8 has what the copy lacks, though the copy has a
+        // later deletion; that deletion applies on top of it.
+        mirrors.seed_with("/d", 8, listed(&[("/d/a", 3), ("/d/b", 7)]));
+        assert_eq!(mirrors.node("/d/b", 7), Some((10, Some((7, 7)))));
+        assert_eq!(names(mirrors.children("/d", 8)), Some(vec!["b".into()]));
     }
 
     #[test]
@@ -300,17 +327,19 @@ mod tests {
     fn a_watch_that_dropped_changes_refuses_listings_from_before_them() {
         let mirrors = started_after(1);
         let count = RECENT as i64 + 10;
-        mirrors.deliver("/d", (2..2 + count).map(|r| put(r, &format!("/d/n{r}"))));
+        mirrors.deliver("/d", (2..2 + count).map(|r| delete(r, &format!("/d/n{r}"))));
         mirrors.seed_with("/d", 5, listed(&[]));
         assert!(
             mirrors.children("/d", 0).is_none(),
             "changes after 5 were dropped"
         );
         let last = 1 + count;
-        mirrors.seed_with("/d", last - 1, listed(&[("/d/x", 1)]));
+        let before_last = [(format!("/d/n{last}"), 1), ("/d/x".into(), 1)];
+        let before_last: Vec<_> = before_last.iter().map(|(k, r)| (k.as_str(), *r)).collect();
+        mirrors.seed_with("/d", last - 1, listed(&before_last));
         assert_eq!(
-            names(mirrors.children("/d", last)),
-            Some(vec![format!("n{last}"), "x".into()])
+            names(mirrors.children("/d", last - 1)),
+            Some(vec!["x".into()])
         );
     }
 
@@ -318,16 +347,17 @@ mod tests {
     fn a_newer_listing_replaces_the_copy_and_later_changes_apply_on_top() {
         let mirrors = started_after(1);
         mirrors.seed_with("/d", 2, listed(&[("/d/a", 2)]));
-        // The watch has not delivered b and c yet; a listing at 4 has them.
+        // The copy lacks b and c; a listing at 4 has them.
         mirrors.seed_with("/d", 4, listed(&[("/d/a", 2), ("/d/b", 3), ("/d/c", 4)]));
         assert_eq!(mirrors.node("/d/c", 4), Some((4, Some((4, 4)))));
         // An older listing changes nothing; late changes up to 4 are in it.
         mirrors.seed_with("/d", 3, listed(&[("/d/a", 2)]));
-        mirrors.deliver("/d", [put(3, "/d/b"), put(4, "/d/c"), delete(5, "/d/a")]);
+        mirrors.deliver("/d", [delete(3, "/d/z"), delete(5, "/d/a")]);
         assert_eq!(
-            names(mirrors.children("/d", 5)),
+            names(mirrors.children("/d", 4)),
             Some(vec!["b".into(), "c".into()])
         );
+        assert_eq!(mirrors.node("/d/a", 2), Some((5, None)));
     }
 
     #[test]

@@ -17,26 +17,32 @@
 //! still land a moment late and be filed unsynced (measured: 8 contending
 //! clients saw an unsynced watcher on the server in one sample out of six,
 //! and waits of 100 ms at the 99th percentile). So the watches a wait
-//! queue arms most — on an ephemeral node, its predecessor — are not
-//! created per wait: each directory gets one *shared* watch on every key
-//! below it, which serves all node watches there and stays open for a few
-//! seconds after the last one fires, for the next. A node watch joining it
-//! needs no request at all: the events it delivered after the arming read
-//! are replayed from the recent ones it keeps (if those no longer reach
-//! back that far, the node is read again, as above). What it delivered
-//! also keeps a copy of the directory up to date ([`super::mirror`], which
-//! records both), so a woken waiter needs no read at all.
+//! queue arms most — a waiter's, on the node ahead of it, for its deletion
+//! ([`Store::watch_child`](crate::store::Store::watch_child)) — are not
+//! created per wait: each directory gets one *shared* watch on the
+//! deletions of every key below it (etcd's `NOPUT` filter), which serves
+//! all such watches there and stays open for a few seconds after the last
+//! one fires, for the next. A node watch joining it needs no request at
+//! all: the deletions it delivered after the arming read are replayed from
+//! the recent ones it keeps (if those no longer reach back that far, the
+//! node is read again, as above). What it delivered also keeps a copy of
+//! the directory up to date ([`super::mirror`], which records both), so a
+//! woken waiter needs no read at all. Other watches on a queued node (a
+//! revocation request written into it, its holder's lost signal) are
+//! watches of their own: they are armed once per hold, not per wait.
 //!
 //! The price is paid by the server, per waiting client: a shared watch
-//! delivers every change in its directory, so each handoff of a lock (a
-//! delete and a re-queue) costs two watch messages per client with a
-//! waiter there, so the lead over etcd's own recipe (whose rate grows with
-//! its clients) shrinks as waiters are added (BENCHMARKS.md, "how it
-//! scales"). Watching only the predecessor, from far back in the queue, was
-//! measured and refused: those watches land unsynced again (etcd reads the
-//! current revision and registers the watch in two steps, and a write in
-//! between files a "from now" watch as catching up), and the 100 ms waits
-//! return.
+//! delivers every deletion in its directory, so each handoff of a lock
+//! costs one watch message per client with a waiter there, and the lead
+//! over etcd's own recipe (whose rate grows with its clients) shrinks as
+//! waiters are added (BENCHMARKS.md, "how it scales"). Creations are not
+//! delivered (that halved the messages: BENCHMARKS.md, "Session 15"): a
+//! waiter only ever waits for nodes created before its own, which the
+//! listing it queued with has. Watching only the predecessor, from far
+//! back in the queue, was measured and refused: those watches land
+//! unsynced again (etcd reads the current revision and registers the watch
+//! in two steps, and a write in between files a "from now" watch as
+//! catching up), and the 100 ms waits return.
 //!
 //! - A watch fires once, on the first event its kind cares about, and is
 //!   then cancelled on the server (a shared one stays).
@@ -52,8 +58,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, EventType, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchRequestSender,
-    WatchResponse, WatchResponseStream,
+    Client, EventType, GetOptions, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+    WatchRequestSender, WatchResponse, WatchResponseStream,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -93,9 +99,9 @@ pub(super) struct Request {
     /// The path is a namespace's root: it has no key of its own (a role
     /// limited to the namespace may not even read it), only keys below.
     pub keyless: bool,
-    /// [`Kind::Data`] on a queued node (ephemeral, or watched as a queue
-    /// member): served by its directory's shared watch (see the module
-    /// docs).
+    /// [`Kind::Data`] on a queued node, for its deletion alone: served by
+    /// its directory's shared watch (see the module docs). A data change
+    /// fires it only if a gap check reads the node again.
     pub shared: bool,
 }
 
@@ -183,10 +189,10 @@ impl Pending {
     }
 }
 
-/// One etcd watch on every key below a directory, serving the node watches
-/// of the directory's queued nodes (its subscribers), and kept for
-/// [`LINGER`] after the last one fired, for the next. What it delivered is
-/// recorded in the [`Mirrors`].
+/// One etcd watch on the deletions of every key below a directory, serving
+/// the deletion watches of the directory's queued nodes (its subscribers),
+/// and kept for [`LINGER`] after the last one fired, for the next. What it
+/// delivered is recorded in the [`Mirrors`].
 struct Shared {
     dir: String,
     /// The last revision delivered (on this stream or an earlier one).
@@ -202,7 +208,8 @@ const LINGER: Duration = Duration::from_secs(2);
 impl Shared {
     fn options(&self, id: i64) -> (Vec<u8>, WatchOptions) {
         let (start, end) = keys::below(&self.dir);
-        (start, WatchOptions::new().with_watch_id(id).with_range(end))
+        let options = WatchOptions::new().with_watch_id(id).with_range(end);
+        (start, options.with_filters([WatchFilterType::NoPut]))
     }
 
     /// Whether an event for `key` at `revision` fires subscriber `sub`.
