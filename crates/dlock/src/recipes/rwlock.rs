@@ -117,8 +117,9 @@ impl ReadWriteLock {
     /// A read-write lock at `path`, used through `session`.
     pub fn new(session: &Session, path: &str) -> Result<Self> {
         Ok(ReadWriteLock {
-            readers: WaitQueue::new(session, path, READ_LOCK_NAME, SORT_NAMES)?,
-            writers: WaitQueue::new(session, path, WRITE_LOCK_NAME, SORT_NAMES)?,
+            // A downgrade's read node takes its write node's place.
+            readers: WaitQueue::new(session, path, READ_LOCK_NAME, SORT_NAMES)?.taking_places(),
+            writers: WaitQueue::new(session, path, WRITE_LOCK_NAME, SORT_NAMES)?.taking_places(),
             data: None,
             reads_held: Arc::new(AtomicUsize::new(0)),
         })

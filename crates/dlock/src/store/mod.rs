@@ -622,8 +622,10 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// [`Stat::czxid`]) as they were at some moment no earlier than
     /// `since` — not necessarily now, and normally no earlier than the
     /// last event a [`watch_child`](Self::watch_child) watch on one of
-    /// them delivered. Children created after `since` may be missing. A
-    /// backend that keeps what its watches deliver may answer without a
+    /// them delivered. Children created after `since` may be missing —
+    /// also one that takes the place of a child created earlier
+    /// ([`Child::created`]): a queue whose nodes can do that lists instead.
+    /// A backend that keeps what its watches deliver may answer without a
     /// round trip; the others list.
     ///
     /// Enough for a wait queue: a node created up to `since` that is

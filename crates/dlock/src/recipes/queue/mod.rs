@@ -43,6 +43,10 @@ pub(crate) struct WaitQueue {
     pub revocation: Option<super::revocation::Listener>,
     /// The longest a hold may last before the library ends it.
     pub max_hold: Option<std::time::Duration>,
+    /// Whether a node may join ahead of a waiter, in another node's place
+    /// ([`Child::created`]: the read-write lock's downgrade): then a woken
+    /// waiter lists the queue, which `Store::children_seen` need not show.
+    takes_places: bool,
     /// `dir` as a metrics label value, shared (not copied) by every
     /// acquisition's metrics.
     path_label: metrics::SharedString,
@@ -92,8 +96,16 @@ impl WaitQueue {
             assured: Default::default(),
             revocation: None,
             max_hold: None,
+            takes_places: false,
             path_label: metrics::SharedString::from_shared(std::sync::Arc::from(dir)),
         })
+    }
+
+    /// A queue in which a node may join ahead of a waiter, in another
+    /// node's place (see [`Child::created`]).
+    pub fn taking_places(mut self) -> Self {
+        self.takes_places = true;
+        self
     }
 
     /// The hold of our node `created`, as `what` of the recipe at
@@ -196,6 +208,9 @@ impl WaitQueue {
     ///
     /// [`Store::children_seen`]: crate::store::Store::children_seen
     pub async fn sorted_children_seen(&self, since: i64) -> Result<Vec<Child>> {
+        if self.takes_places {
+            return Ok(self.sorted_children(false).await?.0);
+        }
         let store = self.session.store();
         let listed = self
             .session
