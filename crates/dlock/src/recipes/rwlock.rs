@@ -13,7 +13,9 @@
 //! on the lock's path — a key `<path>/<lease hex>` — counts as a writer
 //! (the layout: `recipes/etcd_go.rs`): readers queued after it wait for it,
 //! writers queue with it, and Go waits for every dlock node ahead of its
-//! own.
+//! own — except a downgrade's read node, which Go sorts by its own key's
+//! creation, after a Go contender that queued while we held the write
+//! lock (so do not downgrade where Go contenders wait).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -117,9 +119,11 @@ impl ReadWriteLock {
     /// A read-write lock at `path`, used through `session`.
     pub fn new(session: &Session, path: &str) -> Result<Self> {
         Ok(ReadWriteLock {
-            // A downgrade's read node takes its write node's place.
-            readers: WaitQueue::new(session, path, READ_LOCK_NAME, SORT_NAMES)?.taking_places(),
-            writers: WaitQueue::new(session, path, WRITE_LOCK_NAME, SORT_NAMES)?.taking_places(),
+            readers: WaitQueue::new(session, path, READ_LOCK_NAME, SORT_NAMES)?,
+            // A downgrade's read node takes its write node's place, ahead
+            // of the writers queued behind (readers wait for writers only).
+            writers: WaitQueue::new(session, path, WRITE_LOCK_NAME, SORT_NAMES)?
+                .listing_when_woken(),
             data: None,
             reads_held: Arc::new(AtomicUsize::new(0)),
         })

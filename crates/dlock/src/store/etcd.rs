@@ -117,11 +117,13 @@
 //!   directory, kept a few seconds after its last waiter: a handoff sends
 //!   each client with a waiter one message. Its events also keep a copy of
 //!   the directory, started from any listing of it (the one a node queues
-//!   with, which has every node ahead); so
+//!   with, which has every node created before it); so
 //!   [`children_seen`](Store::children_seen) and
 //!   [`watch_child`](Store::watch_child) — what a waiter needs after it
 //!   queued and once woken — usually cost no request, and a handoff is the
-//!   holder's delete alone (why that is safe: `store::etcd::mirror`).
+//!   holder's delete alone (why that is safe: `store::etcd::mirror`; the
+//!   queues where a node can join ahead of a waiter, the read-write lock's
+//!   writers, list when woken).
 //! - **Fenced deletes and checks (etcd#22082).** This client remembers the
 //!   create revision of each ephemeral node it created in the current
 //!   session. An `Op::Check` without version on one compares that

@@ -624,7 +624,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// last event a [`watch_child`](Self::watch_child) watch on one of
     /// them delivered. Children created after `since` may be missing —
     /// also one that takes the place of a child created earlier
-    /// ([`Child::created`]): a queue whose nodes can do that lists instead.
+    /// ([`Child::created`]): a queue whose nodes can do that, or whose
+    /// waiters count the nodes behind them, lists instead.
     /// A backend that keeps what its watches deliver may answer without a
     /// round trip; the others list.
     ///

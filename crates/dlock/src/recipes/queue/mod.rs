@@ -43,10 +43,12 @@ pub(crate) struct WaitQueue {
     pub revocation: Option<super::revocation::Listener>,
     /// The longest a hold may last before the library ends it.
     pub max_hold: Option<std::time::Duration>,
-    /// Whether a node may join ahead of a waiter, in another node's place
-    /// ([`Child::created`]: the read-write lock's downgrade): then a woken
-    /// waiter lists the queue, which `Store::children_seen` need not show.
-    takes_places: bool,
+    /// Whether a woken waiter lists the queue rather than trusting
+    /// `Store::children_seen`, which may miss nodes created after ours: a
+    /// node may join ahead of ours in another's place ([`Child::created`]:
+    /// the read-write lock's downgrade), or the predicate counts the nodes
+    /// behind ours too (the semaphore's leases).
+    lists_when_woken: bool,
     /// `dir` as a metrics label value, shared (not copied) by every
     /// acquisition's metrics.
     path_label: metrics::SharedString,
@@ -96,15 +98,14 @@ impl WaitQueue {
             assured: Default::default(),
             revocation: None,
             max_hold: None,
-            takes_places: false,
+            lists_when_woken: false,
             path_label: metrics::SharedString::from_shared(std::sync::Arc::from(dir)),
         })
     }
 
-    /// A queue in which a node may join ahead of a waiter, in another
-    /// node's place (see [`Child::created`]).
-    pub fn taking_places(mut self) -> Self {
-        self.takes_places = true;
+    /// A queue whose woken waiters list it (see `lists_when_woken`).
+    pub fn listing_when_woken(mut self) -> Self {
+        self.lists_when_woken = true;
         self
     }
 
@@ -208,7 +209,7 @@ impl WaitQueue {
     ///
     /// [`Store::children_seen`]: crate::store::Store::children_seen
     pub async fn sorted_children_seen(&self, since: i64) -> Result<Vec<Child>> {
-        if self.takes_places {
+        if self.lists_when_woken {
             return Ok(self.sorted_children(false).await?.0);
         }
         let store = self.session.store();

@@ -125,12 +125,14 @@ impl Semaphore {
         Ok(Semaphore {
             path: path.to_string(),
             locks: Mutex::new(session, &path::join(path, LOCK_PARENT))?,
+            // Its predicate counts every lease, ours and those behind.
             leases: WaitQueue::new(
                 session,
                 &path::join(path, LEASE_PARENT),
                 LEASE_NAME,
                 &[LEASE_NAME],
-            )?,
+            )?
+            .listing_when_woken(),
             max,
             data: None,
             kazoo: None,

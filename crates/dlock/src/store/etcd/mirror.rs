@@ -19,7 +19,7 @@
 //! Why that is enough for a wait queue: a waiter only waits for nodes
 //! created before its own (a node created after ours can never be ahead of
 //! ours — except one that takes another's place, the read-write lock's
-//! downgrade, whose queue lists instead), and asks with `since` = its
+//! downgrade, whose writers list instead), and asks with `since` = its
 //! node's creation, which its own listing covers. The copy never shows a node as gone that exists
 //! (deletions reach it only once committed), so "nobody ahead of me" stays
 //! true; and "my node is there" at `as_of` is what etcd's own recipe checks

@@ -27,9 +27,9 @@
 //! the recent ones it keeps (if those no longer reach back that far, the
 //! node is read again, as above). What it delivered also keeps a copy of
 //! the directory up to date ([`super::mirror`], which records both), so a
-//! woken waiter needs no read at all. Other watches on a queued node (a
-//! revocation request written into it, its holder's lost signal) are
-//! watches of their own: they are armed once per hold, not per wait.
+//! woken waiter usually needs no read at all. Other watches on a queued
+//! node (a revocation request written into it, its holder's lost signal)
+//! are watches of their own: they are armed once per hold, not per wait.
 //!
 //! The price is paid by the server, per waiting client: a shared watch
 //! delivers every deletion in its directory, so each handoff of a lock
@@ -37,8 +37,9 @@
 //! over etcd's own recipe (whose rate grows with its clients) shrinks as
 //! waiters are added (BENCHMARKS.md, "how it scales"). Creations are not
 //! delivered (that halved the messages: BENCHMARKS.md, "Session 15"): a
-//! waiter only ever waits for nodes created before its own, which the
-//! listing it queued with has. Watching only the predecessor, from far
+//! waiter waits for nodes created before its own, which the listing it
+//! queued with has (a queue where a node can join ahead in another's
+//! place lists when woken: `store::etcd::mirror`). Watching only the predecessor, from far
 //! back in the queue, was measured and refused: those watches land
 //! unsynced again (etcd reads the current revision and registers the watch
 //! in two steps, and a write in between files a "from now" watch as
