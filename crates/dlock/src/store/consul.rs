@@ -231,7 +231,7 @@ struct ConsulStore {
     http: Arc<Http>,
     layout: Layout,
     /// The ephemeral nodes this client created in the current session, by
-    /// their (create index, modify index).
+    /// their create index.
     owned: OwnedNodes<u64>,
     sequence: Sequence,
 }
@@ -746,15 +746,14 @@ impl Store for ConsulStore {
             return Err(Error::InvalidArgument("the root cannot be deleted".into()));
         }
         let (session, uuid) = self.keeper.current().await?;
-        let (fenced, gone) = {
-            let owned = self.owned(session);
-            (owned.fenced(path), owned.gone(path).map(|g| g.session))
-        };
-        if let (None, Some(made_in)) = (version, gone) {
-            return self.delete_gone(path, (session, &uuid), made_in).await;
-        }
-        if version.is_none() && fenced {
-            return self.delete_owned(path, session, &uuid).await;
+        let holder = version
+            .is_none()
+            .then(|| self.owned(session).holder(session, path))
+            .flatten();
+        match holder {
+            Some(ours) if ours == session => return self.delete_owned(path, session, &uuid).await,
+            Some(made_in) => return self.delete_gone(path, (session, &uuid), made_in).await,
+            None => {}
         }
         let key = self.layout.key(path);
         for _ in 0..CAS_ATTEMPTS {
@@ -987,13 +986,8 @@ impl ConsulStore {
         }
         // Who holds our node there: this session, or the earlier one it
         // was made in (in a multi, as on etcd, only that one's node).
-        let holder = {
-            let owned = self.owned(session);
-            match owned.gone(path) {
-                Some(gone) => gone.session,
-                None if owned.fenced(path) => session,
-                None => return false,
-            }
+        let Some(holder) = self.owned(session).holder(session, path) else {
+            return false;
         };
         n.owner.is_some_and(|owner| owner != holder)
     }

@@ -827,11 +827,10 @@ impl Store for EtcdStore {
         // node of an earlier lease, that lease's (while the server keeps
         // it), else ours. A delete with a version names the node it read,
         // as on Consul.
-        let fence = self.fence(lease, path).filter(|_| version.is_none());
-        let mut holder = fence.map(|fence| match fence {
-            Fence::Gone(earlier) => earlier,
-            Fence::Created(_) | Fence::Held => lease,
-        });
+        let mut holder = version
+            .is_none()
+            .then(|| self.owned(lease).holder(lease, path))
+            .flatten();
         loop {
             let mut compares = vec![Compare::version(path, CompareOp::Greater, 0)];
             if let Some(v) = version {

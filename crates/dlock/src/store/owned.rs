@@ -59,8 +59,7 @@ pub(crate) struct Owned<F> {
     /// (directory, sequence suffix) → path, for sequential nodes.
     pub sequenced: HashMap<(String, String), String>,
     /// Our nodes of earlier sessions, by path (never a path in `nodes`).
-    /// Their names stay fenced: a
-    /// check or delete of "our node" there (one issued in that session and
+    /// Their names stay fenced: a check or delete of "our node" there (one issued in that session and
     /// sent in a later one, after waiting out the renewal) acts on a node
     /// held by that session — the server may keep a session the client
     /// gave up on — or by the operation's own, and fails rather than land
@@ -109,13 +108,24 @@ impl<F> Owned<F> {
 
     /// Whether `path` is fenced: a node of ours, or the name of one that
     /// went with an earlier session.
-    pub fn fenced(&self, path: &str) -> bool {
+    fn fenced(&self, path: &str) -> bool {
         self.nodes.contains_key(path) || self.gone.contains_key(path)
     }
 
     /// Our node at `path` that went with an earlier session.
     pub fn gone(&self, path: &str) -> Option<Gone> {
         self.gone.get(path).copied()
+    }
+
+    /// The session that must hold the key at `path` for a check or delete
+    /// of "our node" there by `session`: the earlier session of our node
+    /// that went with it, else `session` if the node is ours; `None` if we
+    /// have no node there.
+    pub fn holder(&self, session: SessionId, path: &str) -> Option<SessionId> {
+        match self.gone(path) {
+            Some(gone) => Some(gone.session),
+            None => self.nodes.contains_key(path).then_some(session),
+        }
     }
 
     /// Forgets the gone node at `path`, made in `made_in`, deleted by an

@@ -38,10 +38,10 @@ use crate::store::Child;
 /// A key's create and mod revisions.
 type Revisions = (i64, i64);
 
-/// One delivered change: (revision, key, the key's revisions if it was put).
-pub(super) type Change = (i64, Vec<u8>, Option<Revisions>);
+/// One delivered deletion: (revision, key).
+pub(super) type Deletion = (i64, Vec<u8>);
 
-/// How many delivered changes a shared watch keeps.
+/// How many delivered deletions a shared watch keeps.
 const RECENT: usize = 1024;
 
 /// What every directory with a shared watch has seen, by directory:
@@ -51,10 +51,9 @@ pub(super) struct Mirrors(Arc<Mutex<HashMap<String, Seen>>>);
 
 #[derive(Debug, Default)]
 struct Seen {
-    /// The latest changes delivered (deletions: see the module docs),
-    /// oldest first.
-    recent: VecDeque<Change>,
-    /// Every change after this revision has been delivered and is still in
+    /// The latest deletions delivered, oldest first.
+    recent: VecDeque<Deletion>,
+    /// Every deletion after this revision has been delivered and is still in
     /// `recent`, or is still to come. `None` until the watch started.
     complete_after: Option<i64>,
     /// The copy of the keys below the directory, once a listing started it.
@@ -69,28 +68,25 @@ struct Copy {
     /// revision can change several keys, so this, not `as_of`, is the
     /// bound.)
     listed_at: i64,
-    /// The revision of the last change applied: the copy has every
+    /// The revision of the last deletion applied: the copy has every
     /// deletion up to it.
     as_of: i64,
 }
 
 impl Copy {
-    fn apply(&mut self, (revision, key, put): &Change) {
+    fn apply(&mut self, (revision, key): &Deletion) {
         if *revision <= self.listed_at {
             return;
         }
-        match put {
-            Some(revisions) => self.keys.insert(key.clone(), *revisions),
-            None => self.keys.remove(key),
-        };
+        self.keys.remove(key);
         self.as_of = self.as_of.max(*revision);
     }
 }
 
 impl Seen {
-    /// The recent changes after `revision` (they are in revision order).
-    fn after(&self, revision: i64) -> impl Iterator<Item = &Change> {
-        let first = self.recent.partition_point(|(r, _, _)| *r <= revision);
+    /// The recent deletions after `revision` (in revision order).
+    fn after(&self, revision: i64) -> impl Iterator<Item = &Deletion> {
+        let first = self.recent.partition_point(|(r, _)| *r <= revision);
         self.recent.range(first..)
     }
 
@@ -107,8 +103,8 @@ pub(super) enum Missed {
     Unknown,
     /// Changes after the read are no longer all kept: read again.
     Gap,
-    /// The node's first change after the read (`true`: a put).
-    Change(bool),
+    /// The node was deleted after the read.
+    Deleted,
     /// Nothing.
     Nothing,
 }
@@ -129,29 +125,29 @@ impl Mirrors {
         self.lock().remove(dir);
     }
 
-    /// The shared watch on `dir` delivers every change after `revision`.
+    /// The shared watch on `dir` delivers every deletion after `revision`.
     pub fn started(&self, dir: &str, revision: i64) {
         if let Some(seen) = self.lock().get_mut(dir) {
             seen.complete_after = Some(revision);
         }
     }
 
-    /// Records changes the shared watch on `dir` delivered, in order.
-    pub fn deliver(&self, dir: &str, changes: impl IntoIterator<Item = Change>) {
+    /// Records deletions the shared watch on `dir` delivered, in order.
+    pub fn deliver(&self, dir: &str, deletions: impl IntoIterator<Item = Deletion>) {
         let mut mirrors = self.lock();
         let Some(seen) = mirrors.get_mut(dir) else {
             return;
         };
-        for change in changes {
+        for deletion in deletions {
             if let Some(copy) = &mut seen.copy {
-                copy.apply(&change);
+                copy.apply(&deletion);
             }
             if seen.recent.len() == RECENT {
-                if let Some((dropped, _, _)) = seen.recent.pop_front() {
+                if let Some((dropped, _)) = seen.recent.pop_front() {
                     seen.complete_after = seen.complete_after.map(|c| c.max(dropped));
                 }
             }
-            seen.recent.push_back(change);
+            seen.recent.push_back(deletion);
         }
     }
 
@@ -166,8 +162,8 @@ impl Mirrors {
             Some(complete) if covered < complete => Missed::Gap,
             Some(_) => seen
                 .after(covered)
-                .find(|(_, key, _)| key == path.as_bytes())
-                .map_or(Missed::Nothing, |(_, _, put)| Missed::Change(put.is_some())),
+                .find(|(_, key)| key == path.as_bytes())
+                .map_or(Missed::Nothing, |_| Missed::Deleted),
         }
     }
 
@@ -202,8 +198,8 @@ impl Mirrors {
             listed_at: revision,
             as_of: revision,
         };
-        for change in seen.after(revision) {
-            copy.apply(change);
+        for deletion in seen.after(revision) {
+            copy.apply(deletion);
         }
         seen.copy = Some(copy);
     }
@@ -236,16 +232,8 @@ impl Mirrors {
 mod tests {
     use super::*;
 
-    fn put(revision: i64, key: &str) -> Change {
-        (
-            revision,
-            key.as_bytes().to_vec(),
-            Some((revision, revision)),
-        )
-    }
-
-    fn delete(revision: i64, key: &str) -> Change {
-        (revision, key.as_bytes().to_vec(), None)
+    fn delete(revision: i64, key: &str) -> Deletion {
+        (revision, key.as_bytes().to_vec())
     }
 
     fn names(children: Option<Vec<Child>>) -> Option<Vec<String>> {
@@ -368,9 +356,9 @@ mod tests {
         assert_eq!(mirrors.missed("/d/a", 5), Missed::Unknown);
         mirrors.started("/d", 6);
         assert_eq!(mirrors.missed("/d/a", 5), Missed::Gap);
-        mirrors.deliver("/d", [put(7, "/d/b"), put(8, "/d/a"), delete(9, "/d/a")]);
-        assert_eq!(mirrors.missed("/d/a", 6), Missed::Change(true));
-        assert_eq!(mirrors.missed("/d/a", 8), Missed::Change(false));
+        mirrors.deliver("/d", [delete(7, "/d/b"), delete(9, "/d/a")]);
+        assert_eq!(mirrors.missed("/d/a", 6), Missed::Deleted);
+        assert_eq!(mirrors.missed("/d/a", 8), Missed::Deleted);
         assert_eq!(mirrors.missed("/d/a", 9), Missed::Nothing);
         assert_eq!(mirrors.missed("/e/a", 9), Missed::Unknown);
     }
@@ -382,7 +370,7 @@ mod tests {
         mirrors.reset("/d");
         assert!(mirrors.children("/d", 0).is_none());
         mirrors.remove("/d");
-        mirrors.deliver("/d", [put(3, "/d/b")]);
+        mirrors.deliver("/d", [delete(3, "/d/a")]);
         assert!(mirrors.children("/d", 0).is_none());
     }
 }

@@ -213,9 +213,9 @@ impl Shared {
         (start, options.with_filters([WatchFilterType::NoPut]))
     }
 
-    /// Whether an event for `key` at `revision` fires subscriber `sub`.
-    fn fires(sub: &Pending, revision: i64, key: &[u8], put: bool) -> Option<WatchEvent> {
-        (revision > sub.covered && key == sub.armed.path.as_bytes()).then_some(data_event(put))
+    /// Whether the deletion of `key` at `revision` fires subscriber `sub`.
+    fn fires(sub: &Pending, revision: i64, key: &[u8]) -> bool {
+        revision > sub.covered && key == sub.armed.path.as_bytes()
     }
 }
 
@@ -486,8 +486,8 @@ impl Dispatcher {
         };
         shared.idle_since = None;
         let missed = self.mirrors.missed(&watch.armed.path, watch.covered);
-        if let Missed::Change(put) = missed {
-            let _ = watch.tx.send(data_event(put));
+        if missed == Missed::Deleted {
+            let _ = watch.tx.send(WatchEvent::NodeDeleted);
             return;
         }
         // Unknown: the shared watch's `created` answer checks the gap.
@@ -551,23 +551,22 @@ impl Dispatcher {
             return;
         };
         let mut fired = Vec::new();
-        let mut changes = Vec::with_capacity(response.events().len());
+        let mut deletions = Vec::with_capacity(response.events().len());
+        // Deletions only: the watch filters out puts.
         for event in response.events() {
             let Some(kv) = event.kv() else { continue };
-            let (revision, put) = (kv.mod_revision(), event.event_type() == EventType::Put);
-            let revisions = put.then(|| (kv.create_revision(), kv.mod_revision()));
-            changes.push((revision, kv.key().to_vec(), revisions));
-            for (sub_id, sub) in shared.subscribers.iter_mut() {
-                if let Some(event) = Shared::fires(sub, revision, kv.key(), put) {
-                    fired.push((*sub_id, event));
-                }
-            }
+            let revision = kv.mod_revision();
+            deletions.push((revision, kv.key().to_vec()));
+            let subscribers = shared.subscribers.iter();
+            fired.extend(subscribers.filter_map(|(&sub_id, sub)| {
+                Shared::fires(sub, revision, kv.key()).then_some(sub_id)
+            }));
             shared.delivered = shared.delivered.max(revision);
         }
         // Before the wakeups: a woken waiter reads the copy.
-        self.mirrors.deliver(&shared.dir, changes);
-        for (sub_id, event) in fired {
-            self.fire(sub_id, event).await;
+        self.mirrors.deliver(&shared.dir, deletions);
+        for sub_id in fired {
+            self.fire(sub_id, WatchEvent::NodeDeleted).await;
         }
     }
 
