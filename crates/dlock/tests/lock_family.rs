@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use async_trait::async_trait;
 use common::tests1::{finished, joined, rivals, Occupancy};
 use common::{await_children, queued, Harness};
@@ -135,6 +135,31 @@ async fn a_queued_writer_cannot_slip_into_a_downgrade(h: &Harness) -> Result<()>
         r1.release().await?;
         finished(writer2, WITHIN).await?.release().await?;
     }
+    Ok(())
+}
+
+/// A downgrade whose session ends while it makes the read node fails as
+/// lost, and leaves no read node: one made in the next session would not
+/// take the write node's place (etcd and Consul keep a place only within a
+/// session), so a writer queued behind could get in while it reads.
+async fn a_downgrade_that_outlives_its_session_is_lost(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/rw");
+    let w = ReadWriteLock::new(&s, &path)?.write().await?;
+    let first = s.session_id();
+    s.faults().context("faults")?.suspend(h.timeout() * 2);
+    // Issued while the connection is down, sent once it is back: in the
+    // next session.
+    let read = w.read().await;
+    ensure!(s.session_id() != first, "the session was renewed");
+    ensure!(
+        read.is_err(),
+        "a downgrade of a write lock lost meanwhile: {:?}",
+        read.map(|r| r.node().to_string())
+    );
+    let _ = w.release().await;
+    let left = s.children(&path).await.unwrap_or_default();
+    ensure!(left.is_empty(), "left behind: {left:?}");
     Ok(())
 }
 
@@ -448,6 +473,7 @@ per_backend!(every_backend {
     downgrading_is_only_for_the_writer,
     a_writer_downgrades_to_reader,
     a_queued_writer_cannot_slip_into_a_downgrade,
+    a_downgrade_that_outlives_its_session_is_lost,
     writers_are_alone_and_readers_share,
     rw_nodes_carry_the_lock_data,
     a_dead_writer_lets_readers_in,

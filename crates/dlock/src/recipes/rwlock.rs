@@ -280,7 +280,9 @@ impl WriteGuard {
     /// Takes the read lock while holding the write lock, at once: the first
     /// step of a downgrade (then release the write guard). The read node
     /// takes our write node's sequence, so no writer queued behind us can
-    /// get in before our read lock is released.
+    /// get in before our read lock is released. Fails with
+    /// [`Error::Lost`] if the write lock was lost, before or while the read
+    /// node is made (then it is deleted).
     pub async fn read(&self) -> Result<ReadGuard> {
         let held = self.guard.held_node();
         if self.guard.is_lost() {
@@ -301,6 +303,12 @@ impl WriteGuard {
                 false,
             )
             .await?;
+        // Made in a later session than the write node (the write lock was
+        // lost meanwhile), the read node has not taken its place.
+        if created.stat.ephemeral_owner != held.created.stat.ephemeral_owner {
+            q.session.delete_guaranteed(&created.path).await?;
+            return Err(held.lost_error());
+        }
         if let Some(listener) = &q.revocation {
             super::revocation::watch(&q.session, created.path.clone(), listener.clone());
         }
