@@ -596,15 +596,16 @@ impl EtcdStore {
     }
 
     /// Arms a watch on `path` after a read at `read_revision` that saw the
-    /// key at `mod_revision` (0: no key) and, for children watches, a
-    /// listing with `digest`. A waiter's watch on a queued node, for its
-    /// deletion (`queued`), is served by its directory's shared watch.
+    /// key at `revision` (its mod revision; 0: no key) and, for children
+    /// watches, a listing with `digest`. A waiter's watch on a queued node,
+    /// for its deletion (`queued`; `revision` is then the node's create
+    /// revision), is served by its directory's shared watch.
     fn arm(
         &self,
         path: &str,
         kind: Kind,
         read_revision: i64,
-        mod_revision: i64,
+        revision: i64,
         digest: u64,
         queued: bool,
     ) -> Watch {
@@ -612,7 +613,7 @@ impl EtcdStore {
             path: path.to_string(),
             kind,
             read_revision,
-            mod_revision,
+            revision,
             digest,
             keyless: self.is_keyless(path),
             shared: queued && kind == Kind::Data && path::parent(path) != "/",
@@ -992,10 +993,10 @@ impl Store for EtcdStore {
         };
         match self.hub.mirrors.node(&node, czxid) {
             Some((_, None)) => Ok(None),
-            Some((_, Some((created, _)))) if created != czxid => Ok(None),
-            Some((as_of, Some((_, modified)))) => {
+            Some((_, Some(created))) if created != czxid => Ok(None),
+            Some((as_of, Some(_))) => {
                 self.lease.current().await?;
-                Ok(Some(self.arm(&node, Kind::Data, as_of, modified, 0, true)))
+                Ok(Some(self.arm(&node, Kind::Data, as_of, czxid, 0, true)))
             }
             // Through the shared watch as well (whatever the node's
             // lease), so that its event reaches the copy first.
@@ -1003,7 +1004,7 @@ impl Store for EtcdStore {
                 let lease = self.lease.current().await?;
                 Ok(match self.read(&node, lease).await? {
                     (Some(kv), _, read_at) if kv.create_revision() == czxid => {
-                        Some(self.arm(&node, Kind::Data, read_at, kv.mod_revision(), 0, true))
+                        Some(self.arm(&node, Kind::Data, read_at, czxid, 0, true))
                     }
                     _ => None,
                 })

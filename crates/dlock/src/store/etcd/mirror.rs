@@ -35,9 +35,6 @@ use etcd_client::KeyValue;
 use super::keys;
 use crate::store::Child;
 
-/// A key's create and mod revisions.
-type Revisions = (i64, i64);
-
 /// One delivered deletion: (revision, key).
 pub(super) type Deletion = (i64, Vec<u8>);
 
@@ -62,7 +59,8 @@ struct Seen {
 
 #[derive(Debug)]
 struct Copy {
-    keys: BTreeMap<Vec<u8>, Revisions>,
+    /// Key → its create revision.
+    keys: BTreeMap<Vec<u8>, i64>,
     /// The revision of the listing it started from: changes up to it are
     /// in it already, and it has every node created up to it. (One
     /// revision can change several keys, so this, not `as_of`, is the
@@ -175,7 +173,7 @@ impl Mirrors {
     pub fn seed(&self, dir: &str, revision: i64, kvs: &[KeyValue]) {
         let listed = kvs
             .iter()
-            .map(|kv| (kv.key().to_vec(), (kv.create_revision(), kv.mod_revision())));
+            .map(|kv| (kv.key().to_vec(), kv.create_revision()));
         self.seed_with(dir, revision, listed);
     }
 
@@ -183,7 +181,7 @@ impl Mirrors {
         &self,
         dir: &str,
         revision: i64,
-        listed: impl IntoIterator<Item = (Vec<u8>, Revisions)>,
+        listed: impl IntoIterator<Item = (Vec<u8>, i64)>,
     ) {
         let mut mirrors = self.lock();
         let Some(seen) = mirrors.get_mut(dir) else {
@@ -213,15 +211,15 @@ impl Mirrors {
             dir,
             copy.keys
                 .iter()
-                .map(|(key, &(created, _))| (key.as_slice(), created)),
+                .map(|(key, &created)| (key.as_slice(), created)),
         ))
     }
 
     /// Node `path`, created up to `since`, in its directory's copy, if that
     /// has every node created up to `since`: the revision up to which the
-    /// copy has every deletion, and the node's create and mod revisions
-    /// (`None`: gone).
-    pub fn node(&self, path: &str, since: i64) -> Option<(i64, Option<Revisions>)> {
+    /// copy has every deletion, and the node's create revision (`None`:
+    /// gone).
+    pub fn node(&self, path: &str, since: i64) -> Option<(i64, Option<i64>)> {
         let mirrors = self.lock();
         let copy = mirrors.get(crate::path::parent(path))?.copy_since(since)?;
         Some((copy.as_of, copy.keys.get(path.as_bytes()).copied()))
@@ -240,9 +238,9 @@ mod tests {
         children.map(|c| c.into_iter().map(|c| c.name).collect())
     }
 
-    fn listed(keys: &[(&str, i64)]) -> Vec<(Vec<u8>, Revisions)> {
+    fn listed(keys: &[(&str, i64)]) -> Vec<(Vec<u8>, i64)> {
         keys.iter()
-            .map(|(k, r)| (k.as_bytes().to_vec(), (*r, *r)))
+            .map(|(k, r)| (k.as_bytes().to_vec(), *r))
             .collect()
     }
 
@@ -273,7 +271,7 @@ mod tests {
         mirrors.seed_with("/d", 13, listed(&[("/d/a", 5), ("/d/b", 13)]));
         assert_eq!(names(mirrors.children("/d", 13)), Some(vec!["b".into()]));
         assert_eq!(mirrors.node("/d/a", 0), Some((14, None)));
-        assert_eq!(mirrors.node("/d/b", 13), Some((14, Some((13, 13)))));
+        assert_eq!(mirrors.node("/d/b", 13), Some((14, Some(13))));
     }
 
     #[test]
@@ -298,7 +296,7 @@ mod tests {
         // A listing at 8 has what the copy lacks, though the copy has a
         // later deletion; that deletion applies on top of it.
         mirrors.seed_with("/d", 8, listed(&[("/d/a", 3), ("/d/b", 7)]));
-        assert_eq!(mirrors.node("/d/b", 7), Some((10, Some((7, 7)))));
+        assert_eq!(mirrors.node("/d/b", 7), Some((10, Some(7))));
         assert_eq!(names(mirrors.children("/d", 8)), Some(vec!["b".into()]));
     }
 
@@ -338,7 +336,7 @@ mod tests {
         mirrors.seed_with("/d", 2, listed(&[("/d/a", 2)]));
         // The copy lacks b and c; a listing at 4 has them.
         mirrors.seed_with("/d", 4, listed(&[("/d/a", 2), ("/d/b", 3), ("/d/c", 4)]));
-        assert_eq!(mirrors.node("/d/c", 4), Some((4, Some((4, 4)))));
+        assert_eq!(mirrors.node("/d/c", 4), Some((4, Some(4))));
         // An older listing changes nothing; late changes up to 4 are in it.
         mirrors.seed_with("/d", 3, listed(&[("/d/a", 2)]));
         mirrors.deliver("/d", [delete(3, "/d/z"), delete(5, "/d/a")]);

@@ -93,8 +93,9 @@ pub(super) struct Request {
     pub kind: Kind,
     /// The header revision of the read that armed it.
     pub read_revision: i64,
-    /// [`Kind::Data`]: the key's mod revision as read.
-    pub mod_revision: i64,
+    /// [`Kind::Data`]: the key's mod revision as read — or, for a shared
+    /// watch (the key's deletion alone), its create revision.
+    pub revision: i64,
     /// [`Kind::Children`]: the listing's [`keys::digest`].
     pub digest: u64,
     /// The path is a namespace's root: it has no key of its own (a role
@@ -307,9 +308,13 @@ async fn look(
     let below = gets.get(1);
     let below_count = below.map_or(0, |g| g.count());
     let changed = match armed.kind {
+        // Gone, or another node of its name.
+        Kind::Data if armed.shared => key
+            .is_none_or(|kv| kv.create_revision() != armed.revision)
+            .then_some(WatchEvent::NodeDeleted),
         Kind::Data => match key {
             None => Some(WatchEvent::NodeDeleted),
-            Some(kv) if kv.mod_revision() != armed.mod_revision => Some(WatchEvent::DataChanged),
+            Some(kv) if kv.mod_revision() != armed.revision => Some(WatchEvent::DataChanged),
             Some(_) => None,
         },
         Kind::Absent => (key.is_some() || below_count > 0).then_some(WatchEvent::NodeCreated),
