@@ -137,13 +137,6 @@ impl LockArgs {
                 .with("--layout kazoo is kazoo's Lock: only `dlock lock` has it")
                 .into());
         }
-        if self.layout == Layout::Consul
-            && (self.held.hold.revocable.is_some() || self.held.hold.max_hold.is_some())
-        {
-            return Err(Exit::Usage
-                .with("--layout consul is Consul's api.Lock, which has neither revocation nor a hold limit: drop --revocable and --max-hold")
-                .into());
-        }
         Ok(())
     }
 }
@@ -155,7 +148,12 @@ pub async fn lock(global: &Global, args: LockArgs, kind: LockKind) -> Result<u8>
     run_held(global, args, |session, limits| async move {
         let lock: Box<dyn Lockable> = match kind {
             LockKind::Mutex if args.layout == Layout::Consul => {
-                Box::new(dlock::ConsulLock::new(&session, &args.path)?)
+                let lock = dlock::ConsulLock::new(&session, &args.path)?;
+                let (revocable, limited) = (
+                    dlock::ConsulLock::revocable,
+                    dlock::ConsulLock::with_max_hold,
+                );
+                Box::new(limits.apply(lock, revocable, limited))
             }
             LockKind::Mutex => {
                 let mutex = dlock::Mutex::new(&session, &args.path)?.with_layout(args.layout)?;

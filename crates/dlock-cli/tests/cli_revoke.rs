@@ -272,22 +272,47 @@ fn a_revocable_semaphore_lease_stops_at_a_request() {
     case.assert_nothing_left();
 }
 
-/// `--layout consul` has neither revocation nor a hold limit: refused as a
-/// usage error naming the flags.
+/// `--layout consul` takes `--revocable` and `--max-hold` as every lock
+/// does. On Consul: a revocation request stops a revocable holder (exit
+/// 68), and when the limit ends a hold (exit 66), a `consul lock` waiting
+/// on the prefix sees `.lock` go and gets in.
+#[cfg(feature = "consul")]
 #[test]
-fn consul_layout_refuses_revocable_and_max_hold() {
-    for args in [
-        "lock /x --layout consul --revocable -- true",
-        "lock /x --layout consul --max-hold 1s -- true",
-    ] {
-        let out = dlock_on(&zk()).args(args.split(' ')).output().unwrap();
-        assert_eq!(out.status.code(), Some(64), "{args}: {out:?}");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            stderr.contains("--revocable and --max-hold"),
-            "{args}: {stderr}"
-        );
-    }
+fn consul_layout_holds_are_revocable_and_limited() {
+    let endpoint = common::consul_endpoint();
+    let case = Case::on(&endpoint, "consul-revocable");
+    let flags = ["--layout", "consul", "--revocable=200ms"];
+    let holder = case.stubborn(&["lock"], &flags).spawn().unwrap();
+    let node = case.started_holder();
+    assert!(node.ends_with("/.lock"), "{node}");
+    case.revoke(&[], &node);
+    assert_eq!(exit_within(holder, BOUND), Some(68), "exit 68: revoked");
+    case.assert_nothing_left();
+
+    let case = Case::on(&endpoint, "consul-max-hold");
+    let started = Instant::now();
+    let flags = [
+        "--layout",
+        "consul",
+        "--max-hold",
+        "700ms",
+        "--grace",
+        "200ms",
+    ];
+    let holder = case.stubborn(&["lock"], &flags).spawn().unwrap();
+    assert!(await_line(&case.log(), "started", BOUND));
+    let waiter_log = case.dir.path().join("waiter");
+    let waiter = common::consul_lock()
+        .arg(case.path.trim_start_matches('/'))
+        .arg(format!("echo in >> {}", waiter_log.display()))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert_eq!(exit_within(holder, BOUND), Some(66), "exit 66: lost");
+    assert!(started.elapsed() >= Duration::from_millis(700));
+    assert_eq!(exit_within(waiter, BOUND), Some(0), "consul lock ran");
+    assert!(await_line(&waiter_log, "in", Duration::ZERO));
+    case.assert_nothing_left();
 }
 
 /// In Consul's layout, `dlock revoke --force` reaches a `consul lock -n`

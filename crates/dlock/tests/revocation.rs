@@ -4,7 +4,7 @@
 //! (its lost signal fires), that its guarded write is refused, and that the
 //! next waiter proceeds within [`HANDOVER`] — while the holder's session
 //! stays alive, so nobody waited for it to expire. Also: revocation
-//! requests reach semaphore and KV-semaphore holders, and a hold released
+//! requests reach semaphore, KV-semaphore and `ConsulLock` holders, and a hold released
 //! before its limit is never touched by it.
 
 mod common;
@@ -16,7 +16,8 @@ use common::{await_children, Harness};
 use dlock::recipes::leader_latch::LeaderLatch;
 use dlock::store::{CreateMode, CreateOptions, Op};
 use dlock::{
-    Acquisition, Error, Hold, KvSemaphore, Layout, Mutex, ReadWriteLock, Semaphore, Session,
+    Acquisition, ConsulLock, Error, Hold, KvSemaphore, Layout, Mutex, ReadWriteLock, Semaphore,
+    Session,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -186,6 +187,7 @@ one_permit! {
     Mutex => dlock::MutexGuard, |s, p| Mutex::new(s, p), |m| m.acquire();
     Semaphore => dlock::Lease, |s, p| Semaphore::new(s, p, 1), |sem| sem.acquire_one();
     KvSemaphore => dlock::KvLease, |s, p| KvSemaphore::new(s, p, 1), |sem| sem.acquire();
+    ConsulLock => dlock::LockGuard, |s, p| ConsulLock::new(s, p), |lock| lock.acquire();
 }
 
 /// `session` takes `P`'s permit at `path`, limited to `max_hold` if given.
@@ -255,6 +257,17 @@ async fn a_kv_lease_revoked_by_force(h: &Harness) -> Result<()> {
         ensure!(holders == [next.holder()], "{layout}: {holders:?}");
         next.release().await?;
     }
+    Ok(())
+}
+
+/// A `ConsulLock`'s `.lock` deleted by force. Its waiters have no node of
+/// their own (they watch `.lock`), so the operator acts once the holder's
+/// node is there; the waiter either already waits on it or finds it gone.
+async fn a_consul_lock_holder_revoked_by_force(h: &Harness) -> Result<()> {
+    let path = h.path("/consul-lock/forced");
+    let acquire = |session: Session| take_at::<ConsulLock>(&session, &path, None);
+    let (next, _) = revoked_by_force(h, &path, 1, acquire, acquire).await?;
+    next.release().await?;
     Ok(())
 }
 
@@ -345,6 +358,38 @@ async fn an_expired_kv_permit(h: &Harness) -> Result<()> {
     an_expired_permit_goes_to_the_waiter::<KvSemaphore>(h, &h.path("/kv/expiring")).await
 }
 
+/// A `ConsulLock` hold past its maximum: `.lock` goes, the waiter takes it.
+async fn an_expired_consul_lock(h: &Harness) -> Result<()> {
+    an_expired_permit_goes_to_the_waiter::<ConsulLock>(h, &h.path("/consul-lock/expiring")).await
+}
+
+/// A revocation request reaches a `ConsulLock` holder and takes nothing by
+/// itself: the lock stays held (a contender is refused) until the holder
+/// cooperates.
+async fn revocation_requests_reach_consul_lock_holders(h: &Harness) -> Result<()> {
+    let (holder, other) = (h.session().await, h.session().await);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let path = h.path("/consul-lock/revocable");
+    let guard = ConsulLock::new(&holder, &path)?
+        .revocable(move |node: &str| {
+            let _ = tx.send(node.to_string());
+        })
+        .acquire()
+        .await?;
+    dlock::revoke(&other, guard.node()).await?;
+    let asked = within("the lock holder being told", rx.recv()).await?;
+    ensure!(asked.as_deref() == Some(guard.node()), "told {asked:?}");
+    ensure!(
+        !guard.is_lost(),
+        "a revocation request takes nothing by itself"
+    );
+    let contender = ConsulLock::new(&other, &path)?;
+    ensure!(contender.try_acquire().await?.is_none(), "still held");
+    guard.release().await?;
+    contender.acquire().await?.release().await?;
+    Ok(())
+}
+
 /// CURATOR-650: revocation requests reach semaphore lease holders, and
 /// KvSemaphore slot holders; the holder cooperates and the waiter gets in.
 async fn revocation_requests_reach_semaphore_holders(h: &Harness) -> Result<()> {
@@ -394,9 +439,12 @@ per_backend!(every_backend {
     a_semaphore_lease_revoked_by_force,
     a_kv_lease_revoked_by_force,
     a_leader_revoked_by_force,
+    a_consul_lock_holder_revoked_by_force,
     a_mutex_hold_past_its_maximum,
     a_hold_released_in_time_stands_the_limit_down,
     an_expired_semaphore_permit,
     an_expired_kv_permit,
+    an_expired_consul_lock,
     revocation_requests_reach_semaphore_holders,
+    revocation_requests_reach_consul_lock_holders,
 });

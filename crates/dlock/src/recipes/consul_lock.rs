@@ -45,6 +45,14 @@
 //!   45.8 s (`consul_interop.rs`,
 //!   `dlock_lock_waits_out_a_killed_consul_locks_lock_delay`, long).
 //!
+//! - **Revocation and hold limits**, as every lock of dlock has them: a
+//!   [`revocable`](ConsulLock::revocable) holder is told when someone
+//!   writes `__REVOKE__` into `.lock` ([`revoke`](crate::revoke); `api.Lock`
+//!   judges a hold by the key's session alone, so a `consul lock` holder
+//!   ignores the request), and [`with_max_hold`](ConsulLock::with_max_hold)
+//!   deletes `.lock` at the limit, which a `consul lock` waiter sees as a
+//!   release.
+//!
 //! On ZooKeeper, etcd and the embedded store it is a plain create-if-absent
 //! ephemeral node whose waiters watch it (not fair, unlike
 //! [`Mutex`](crate::Mutex)).
@@ -56,6 +64,7 @@ use super::entry::{Claim, Entry};
 use super::guard::LockGuard;
 use super::layout::CONSUL_LOCK_FLAGS;
 use super::queue::HeldNode;
+use super::revocation::{self, Listener};
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
@@ -88,6 +97,9 @@ pub struct ConsulLock {
     session: Session,
     prefix: String,
     node: String,
+    /// Told the node's path when someone asks for the lock.
+    revocation: Option<Listener>,
+    max_hold: Option<Duration>,
 }
 
 impl ConsulLock {
@@ -98,12 +110,65 @@ impl ConsulLock {
             session: session.clone(),
             prefix: prefix.to_string(),
             node: path::join(prefix, LOCK_KEY),
+            revocation: None,
+            max_hold: None,
         })
+    }
+
+    /// Makes the lock revocable, as [`Mutex::revocable`](crate::Mutex::revocable)
+    /// does: `listener` is called with the node's path whenever someone asks
+    /// for the lock with [`revoke`](crate::revoke) while we hold it (there
+    /// are no waiters' nodes to ask). The request replaces the node's
+    /// token; `consul lock` holders never see one.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// let session = dlock::connect("embedded").await?;
+    /// let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    /// let lock = dlock::ConsulLock::new(&session, "/doc/consul-revocable")?
+    ///     .revocable(move |node: &str| { let _ = tx.send(node.to_string()); });
+    /// let guard = lock.acquire().await?;
+    /// dlock::revoke(&session, guard.node()).await?;
+    /// assert_eq!(rx.recv().await.as_deref(), Some(guard.node()));
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn revocable(mut self, listener: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        self.revocation = Some(Listener::new(listener));
+        self
+    }
+
+    /// Limits every hold to `max_hold`, as
+    /// [`Mutex::with_max_hold`](crate::Mutex::with_max_hold) does: at the
+    /// limit the library deletes `.lock` (fenced: only the node of this
+    /// hold), the hold's lost signal fires, and any waiter — dlock's or a
+    /// `consul lock`'s — takes the lock.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use std::time::Duration;
+    /// let session = dlock::connect("embedded").await?;
+    /// let lock = dlock::ConsulLock::new(&session, "/doc/consul-max-hold")?.with_max_hold(Duration::from_millis(50));
+    /// let guard = lock.acquire().await?;
+    /// guard.lost().await;                      // the limit passed
+    /// let next = lock.acquire().await?;        // free again at once
+    /// assert!(matches!(guard.release().await, Err(dlock::Error::Lost { .. })));
+    /// # next.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
     }
 
     /// The lock's prefix.
     pub fn path(&self) -> &str {
         &self.prefix
+    }
+
+    /// The session this lock uses.
+    pub fn session(&self) -> &Session {
+        &self.session
     }
 
     timed_acquire! {
@@ -161,6 +226,10 @@ impl ConsulLock {
     }
 
     fn guard(&self, created: Created) -> LockGuard {
-        LockGuard::new(HeldNode::new(&self.session, &self.prefix, "lock", created))
+        if let Some(listener) = &self.revocation {
+            revocation::watch(&self.session, created.path.clone(), listener.clone());
+        }
+        let node = HeldNode::new(&self.session, &self.prefix, "lock", created);
+        LockGuard::new(node.limited(self.max_hold))
     }
 }

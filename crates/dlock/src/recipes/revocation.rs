@@ -2,11 +2,13 @@
 //! owner of a lock node to give it up by writing `__REVOKE__` to the node; a
 //! revocable participant watches its own node and is told. Revocable are
 //! the [`Mutex`](crate::Mutex), the [`ReadWriteLock`](crate::ReadWriteLock),
+//! the [`SemaphoreMutex`](crate::SemaphoreMutex), the
+//! [`ConsulLock`](crate::ConsulLock) (while held: its waiters have no node),
 //! [`Semaphore`](crate::Semaphore) leases and
 //! [`KvSemaphore`](crate::KvSemaphore) slots — each with the same protocol
 //! on its own node (layout: a revocable node carries no data until a
-//! request writes `__REVOKE__`; a KvSemaphore entry's value is replaced
-//! by it). Or by force ([`revoke_forced`], CURATOR-150): the node is
+//! request writes `__REVOKE__`; the token in a KvSemaphore entry or a
+//! ConsulLock's `.lock` is replaced by it). Or by force ([`revoke_forced`], CURATOR-150): the node is
 //! deleted, and the hold — of any recipe — is lost at once.
 //!
 //! ```
