@@ -182,6 +182,71 @@ async fn an_interrupted_leader_stops_and_releases(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// A leader whose node someone else deletes (`revoke_forced`, an
+/// operator) is cancelled at once, as a latch stops leading at once: not
+/// only when its `take_leadership` returns by itself.
+async fn a_leader_whose_node_is_deleted_is_cancelled(h: &Harness) -> Result<()> {
+    let path = h.path("/leader");
+    // Given the time to say it saw its cancellation.
+    let grace = |sel: LeaderSelector| sel.with_cancel_grace(WITHIN);
+    let (s, first, mut first_seen) = reporting_selector(h, &path, grace).await?;
+    first.start()?;
+    let (seen, term) = next(&mut first_seen).await?;
+    ensure!(seen == Seen::Took(0), "{seen:?}");
+    let (_, second, mut second_seen) = reporting_selector(h, &path, |s| s).await?;
+    second.start()?;
+    await_children(&s, &path, 2, WITHIN).await?;
+    dlock::revoke_forced(&h.session().await, term.node()).await?;
+    let (seen, _) = next(&mut first_seen).await?;
+    ensure!(seen == Seen::Cancelled(0), "the deposed leader: {seen:?}");
+    let (seen, _) = next(&mut second_seen).await?;
+    ensure!(seen == Seen::Took(0), "the next leader: {seen:?}");
+    ensure!(!first.has_leadership() && term.is_cancelled());
+    first.close().await?;
+    second.close().await?;
+    Ok(())
+}
+
+/// A term's guarded writes are refused once it is over — even while the
+/// selector, requeued in the same session, waits again (on etcd under the
+/// same key name, which the write's check alone would accept) and another
+/// candidate leads.
+async fn a_finished_term_guards_no_more_writes(h: &Harness) -> Result<()> {
+    let (path, resource) = (h.path("/leader"), h.path("/resource"));
+    let s = h.session().await;
+    s.create(&resource, b"v0", common::persistent()).await?;
+    let (tx, mut terms) = mpsc::unbounded_channel();
+    let first = LeaderSelector::new(&s, &path, move |term: Leadership| {
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(term);
+        }
+    })?
+    .with_auto_requeue();
+    first.start()?;
+    let kept = timeout(WITHIN, terms.recv()).await?.context("a term")?;
+    let (_, second, mut second_seen) = reporting_selector(h, &path, |s| s).await?;
+    second.start()?;
+    let (seen, _) = next(&mut second_seen).await?;
+    ensure!(seen == Seen::Took(0), "{seen:?}");
+    await_children(&s, &path, 2, WITHIN).await?;
+    let set = dlock::store::Op::SetData {
+        path: resource.clone(),
+        data: b"late".to_vec(),
+        version: None,
+    };
+    let refused = kept.guarded(&[set]).await;
+    ensure!(
+        matches!(refused, Err(Error::Lost { .. })),
+        "a finished term's guarded write: {refused:?}"
+    );
+    ensure!(s.get_data(&resource).await?.0 == b"v0", "the write landed");
+    second.close().await?;
+    first.close().await?;
+    s.delete(&resource, None).await?;
+    Ok(())
+}
+
 /// Curator `testAutoRequeue`: a `take_leadership` that returns at once is
 /// called again and again, each term with a larger epoch.
 async fn auto_requeue_leads_again(h: &Harness) -> Result<()> {
@@ -573,6 +638,8 @@ async fn a_panicking_leader_gives_up(h: &Harness) -> Result<()> {
 
 // Every case on every backend.
 per_backend!(every_backend {
+    a_leader_whose_node_is_deleted_is_cancelled,
+    a_finished_term_guards_no_more_writes,
     layout_is_a_mutex_with_the_id,
     an_interrupted_leader_stops_and_releases,
     auto_requeue_leads_again,

@@ -138,6 +138,40 @@ async fn a_queued_writer_cannot_slip_into_a_downgrade(h: &Harness) -> Result<()>
     Ok(())
 }
 
+/// A guarded write through a hold that was given back is refused — even
+/// once the same session queues for the same lock again while another
+/// holds it (on etcd under the same key name, which the write's check
+/// alone would accept).
+async fn a_released_hold_guards_no_more_writes(h: &Harness) -> Result<()> {
+    let (s, other) = (h.session().await, h.session().await);
+    let (path, resource) = (h.path("/lock"), h.path("/resource"));
+    s.create(&resource, b"v0", common::persistent()).await?;
+    let mutex = Mutex::new(&s, &path)?;
+    let guard = mutex.acquire().await?;
+    let kept: dlock::Acquisition = (*guard).clone();
+    let acquire = |m: Mutex| async move { m.acquire().await };
+    let theirs = acquire(Mutex::new(&other, &path)?);
+    let theirs = queued(&other, &path, 2, WITHIN, theirs).await?;
+    guard.release().await?;
+    let theirs = finished(theirs, WITHIN).await?;
+    let ours_again = queued(&s, &path, 2, WITHIN, acquire(mutex)).await?;
+    let set = dlock::store::Op::SetData {
+        path: resource.clone(),
+        data: b"late".to_vec(),
+        version: None,
+    };
+    let refused = kept.guarded(&[set]).await;
+    ensure!(
+        matches!(refused, Err(Error::Lost { .. })),
+        "a released hold's guarded write: {refused:?}"
+    );
+    ensure!(s.get_data(&resource).await?.0 == b"v0", "the write landed");
+    theirs.release().await?;
+    finished(ours_again, WITHIN).await?.release().await?;
+    s.delete(&resource, None).await?;
+    Ok(())
+}
+
 /// A downgrade whose session ends while it makes the read node fails as
 /// lost, and leaves no read node: one made in the next session would not
 /// take the write node's place (etcd and Consul keep a place only within a
@@ -474,6 +508,7 @@ per_backend!(every_backend {
     a_writer_downgrades_to_reader,
     a_queued_writer_cannot_slip_into_a_downgrade,
     a_downgrade_that_outlives_its_session_is_lost,
+    a_released_hold_guards_no_more_writes,
     writers_are_alone_and_readers_share,
     rw_nodes_carry_the_lock_data,
     a_dead_writer_lets_readers_in,

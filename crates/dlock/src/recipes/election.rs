@@ -88,8 +88,8 @@ pub struct Leadership {
 
 deref_hold!(
     /// The term's acquisition: its leader node, lost signal and guarded writes
-    /// (which land only while our leader node exists — that is, while nobody
-    /// else can lead).
+    /// (which land only while the term lasts and our leader node exists —
+    /// that is, while nobody else can lead).
     Leadership => acquisition: Acquisition
 );
 
@@ -223,6 +223,14 @@ impl Standing {
         term
     }
 
+    /// Our node was deleted by someone else: the current term, if any, was
+    /// taken away (its lost signal fires), not given up. Its end follows.
+    pub fn node_taken(&self) {
+        if let Some(term) = &*self.leadership.borrow() {
+            term.held_node().found_gone();
+        }
+    }
+
     /// Ends the current term, if any.
     pub fn lose(&self) {
         self.lose_locked(&mut lock(&self.terms));
@@ -234,6 +242,8 @@ impl Standing {
             return;
         };
         self.leadership.send_replace(None);
+        // Its clones' guarded writes end with it, and its node's watch.
+        term.held_node().let_go();
         terms.since = None;
         if let Some(end) = terms.end.take() {
             end.send_replace(true);

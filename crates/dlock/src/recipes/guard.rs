@@ -118,8 +118,10 @@ impl Acquisition {
     }
 
     /// Applies `ops` atomically only while it is held (its node still
-    /// exists): a write that cannot land once it is lost. Fails with
-    /// [`Error::Lost`] otherwise.
+    /// exists): a write that cannot land once it is lost — or given back,
+    /// even if the same session holds the same lock again (on etcd, under
+    /// the same key name), and, for a [`Leadership`](crate::Leadership),
+    /// once its term is over. Fails with [`Error::Lost`] otherwise.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
@@ -158,8 +160,11 @@ pub(crate) async fn guarded_by(held: &[&Acquisition], ops: &[Op]) -> Result<Vec<
             "a guarded write needs something that guards it".into(),
         ));
     };
-    if let Some(lost) = held.iter().find(|a| a.is_lost()) {
-        return Err(lost.lost_error());
+    // Judged here, not by the check alone: a node of a later hold in the
+    // same session may have the name (etcd recycles names), and the check
+    // accepts our session's newest node of that name.
+    if let Some(ended) = held.iter().find(|a| !a.node.is_held()) {
+        return Err(ended.lost_error());
     }
     if held
         .iter()

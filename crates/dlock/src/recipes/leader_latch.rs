@@ -32,7 +32,7 @@ use super::lifecycle::{lock, Backoff, Lifecycle, State};
 use super::queue::{HeldNode, PendingNode, Stop, WaitQueue};
 use crate::error::{Error, Result};
 use crate::session::Session;
-use crate::store::{Child, CreateMode, Created};
+use crate::store::{Child, CreateMode, Created, WatchEvent};
 
 /// Curator's node name for latch participants.
 pub(crate) const LATCH_NAME: &str = "latch-";
@@ -419,7 +419,9 @@ impl Task {
             let node = HeldNode::new(&queue.session, &queue.dir, "leadership", created.clone());
             self.standing.gain(node, status);
         }
-        watch.changed().await;
+        if watch.changed().await == WatchEvent::NodeDeleted {
+            self.standing.node_taken();
+        }
         Ok(())
     }
 

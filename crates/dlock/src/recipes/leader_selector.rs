@@ -31,7 +31,7 @@ use super::mutex::Mutex;
 use super::queue::{HeldNode, WaitQueue};
 use crate::error::{Error, Result};
 use crate::session::Session;
-use crate::store::SessionStatus;
+use crate::store::{SessionState, SessionStatus};
 
 type TakeLeadership = Arc<dyn Fn(Leadership) -> BoxFuture<'static, ()> + Send + Sync>;
 
@@ -398,6 +398,14 @@ impl Worker {
             }
             _ = status.wait_for(|now| policy.ends_leadership(&since, now)) => None,
             _ = term.cancelled() => None,
+            // Our node deleted by someone else: the next candidate leads.
+            // (Found gone while suspended, it went with the session: the
+            // term ends when the status says so, as the policy wants.)
+            () = async {
+                term.lost().await;
+                let mut now = session.watch_status();
+                let _ = now.wait_for(|s| s.state != SessionState::Suspended).await;
+            } => None,
             result = &mut work => Some(result),
         };
         let result = match returned {

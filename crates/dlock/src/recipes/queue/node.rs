@@ -140,6 +140,12 @@ impl HeldNode {
         self.session_over() || self.fate().taken()
     }
 
+    /// Whether the hold still stands: its session lives, and it was
+    /// neither given back nor taken away.
+    pub fn is_held(&self) -> bool {
+        !self.session_over() && self.fate() == Fate::Held
+    }
+
     fn session_over(&self) -> bool {
         let s = self.session.status();
         s.session_id != self.session_id
