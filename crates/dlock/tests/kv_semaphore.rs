@@ -19,6 +19,8 @@ const SHORT: Duration = Duration::from_millis(200);
 
 async fn record(session: &Session, path: &str) -> Result<Option<Record>> {
     match session.get_data(&format!("{path}/{RECORD}")).await {
+        // Emptied by the last holder to leave.
+        Ok((data, _)) if data.is_empty() => Ok(None),
         Ok((data, _)) => Ok(Some(Record::parse(path, &data)?)),
         Err(Error::NoNode { .. }) => Ok(None),
         Err(e) => Err(e.into()),
@@ -45,7 +47,7 @@ async fn queued_for(
 }
 
 /// The layout: an ephemeral entry named after the session, and the JSON
-/// record; the last release removes both.
+/// record; the last release removes the entry and empties the record.
 async fn the_layout_is_the_consul_design(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/lot");
@@ -71,15 +73,50 @@ async fn the_layout_is_the_consul_design(h: &Harness) -> Result<()> {
     lease.release().await?;
     ensure!(record(&s, &path).await?.context("record")?.holders == [second.holder()]);
     second.release().await?;
+    let (data, emptied) = s.get_data(&format!("{path}/{RECORD}")).await?;
     ensure!(
-        record(&s, &path).await?.is_none(),
-        "the last release deletes the record"
+        data.is_empty() && emptied.version > stat.version,
+        "the last release empties the record, moving its version on"
     );
-    ensure!(s
+    let left: Vec<String> = s
         .children(&path)
-        .await
-        .map(|c| c.is_empty())
-        .unwrap_or(true));
+        .await?
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    ensure!(
+        left == [RECORD],
+        "only the emptied record is left: {left:?}"
+    );
+    Ok(())
+}
+
+/// ABA: a compare-and-set on a version read before the last holder left
+/// never lands once others joined since — as a contender that read the
+/// record, then stalled, would write. (A record deleted by the last holder
+/// and made again by the next would be back at that version.)
+async fn a_stale_compare_and_set_never_lands_on_a_later_record(h: &Harness) -> Result<()> {
+    let path = h.path("/lot");
+    let node = format!("{path}/{RECORD}");
+    let (b, d) = (h.session().await, h.session().await);
+    let first = KvSemaphore::new(&b, &path, 1)?.acquire().await?;
+    let (_, read) = b.get_data(&node).await?;
+    first.release().await?;
+    let next = KvSemaphore::new(&d, &path, 1)?.acquire().await?;
+    let stalled = Record {
+        limit: 1,
+        holders: vec!["00000000deadbeef".into()],
+    };
+    let stalled = stalled.to_json();
+    let written = b
+        .set_data(&node, stalled.as_bytes(), Some(read.version))
+        .await;
+    ensure!(
+        matches!(written, Err(Error::BadVersion { .. })),
+        "a stale compare-and-set landed: {written:?}"
+    );
+    ensure!(record(&d, &path).await?.context("record")?.holders == [next.holder()]);
+    next.release().await?;
     Ok(())
 }
 
@@ -253,7 +290,9 @@ async fn cancellation_and_drop_leave_nothing(h: &Harness) -> Result<()> {
     let _ = waiter.await;
     await_children(s1, path, 2, WITHIN).await?;
     drop(held);
-    await_children(s1, path, 0, WITHIN).await?;
+    // Only the record, emptied.
+    await_children(s1, path, 1, WITHIN).await?;
+    ensure!(record(s1, path).await?.is_none(), "the record is emptied");
     sem2.acquire_timeout(WITHIN).await?.release().await?;
     Ok(())
 }
@@ -285,6 +324,7 @@ async fn a_malformed_record_is_a_typed_error(h: &Harness) -> Result<()> {
 // Every case on every backend.
 per_backend!(every_backend {
     the_layout_is_the_consul_design,
+    a_stale_compare_and_set_never_lands_on_a_later_record,
     the_limit_holds_under_contention,
     a_release_admits_a_waiter,
     an_expired_holder_is_pruned,

@@ -84,8 +84,9 @@ async fn round_trips_of(scheme: &str, upstream: &str, cycle: Cycle) -> anyhow::R
         cycle(session.clone(), path.clone()).await?;
         cycles.push(proxy.flights() - before);
     }
-    // The container reaper may have removed the empty directories already.
-    for dir in [format!("{root}/lock"), root] {
+    // The container reaper may have removed the empty directories already;
+    // a KV semaphore's record stays, emptied.
+    for dir in [format!("{root}/lock/.lock"), format!("{root}/lock"), root] {
         match session.delete(&dir, None).await {
             Ok(()) | Err(dlock::Error::NoNode { .. }) => {}
             Err(e) => return Err(e.into()),
@@ -112,8 +113,9 @@ async fn an_uncontended_acquire_and_release_is_three_round_trips_on_consul() -> 
 /// A Consul-layout `KvSemaphore` slot, taken and given back: 11 — the
 /// entry's create (its ancestors' reads, then the transaction: 2), a look
 /// (the record, then the entries, whose listing tells who holds each, so
-/// no read per entry: 2), the record's create (2); then the release's look
-/// (2), the record's delete (read, then a transaction: 2) and the entry's
+/// no read per entry: 2), the join's compare-and-set on the record (a read,
+/// then the transaction: 2); then the release's look (2), emptying the
+/// record (the same: 2) and deleting the entry
 /// (fenced by what its create returned: 1). The lease's watch on its entry
 /// (its lost signal) starts alongside, off the acquire's path; its first
 /// query goes out with the others' or, now and then, in a flight of its

@@ -104,6 +104,14 @@ impl KvSemaphore {
             .retrying(|| store.get_data(&self.record, watch))
             .await;
         let (record, mut watches) = match read.found()? {
+            // Emptied by the last holder to leave: nobody holds.
+            Some((data, stat, w)) if data.is_empty() => {
+                let empty = Record {
+                    limit: self.limit,
+                    holders: Vec::new(),
+                };
+                (Some((empty, stat)), Vec::from_iter(w))
+            }
             Some((data, stat, w)) => {
                 let record = Record::decode(self.layout, &self.record, &data)?;
                 (Some((record, stat)), Vec::from_iter(w))
@@ -152,7 +160,8 @@ impl KvSemaphore {
     }
 
     /// Writes the record without `id` and the dead by compare-and-set, or
-    /// deletes it if nobody is left.
+    /// empties it if nobody is left (never deletes it: see the module
+    /// docs).
     async fn leave_record(&self, id: &str) -> Result<()> {
         loop {
             let look = match self.look(false).await {
@@ -167,8 +176,12 @@ impl KvSemaphore {
             };
             let version = Some(stat.version);
             let written = match holders.is_empty() {
-                false if holders == record.holders => return Ok(()),
-                true => self.session.delete(&self.record, version).await,
+                _ if holders == record.holders => return Ok(()),
+                true => self
+                    .session
+                    .set_data(&self.record, b"", version)
+                    .await
+                    .map(drop),
                 false => {
                     let record = Record {
                         limit: record.limit,

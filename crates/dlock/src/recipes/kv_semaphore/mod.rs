@@ -7,7 +7,8 @@
 //!   its session (the session id as 16 hex digits): alive exactly as long
 //!   as the session, it is the proof that a holder lives.
 //! - `<path>/.lock`: a persistent [`Record`], JSON
-//!   `{"limit":N,"holders":["<holder-id>",...]}`.
+//!   `{"limit":N,"holders":["<holder-id>",...]}` — or empty once nobody
+//!   holds (see below).
 //!
 //! With [`Layout::Consul`] the nodes are exactly those of Consul's
 //! `api.Semaphore`, stated with Consul's other layout in
@@ -27,9 +28,19 @@
 //! version it read (or creates the record). If the slots are full, it
 //! waits on a watch of the record and of the entries: any release or any
 //! holder's death wakes it, with no polling. Release leaves the record by
-//! compare-and-set (pruning again), deletes it when nobody is left, then
-//! deletes the entry. Every contender states the limit; a record with
-//! another is [`Error::InvalidArgument`] naming both.
+//! compare-and-set (pruning again), then deletes the entry. Every contender
+//! states the limit; a record with another is [`Error::InvalidArgument`]
+//! naming both.
+//!
+//! The last holder to leave **empties** the record; it never deletes it. A
+//! record made again would start again at version 0, so a contender's
+//! compare-and-set on the version it read from the old record could land
+//! on the new one and drop its holders (ABA): more holders than the
+//! limit. An empty record counts as one without holders, and every write
+//! moves its version on. (Consul's `api.Semaphore` keeps its record for
+//! the same reason; its `Destroy`, which `consul lock -n` calls on exit,
+//! deletes it.) Empty, it holds no data, so a tree walk that removes empty
+//! nodes takes it away.
 //!
 //! Unlike [`Semaphore`](super::semaphore::Semaphore) (Curator's: fair, one
 //! watcher at a time) it is not fair and every waiter wakes on every
