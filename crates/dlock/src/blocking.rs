@@ -3,8 +3,12 @@
 //! A [`blocking::Session`](Session) owns a small tokio runtime (one worker
 //! thread) that keeps the session alive between calls — heartbeats, watches
 //! and background deletes run there — and every method blocks the calling
-//! thread until its operation completes. Do not call these from inside an
-//! async runtime; use the async API there.
+//! thread until its operation completes. When the last handle on it goes
+//! (its clones, and the recipes and guards made from it), it finishes the
+//! deletes that dropped guards left, and closes the session: so a guard
+//! dropped with its session frees the lock at once, not at the session's
+//! timeout. Do not call these from inside an async runtime; use the async
+//! API there.
 //!
 //! ```
 //! let session = dlock::blocking::connect("embedded")?;
@@ -26,7 +30,42 @@ use crate::SessionOptions;
 #[derive(Clone, Debug)]
 pub struct Session {
     inner: crate::Session,
-    runtime: Arc<tokio::runtime::Runtime>,
+    runtime: Arc<Runtime>,
+}
+
+/// The runtime of a blocking session, which ends the session with it.
+#[derive(Debug)]
+struct Runtime {
+    tokio: Option<tokio::runtime::Runtime>,
+    session: crate::Session,
+}
+
+impl Runtime {
+    fn tokio(&self) -> &tokio::runtime::Runtime {
+        self.tokio.as_ref().expect("present until dropped")
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        let Some(tokio) = self.tokio.take() else {
+            return;
+        };
+        // The last handle: guards dropped with it (a `let _guard` dropped
+        // before its session, say) left their deletes to this runtime, which
+        // would cancel them on its way out. Finish them and close the
+        // session, so its nodes go now, not at its timeout; bounded by that
+        // timeout, which would take them anyway.
+        let session = self.session.clone();
+        let bound = session.session_timeout();
+        tokio.block_on(async move {
+            let ended = async {
+                session.background_idle().await;
+                session.close().await;
+            };
+            let _ = tokio::time::timeout(bound, ended).await;
+        });
+    }
 }
 
 /// Connects a new session to `endpoint` (see [`Endpoint`](crate::Endpoint)).
@@ -43,6 +82,10 @@ pub fn connect_with(endpoint: &str, options: SessionOptions) -> Result<Session> 
         .build()
         .map_err(|e| Error::Backend(format!("cannot start a runtime: {e}")))?;
     let inner = runtime.block_on(crate::connect_with(endpoint, options))?;
+    let runtime = Runtime {
+        tokio: Some(runtime),
+        session: inner.clone(),
+    };
     Ok(Session {
         inner,
         runtime: Arc::new(runtime),
@@ -69,7 +112,7 @@ impl Session {
     /// # Ok::<(), dlock::Error>(())
     /// ```
     pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
-        self.runtime.block_on(future)
+        self.runtime.tokio().block_on(future)
     }
 
     /// A [`Mutex`] at `path`.
@@ -98,7 +141,7 @@ impl Session {
 
     /// A started [`LeaderLatch`] at `path` with participant id `id`.
     pub fn leader_latch(&self, path: &str, id: &str) -> Result<LeaderLatch> {
-        let _enter = self.runtime.enter();
+        let _enter = self.runtime.tokio().enter();
         let inner = crate::LeaderLatch::new(&self.inner, path)?.with_id(id);
         inner.start()?;
         Ok(LeaderLatch {
@@ -249,7 +292,7 @@ impl Drop for Guard {
     fn drop(&mut self) {
         if let Some(hold) = self.hold.take() {
             // The guard's own drop schedules the delete on the runtime.
-            let _enter = self.session.runtime.enter();
+            let _enter = self.session.runtime.tokio().enter();
             drop(hold);
         }
     }

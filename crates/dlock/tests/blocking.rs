@@ -75,6 +75,34 @@ fn timeouts_try_and_dropped_guards(endpoint: &str, root: &str) {
     b.close();
 }
 
+/// A guard dropped with the last handle on its session (a `let _guard`
+/// in a function that made the session, say: the guard goes first, then
+/// the session) frees the lock at once — not at the session's timeout, as
+/// when the runtime went and took the guard's pending delete with it. So
+/// does a latch's leadership.
+fn a_guard_dropped_with_its_session_frees_the_lock_at_once(endpoint: &str, root: &str) {
+    let path = format!("{root}/lock");
+    let waiter = dlock::blocking::connect(endpoint).unwrap();
+    // Well inside the session's timeout: only a prompt release makes it.
+    let bound = waiter.session().session_timeout() / 2;
+    {
+        let holder = dlock::blocking::connect(endpoint).unwrap();
+        let _guard = holder.mutex(&path).unwrap().acquire().unwrap();
+    }
+    let again = waiter.mutex(&path).unwrap().acquire_timeout(bound).unwrap();
+    again.release().unwrap();
+    let election = format!("{root}/latch");
+    {
+        let leader = dlock::blocking::connect(endpoint).unwrap();
+        let latch = leader.leader_latch(&election, "first").unwrap();
+        latch.await_leadership().unwrap();
+    }
+    let next = waiter.leader_latch(&election, "next").unwrap();
+    next.await_leadership_timeout(bound).unwrap();
+    next.close().unwrap();
+    waiter.close();
+}
+
 fn semaphores_and_latches_from_threads(endpoint: &str, root: &str) {
     let path = root;
     let a = dlock::blocking::connect(endpoint).unwrap();
@@ -130,6 +158,7 @@ macro_rules! cases {
             cases!(@each $endpoint;
                 threads_exclude_each_other_through_the_blocking_api,
                 timeouts_try_and_dropped_guards,
+                a_guard_dropped_with_its_session_frees_the_lock_at_once,
                 semaphores_and_latches_from_threads);
         }
     };
