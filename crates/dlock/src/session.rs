@@ -362,6 +362,23 @@ impl Session {
         self.read(path, |s| s.foreign_owner(path)).await
     }
 
+    /// The [tag](crate::store::CreateOptions::with_tag) of the node at
+    /// `path`, where the store keeps tags (Consul); `None` for an untagged
+    /// node or on a backend that drops tags ([`Store::tag`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use dlock::store::{CreateMode, CreateOptions};
+    /// let session = dlock::connect("embedded").await?;
+    /// let tagged = CreateOptions::new(CreateMode::Ephemeral).with_tag(dlock::store::TAG_MIN);
+    /// session.create("/doc-tagged", b"", tagged).await?;
+    /// assert_eq!(session.tag("/doc-tagged").await?, None); // the embedded store drops tags
+    /// # Ok(()) }
+    /// ```
+    pub async fn tag(&self, path: &str) -> Result<Option<u64>> {
+        self.read(path, |s| s.tag(path)).await
+    }
+
     /// A read of `path`, checked, and retried while the connection drops.
     async fn read<'a, T, Fut>(&'a self, path: &str, op: impl Fn(&'a dyn Store) -> Fut) -> Result<T>
     where

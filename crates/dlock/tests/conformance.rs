@@ -112,7 +112,8 @@ async fn versions_guard_writes(h: &Harness) -> Result<()> {
 
 /// A tagged node (Consul's tools' keys) still guards writes by version:
 /// 0 at creation, changed by every set (by how much is the backend's), and
-/// stale versions are refused; tags below `TAG_MIN` are refused.
+/// stale versions are refused; tags below `TAG_MIN` are refused. The tag
+/// reads back where the store keeps tags.
 async fn tagged_nodes_keep_versions_for_compare_and_set(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let p = h.path("/tagged");
@@ -127,8 +128,14 @@ async fn tagged_nodes_keep_versions_for_compare_and_set(h: &Harness) -> Result<(
         )
         .await?;
     ensure!(created.stat.version == 0, "{:?}", created.stat);
+    // The tag reads back where the store keeps tags (Consul), and is never
+    // another value; an untagged node has none anywhere.
+    let kept = s.tag(&p).await?;
+    let keeps_tags = s.backend() == BackendKind::Consul;
+    ensure!(kept == keeps_tags.then_some(tag), "{kept:?}");
     let set = s.set_data(&p, b"b", Some(0)).await?;
     ensure!(set.version > 0, "a set changes the version: {set:?}");
+    ensure!(s.tag(&p).await? == kept, "a set keeps the tag");
     let (data, stat) = s.get_data(&p).await?;
     ensure!(data == b"b" && stat.version == set.version, "{stat:?}");
     let err = s.set_data(&p, b"c", Some(0)).await.unwrap_err();
@@ -138,6 +145,15 @@ async fn tagged_nodes_keep_versions_for_compare_and_set(h: &Harness) -> Result<(
     let err = s.delete(&p, Some(stat.version)).await.unwrap_err();
     ensure!(matches!(err, Error::BadVersion { .. }), "{err}");
     s.delete(&p, Some(again.version)).await?;
+    let err = s.tag(&p).await.unwrap_err();
+    ensure!(
+        matches!(err, Error::NoNode { .. }),
+        "the tag of no node: {err}"
+    );
+    let untagged = CreateOptions::new(CreateMode::Ephemeral).with_parents();
+    s.create(&p, b"", untagged).await?;
+    ensure!(s.tag(&p).await?.is_none(), "an untagged node has no tag");
+    s.delete(&p, None).await?;
     let low = CreateOptions::new(CreateMode::Persistent).with_tag(7);
     let err = s.create(&p, b"", low).await.unwrap_err();
     ensure!(matches!(err, Error::InvalidArgument(_)), "{err}");

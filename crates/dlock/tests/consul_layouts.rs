@@ -47,7 +47,9 @@ async fn consul_lock_excludes_and_hands_over(h: &Harness) -> Result<()> {
 }
 
 /// A key that `api.Lock` released (no owner, left until its `Destroy`) is
-/// free: it is taken over, and a stale holder's key is not.
+/// free: it is taken over, and a stale holder's key is not. It is told by
+/// its flags: where the store drops tags, a node without an owner is
+/// never taken for one (nothing but Consul's `api.Lock` leaves such keys).
 async fn consul_lock_takes_over_a_released_key(h: &Harness) -> Result<()> {
     let (a, b) = (h.session().await, h.session().await);
     let prefix = h.path("/released");
@@ -56,6 +58,16 @@ async fn consul_lock_takes_over_a_released_key(h: &Harness) -> Result<()> {
         .with_parents()
         .with_tag(CONSUL_LOCK_FLAGS);
     a.create(&node, b"", opts).await?;
+    if b.tag(&node).await?.is_none() {
+        let refused = ConsulLock::new(&b, &prefix)?.try_acquire().await;
+        ensure!(
+            matches!(refused, Err(Error::InvalidArgument(_))),
+            "an unowned node without the lock's flags: {refused:?}"
+        );
+        ensure!(b.exists(&node).await?.is_some(), "left alone");
+        a.delete(&node, None).await?;
+        return Ok(());
+    }
     let guard = ConsulLock::new(&b, &prefix)?
         .acquire_timeout(WITHIN)
         .await
@@ -166,9 +178,41 @@ async fn inspect_reads_consuls_layouts(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// A semaphore's record at `.lock` — held, or emptied by its last holder —
+/// is not a lock's key: a `ConsulLock` on the same prefix fails with
+/// `InvalidArgument` and leaves it (and its holder) alone, as `api.Lock`
+/// answers `ErrLockConflict`.
+async fn a_consul_lock_never_takes_a_semaphores_record(h: &Harness) -> Result<()> {
+    let (a, b) = (h.session().await, h.session().await);
+    for layout in [Layout::Consul, Layout::Curator] {
+        let prefix = h.path(&format!("/shared-{layout}"));
+        let sem = KvSemaphore::new(&a, &prefix, 2)?.with_layout(layout);
+        let lease = sem.acquire().await?;
+        let lock = ConsulLock::new(&b, &prefix)?;
+        let refused = lock.try_acquire().await;
+        ensure!(
+            matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains(".lock")),
+            "{layout}, held: {refused:?}"
+        );
+        ensure!(
+            sem.holders().await? == [lease.holder()],
+            "{layout}: holder intact"
+        );
+        lease.release().await?;
+        let refused = lock.try_acquire().await;
+        ensure!(
+            matches!(refused, Err(Error::InvalidArgument(_))),
+            "{layout}, emptied: {refused:?}"
+        );
+        sem.acquire().await?.release().await?;
+    }
+    Ok(())
+}
+
 per_backend!(every_backend {
     consul_lock_excludes_and_hands_over,
     consul_lock_takes_over_a_released_key,
+    a_consul_lock_never_takes_a_semaphores_record,
     a_consul_lock_read_back_after_a_lost_reply_is_fenced,
     kv_semaphore_consul_layout_keeps_the_limit,
     inspect_reads_consuls_layouts,

@@ -14,7 +14,11 @@
 //!   node without an owner is one that `api.Lock` released (it clears the
 //!   session and deletes the key only later, in `Destroy`): it is free, so
 //!   it is deleted by compare-and-set on its version, and the create tried
-//!   again at once.
+//!   again at once — if it carries `api.Lock`'s flags. Any other node there
+//!   (a semaphore's record, which `consul lock -n` and the
+//!   [`KvSemaphore`](crate::KvSemaphore) keep at `.lock` too; on the
+//!   backends without tags, every node without an owner) is
+//!   [`Error::InvalidArgument`], never deleted.
 //! - **Waiters never sleep after a lost race**: `api.Lock` sleeps 5 s
 //!   before trying again after losing a race for a released key
 //!   (hashicorp/consul#2767); here the loser sees the winner's node and
@@ -209,8 +213,25 @@ impl ConsulLock {
                 Err(e) => return Err(e),
             };
             if stat.ephemeral_owner == 0 {
-                // Released by `api.Lock`, not yet destroyed: free. Whoever
-                // changed it first (a Consul waiter acquiring it) wins.
+                // Released by `api.Lock`, not yet destroyed: free — if it is
+                // a lock's key. Anything else there (a semaphore's record:
+                // `consul lock -n` and the KvSemaphore keep theirs at
+                // `.lock` too) is not ours to delete: a conflict, as
+                // `api.Lock`'s `ErrLockConflict`.
+                match session.tag(&self.node).await {
+                    Ok(Some(CONSUL_LOCK_FLAGS)) => {}
+                    Ok(_) => {
+                        return Err(Error::InvalidArgument(format!(
+                            "{} is not a lock's key but someone else's node (a semaphore's \
+                             record?): a ConsulLock cannot share its prefix with it",
+                            self.node
+                        )))
+                    }
+                    Err(Error::NoNode { .. }) => continue,
+                    Err(e) => return Err(e),
+                }
+                // Whoever changed it first (a Consul waiter acquiring it)
+                // wins.
                 match session.delete(&self.node, Some(stat.version)).await {
                     Ok(()) | Err(Error::NoNode { .. } | Error::BadVersion { .. }) => continue,
                     Err(e) => return Err(e),

@@ -894,6 +894,16 @@ impl Store for ConsulStore {
         Ok((children, w))
     }
 
+    async fn tag(&self, path: &str) -> Result<Option<u64>> {
+        self.keeper.current().await?;
+        match self.entry(path).await? {
+            Some(entry) => Ok(entry.is_tagged().then_some(entry.flags)),
+            None => Err(Error::NoNode {
+                path: path.to_string(),
+            }),
+        }
+    }
+
     async fn foreign_owner(&self, path: &str) -> Result<Option<String>> {
         self.keeper.current().await?;
         let Some(uuid) = self.entry(path).await?.and_then(|e| e.session) else {

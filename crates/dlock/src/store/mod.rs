@@ -662,6 +662,14 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         Ok(None)
     }
 
+    /// The [tag](CreateOptions::with_tag) of the node at `path`, where the
+    /// store keeps tags (Consul: the key's `Flags`, when they hold a tag
+    /// rather than a version); `None` for an untagged node, and on the
+    /// backends that drop tags. [`Error::NoNode`] if there is no node.
+    async fn tag(&self, path: &str) -> Result<Option<u64>> {
+        self.get_data(path, false).await.map(|_| None)
+    }
+
     /// Applies all operations atomically, or none; the error names the first
     /// failing operation ([`Error::MultiFailed`](crate::Error::MultiFailed)).
     async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>>;

@@ -177,6 +177,11 @@ impl<S: Store> Store for Namespaced<S> {
         result.map_err(|e| self.error(e))
     }
 
+    async fn tag(&self, path: &str) -> Result<Option<u64>> {
+        let result = self.inner.tag(&self.inside(path)).await;
+        result.map_err(|e| self.error(e))
+    }
+
     async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
         let ops: Vec<Op> = ops.iter().map(|op| self.op(op)).collect();
         match self.inner.multi(&ops).await {
