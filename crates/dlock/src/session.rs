@@ -6,6 +6,7 @@
 //! each backend's `open` turns an endpoint into an `Arc<dyn Store>` and
 //! knows no session; this module picks the backend and wraps its store.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -142,6 +143,24 @@ struct Inner {
     retried: AtomicUsize,
     /// Protection prefixes whose nodes are known to be gone, for reuse.
     recycled: StdMutex<Vec<String>>,
+    /// Nodes of this session being removed in the background (a dropped
+    /// lease leaving): a recipe that finds one in its way waits for it to
+    /// go, rather than take it for a live one.
+    departing: StdMutex<HashSet<String>>,
+}
+
+/// A node of the session marked as on its way out, until this is dropped.
+pub(crate) struct Departure {
+    session: Session,
+    path: String,
+}
+
+impl Drop for Departure {
+    fn drop(&mut self) {
+        let mut departing = self.session.inner.departing.lock();
+        let departing = departing.as_mut().unwrap_or_else(|e| e.get_mut());
+        departing.remove(&self.path);
+    }
 }
 
 /// How many free protection prefixes a session keeps for reuse: enough for
@@ -169,6 +188,7 @@ impl Session {
                 background: watch::channel(0).0,
                 retried: AtomicUsize::new(0),
                 recycled: StdMutex::new(Vec::new()),
+                departing: StdMutex::new(HashSet::new()),
             }),
         }
     }
@@ -471,6 +491,24 @@ impl Session {
         recycled
             .pop()
             .unwrap_or_else(|| format!("_c_{}-", uuid::Uuid::new_v4()))
+    }
+
+    /// Marks `node` as a node of ours on its way out, until the mark is
+    /// dropped (see [`is_departing`](Self::is_departing)).
+    pub(crate) fn departing(&self, node: &str) -> Departure {
+        let mut departing = self.inner.departing.lock();
+        let departing = departing.as_mut().unwrap_or_else(|e| e.get_mut());
+        departing.insert(node.to_string());
+        Departure {
+            session: self.clone(),
+            path: node.to_string(),
+        }
+    }
+
+    /// Whether `node` is a node of ours on its way out in the background.
+    pub(crate) fn is_departing(&self, node: &str) -> bool {
+        let departing = self.inner.departing.lock();
+        departing.unwrap_or_else(|e| e.into_inner()).contains(node)
     }
 
     /// Returns the protection prefix of `node` (a protected node of this

@@ -280,6 +280,24 @@ async fn one_slot_per_session(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// A lease dropped (given back in the background) and a slot taken again
+/// at once in the same session, as a loop whose body holds a lease does:
+/// the new acquire waits for the old entry to go, rather than take it for
+/// another handle's lease.
+async fn a_dropped_lease_can_be_taken_again_at_once(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/lot");
+    for round in 0..20 {
+        let _lease = KvSemaphore::new(&s, &path, 1)?
+            .acquire_timeout(WITHIN)
+            .await
+            .with_context(|| format!("round {round}"))?;
+    }
+    s.background_idle().await;
+    ensure!(record(&s, &path).await?.is_none(), "all given back");
+    Ok(())
+}
+
 /// A cancelled waiter removes its entry; a dropped lease goes back.
 async fn cancellation_and_drop_leave_nothing(h: &Harness) -> Result<()> {
     let lot = rivals(h, "/lot", |s, p| KvSemaphore::new(s, p, 1)).await?;
@@ -325,6 +343,7 @@ async fn a_malformed_record_is_a_typed_error(h: &Harness) -> Result<()> {
 per_backend!(every_backend {
     the_layout_is_the_consul_design,
     a_stale_compare_and_set_never_lands_on_a_later_record,
+    a_dropped_lease_can_be_taken_again_at_once,
     the_limit_holds_under_contention,
     a_release_admits_a_waiter,
     an_expired_holder_is_pruned,

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::{holder_id, KvSemaphore, Record, RECORD};
 use crate::error::{Error, Found, Result};
 use crate::path;
+use crate::recipes::deadline::Deadline;
 use crate::recipes::entry::{in_background, Claim, Entry};
 use crate::recipes::guard::{deref_hold, Acquisition};
 use crate::recipes::layout::{Layout, CONSUL_SEMAPHORE_FLAGS};
@@ -32,13 +33,14 @@ impl Look {
 }
 
 impl KvSemaphore {
-    /// Creates our contender entry, named after the session that owns it.
-    /// `NoNode` if the caller should go again: the container reaper removed
-    /// the empty directory between its creation and ours, an earlier entry
-    /// of this session was on its way out, or the session was renewed
+    /// Creates our contender entry, named after the session that owns it;
+    /// `None` if `deadline` passed while an earlier entry of this session
+    /// was on its way out. `NoNode` if the caller should go again: the
+    /// container reaper removed the empty directory between its creation
+    /// and ours, that earlier entry is gone now, or the session was renewed
     /// between naming the entry and creating it (then that entry goes, by
     /// its token, in the background).
-    pub(super) async fn enter(&self) -> Result<Contender> {
+    pub(super) async fn enter(&self, deadline: Deadline) -> Result<Option<Contender>> {
         let (owner, id) = match self.layout {
             Layout::Curator | Layout::Kazoo => {
                 let owner = self.session.session_id();
@@ -55,12 +57,29 @@ impl KvSemaphore {
                     path: entry.path.clone(),
                 })
             }
-            Ok(Claim::Other { .. }) => {
-                return Err(Error::InvalidArgument(format!(
-                    "session {id} already holds or waits for the semaphore at {}: \
-                     a KvSemaphore admits one lease per session (use another session)",
-                    self.dir
-                )));
+            // This session's entry of a lease dropped, or of an acquire
+            // cancelled, on its way out in the background: wait for it to
+            // go, then go again.
+            Ok(Claim::Other {
+                watch: Some(watch), ..
+            }) if self.session.is_departing(&entry.path) => {
+                return match deadline.race(watch.changed()).await {
+                    None => Ok(None),
+                    Some(_) => Err(Error::NoNode {
+                        path: entry.path.clone(),
+                    }),
+                };
+            }
+            // Gone since, with its leaving (the mark goes after the node):
+            // go again. Still there: another handle's lease.
+            Ok(Claim::Other { stat, .. }) => {
+                let now = self.session.exists(&entry.path).await?;
+                return Err(match now.is_some_and(|now| now.czxid == stat.czxid) {
+                    true => self.one_lease_per_session(&id),
+                    false => Error::NoNode {
+                        path: entry.path.clone(),
+                    },
+                });
             }
             Err(e) => {
                 // Nothing of ours was created: nothing to remove.
@@ -76,14 +95,23 @@ impl KvSemaphore {
             crate::recipes::revocation::watch(&self.session, path, listener.clone());
         }
         let sem = self.clone();
-        Ok(Contender {
+        Ok(Some(Contender {
             sem,
             id,
             created,
             node: None,
             taken: false,
             left: false,
-        })
+        }))
+    }
+
+    /// Session `id` holds or waits already, with another handle.
+    fn one_lease_per_session(&self, id: &str) -> Error {
+        Error::InvalidArgument(format!(
+            "session {id} already holds or waits for the semaphore at {}: \
+             a KvSemaphore admits one lease per session (use another session)",
+            self.dir
+        ))
     }
 
     /// Options to create a node of ours with `mode`, tagged as the layout
@@ -283,7 +311,12 @@ impl Drop for Contender {
         if !self.left {
             let what = format!("giving back the semaphore slot of {}", self.created.path);
             let ((id, entry), sem) = (self.departure(), self.sem.clone());
-            let leave = async move { sem.leave(&id, entry.as_deref()).await };
+            let departing = self.sem.session.departing(&self.created.path);
+            let leave = async move {
+                let left = sem.leave(&id, entry.as_deref()).await;
+                drop(departing);
+                left
+            };
             in_background(&self.sem.session, what, leave);
         }
     }

@@ -277,7 +277,9 @@ impl KvSemaphore {
     }
 
     async fn attempt(&self, deadline: Deadline) -> Result<Option<KvLease>> {
-        let entry = self.enter().await?;
+        let Some(entry) = self.enter(deadline).await? else {
+            return Ok(None);
+        };
         loop {
             let patient = !deadline.passed();
             // On an error our entry goes before we answer (not in the
