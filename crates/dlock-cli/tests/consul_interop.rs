@@ -100,24 +100,26 @@ fn consul_lock_and_dlock_lock_layout_consul_exclude_each_other() {
     assert_eq!(max, 1, "two holders at once");
 }
 
-/// The record that dlock's last holder left empty (it never deletes it:
-/// see `KvSemaphore`'s module docs) is a fresh one to `consul lock -n`,
-/// which takes a slot and, leaving last, destroys the record: nothing is
-/// left, not even an empty key.
+/// The record that dlock's last holder left without holders (it never
+/// deletes it: see `KvSemaphore`'s module docs) is read by `consul lock
+/// -n`, which takes a slot and, leaving last, destroys the record: nothing
+/// is left.
 #[test]
-fn consul_lock_n_takes_a_record_dlock_emptied() {
+fn consul_lock_n_takes_a_record_dlock_left_without_holders() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
-    let prefix = unique("emptied");
+    let prefix = unique("left");
     let path = format!("/{prefix}");
     let args = ["semaphore", "--kv", "--layout", "consul", "--leases", "2"];
     wait_all(vec![dlock(&[&args[..], &[path.as_str()]].concat(), &log)]);
     let record = format!("/v1/kv/{prefix}/.lock");
     let consul = dlock_testkit::shared_consul();
-    let (status, body) = consul.http("GET", &record, None).unwrap();
+    let (status, body) = consul.http("GET", &format!("{record}?raw"), None).unwrap();
     assert_eq!(status, 200, "the record stays: {body}");
-    let keys: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert!(keys[0]["Value"].is_null(), "emptied: {body}");
+    assert_eq!(
+        body, r#"{"Limit":2,"Holders":{}}"#,
+        "as api.Semaphore leaves it"
+    );
     wait_all(vec![consul_lock_holder(&prefix, 2, &log)]);
     let (_, entries) = concurrency(&common::log_lines(&log));
     assert_eq!(

@@ -146,20 +146,20 @@ struct Inner {
     /// Nodes of this session being removed in the background (a dropped
     /// lease leaving): a recipe that finds one in its way waits for it to
     /// go, rather than take it for a live one.
-    departing: StdMutex<HashSet<String>>,
+    departing: StdMutex<HashSet<(String, i64)>>,
 }
 
 /// A node of the session marked as on its way out, until this is dropped.
 pub(crate) struct Departure {
     session: Session,
-    path: String,
+    node: (String, i64),
 }
 
 impl Drop for Departure {
     fn drop(&mut self) {
         let mut departing = self.session.inner.departing.lock();
         let departing = departing.as_mut().unwrap_or_else(|e| e.get_mut());
-        departing.remove(&self.path);
+        departing.remove(&self.node);
     }
 }
 
@@ -493,22 +493,26 @@ impl Session {
             .unwrap_or_else(|| format!("_c_{}-", uuid::Uuid::new_v4()))
     }
 
-    /// Marks `node` as a node of ours on its way out, until the mark is
-    /// dropped (see [`is_departing`](Self::is_departing)).
-    pub(crate) fn departing(&self, node: &str) -> Departure {
+    /// Marks the node at `path` created at `czxid` as a node of ours on its
+    /// way out, until the mark is dropped (see
+    /// [`is_departing`](Self::is_departing)).
+    pub(crate) fn departing(&self, path: &str, czxid: i64) -> Departure {
+        let node = (path.to_string(), czxid);
         let mut departing = self.inner.departing.lock();
         let departing = departing.as_mut().unwrap_or_else(|e| e.get_mut());
-        departing.insert(node.to_string());
+        departing.insert(node.clone());
         Departure {
             session: self.clone(),
-            path: node.to_string(),
+            node,
         }
     }
 
-    /// Whether `node` is a node of ours on its way out in the background.
-    pub(crate) fn is_departing(&self, node: &str) -> bool {
+    /// Whether the node at `path` created at `czxid` is a node of ours on
+    /// its way out in the background.
+    pub(crate) fn is_departing(&self, path: &str, czxid: i64) -> bool {
         let departing = self.inner.departing.lock();
-        departing.unwrap_or_else(|e| e.into_inner()).contains(node)
+        let node = (path.to_string(), czxid);
+        departing.unwrap_or_else(|e| e.into_inner()).contains(&node)
     }
 
     /// Returns the protection prefix of `node` (a protected node of this

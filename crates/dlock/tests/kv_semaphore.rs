@@ -19,8 +19,6 @@ const SHORT: Duration = Duration::from_millis(200);
 
 async fn record(session: &Session, path: &str) -> Result<Option<Record>> {
     match session.get_data(&format!("{path}/{RECORD}")).await {
-        // Emptied by the last holder to leave.
-        Ok((data, _)) if data.is_empty() => Ok(None),
         Ok((data, _)) => Ok(Some(Record::parse(path, &data)?)),
         Err(Error::NoNode { .. }) => Ok(None),
         Err(e) => Err(e.into()),
@@ -47,7 +45,8 @@ async fn queued_for(
 }
 
 /// The layout: an ephemeral entry named after the session, and the JSON
-/// record; the last release removes the entry and empties the record.
+/// record; the last release removes the entry and leaves the record
+/// without holders.
 async fn the_layout_is_the_consul_design(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let path = h.path("/lot");
@@ -73,10 +72,10 @@ async fn the_layout_is_the_consul_design(h: &Harness) -> Result<()> {
     lease.release().await?;
     ensure!(record(&s, &path).await?.context("record")?.holders == [second.holder()]);
     second.release().await?;
-    let (data, emptied) = s.get_data(&format!("{path}/{RECORD}")).await?;
+    let (data, left) = s.get_data(&format!("{path}/{RECORD}")).await?;
     ensure!(
-        data.is_empty() && emptied.version > stat.version,
-        "the last release empties the record, moving its version on"
+        String::from_utf8(data)? == r#"{"limit":2,"holders":[]}"# && left.version > stat.version,
+        "the last release leaves the record without holders, its version moved on"
     );
     let left: Vec<String> = s
         .children(&path)
@@ -84,10 +83,7 @@ async fn the_layout_is_the_consul_design(h: &Harness) -> Result<()> {
         .into_iter()
         .map(|c| c.name)
         .collect();
-    ensure!(
-        left == [RECORD],
-        "only the emptied record is left: {left:?}"
-    );
+    ensure!(left == [RECORD], "only the record is left: {left:?}");
     Ok(())
 }
 
@@ -231,7 +227,11 @@ async fn stale_holders_are_pruned_on_join(h: &Harness) -> Result<()> {
         .context("slots of dead holders")?;
     ensure!(record(&s, &path).await?.context("record")?.holders == [lease.holder()]);
     lease.release().await?;
-    ensure!(record(&s, &path).await?.is_none());
+    ensure!(record(&s, &path)
+        .await?
+        .context("record")?
+        .holders
+        .is_empty());
     Ok(())
 }
 
@@ -294,7 +294,8 @@ async fn a_dropped_lease_can_be_taken_again_at_once(h: &Harness) -> Result<()> {
             .with_context(|| format!("round {round}"))?;
     }
     s.background_idle().await;
-    ensure!(record(&s, &path).await?.is_none(), "all given back");
+    let left = record(&s, &path).await?.context("the record")?;
+    ensure!(left.holders.is_empty(), "all given back: {left:?}");
     Ok(())
 }
 
@@ -308,9 +309,10 @@ async fn cancellation_and_drop_leave_nothing(h: &Harness) -> Result<()> {
     let _ = waiter.await;
     await_children(s1, path, 2, WITHIN).await?;
     drop(held);
-    // Only the record, emptied.
+    // Only the record, without holders.
     await_children(s1, path, 1, WITHIN).await?;
-    ensure!(record(s1, path).await?.is_none(), "the record is emptied");
+    let left = record(s1, path).await?.context("the record")?;
+    ensure!(left.holders.is_empty(), "{left:?}");
     sem2.acquire_timeout(WITHIN).await?.release().await?;
     Ok(())
 }

@@ -257,23 +257,32 @@ pub fn etcdctl() -> Command {
 }
 
 /// The keys left under the KV root `root` of the shared Consul agent that
-/// a finished test must not leave, as it lists them ("" if none): keys
-/// held by a session or holding a value. (An empty key nobody holds is
-/// skeleton, as an empty directory is: a semaphore record its last holder
-/// emptied.)
+/// a finished test must not leave, as it lists them ("" if none): all but
+/// the records of KV semaphores without holders, which their last holder
+/// leaves (never deleting them, as `api.Semaphore` does not).
 #[cfg(feature = "consul")]
 pub fn consul_leftovers(root: &str) -> String {
-    let (status, body) = dlock_testkit::shared_consul()
-        .http("GET", &format!("/v1/kv/{root}/?recurse"), None)
+    let consul = dlock_testkit::shared_consul();
+    let (status, body) = consul
+        .http("GET", &format!("/v1/kv/{root}/?keys"), None)
         .expect("list the root");
     if status == 404 {
         return String::new();
     }
-    let keys: Vec<serde_json::Value> = serde_json::from_str(&body).expect("Consul lists JSON");
-    let left: Vec<&serde_json::Value> = keys
-        .iter()
-        .filter(|k| !k["Value"].is_null() || k.get("Session").is_some_and(|s| !s.is_null()))
-        .collect();
+    let keys: Vec<String> = serde_json::from_str(&body).expect("Consul lists JSON");
+    let idle = |key: &str| {
+        key.ends_with("/.lock") && {
+            let (_, raw) = consul
+                .http("GET", &format!("/v1/kv/{key}?raw"), None)
+                .expect("read a key");
+            use dlock::recipes::kv_semaphore::Record;
+            let decoded = |layout| Record::decode(layout, key, raw.as_bytes());
+            [dlock::Layout::Curator, dlock::Layout::Consul]
+                .into_iter()
+                .any(|layout| decoded(layout).is_ok_and(|r| r.holders.is_empty()))
+        }
+    };
+    let left: Vec<&String> = keys.iter().filter(|k| !idle(k)).collect();
     match left.is_empty() {
         true => String::new(),
         false => format!("{left:?}"),

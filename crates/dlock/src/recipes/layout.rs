@@ -13,8 +13,9 @@
 //!   contender keys `<prefix>/<session UUID>` acquired by their session, and
 //!   the record `<prefix>/.lock` = `{"Limit":N,"Holders":{"<UUID>":true}}`,
 //!   all tagged [`CONSUL_SEMAPHORE_FLAGS`], the record updated by
-//!   compare-and-set and emptied (value `null`, which `api.Semaphore`
-//!   reads as a fresh record), never deleted, by the last holder to leave. A holder is alive while its contender key is owned by
+//!   compare-and-set; the last holder to leave writes it with no holders
+//!   (`"Holders":{}`, as `api.Semaphore`'s release leaves it) and never
+//!   deletes it. A holder is alive while its contender key is owned by
 //!   a session (Consul's sessions may leave the key behind without a
 //!   session, so a listed name is not enough: each key's owner is read); on
 //!   Consul, dlock and `consul lock -n N` on one prefix then never hold more

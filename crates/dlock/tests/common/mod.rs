@@ -166,7 +166,7 @@ pub async fn collect_leftovers(session: &Session, root: &str) -> Result<Vec<Stri
             Err(dlock::Error::NoNode { .. }) => continue,
             Err(e) => return Err(e).context(path),
         };
-        if stat.ephemeral_owner != 0 || !data.is_empty() {
+        if stat.ephemeral_owner != 0 || !(data.is_empty() || is_idle_record(&path, &data)) {
             found.push(format!(
                 "{path} (owner {:#x}, {} bytes)",
                 stat.ephemeral_owner,
@@ -182,6 +182,17 @@ pub async fn collect_leftovers(session: &Session, root: &str) -> Result<Vec<Stri
         }
     }
     Ok(found)
+}
+
+/// Whether `path` is a KV semaphore's record without holders, in either
+/// layout: what its last holder leaves (it is never deleted), skeleton as
+/// an empty directory is.
+pub fn is_idle_record(path: &str, data: &[u8]) -> bool {
+    use dlock::recipes::kv_semaphore::{Record, RECORD};
+    path.ends_with(&format!("/{RECORD}"))
+        && [dlock::Layout::Curator, dlock::Layout::Consul]
+            .into_iter()
+            .any(|layout| Record::decode(layout, path, data).is_ok_and(|r| r.holders.is_empty()))
 }
 
 /// Deletes the tree under and including `root`, deepest first.

@@ -61,8 +61,10 @@ impl KvSemaphore {
             // cancelled, on its way out in the background: wait for it to
             // go, then go again.
             Ok(Claim::Other {
-                watch: Some(watch), ..
-            }) if self.session.is_departing(&entry.path) => {
+                stat,
+                watch: Some(watch),
+                ..
+            }) if self.session.is_departing(&entry.path, stat.czxid) => {
                 return match deadline.race(watch.changed()).await {
                     None => Ok(None),
                     Some(_) => Err(Error::NoNode {
@@ -132,14 +134,6 @@ impl KvSemaphore {
             .retrying(|| store.get_data(&self.record, watch))
             .await;
         let (record, mut watches) = match read.found()? {
-            // Emptied by the last holder to leave: nobody holds.
-            Some((data, stat, w)) if data.is_empty() => {
-                let empty = Record {
-                    limit: self.limit,
-                    holders: Vec::new(),
-                };
-                (Some((empty, stat)), Vec::from_iter(w))
-            }
             Some((data, stat, w)) => {
                 let record = Record::decode(self.layout, &self.record, &data)?;
                 (Some((record, stat)), Vec::from_iter(w))
@@ -187,9 +181,9 @@ impl KvSemaphore {
         }
     }
 
-    /// Writes the record without `id` and the dead by compare-and-set, or
-    /// empties it if nobody is left (never deletes it: see the module
-    /// docs).
+    /// Writes the record without `id` and the dead by compare-and-set —
+    /// with no holders if nobody is left: it is never deleted (see the
+    /// module docs).
     async fn leave_record(&self, id: &str) -> Result<()> {
         loop {
             let look = match self.look(false).await {
@@ -203,24 +197,14 @@ impl KvSemaphore {
                 return Ok(());
             };
             let version = Some(stat.version);
-            let written = match holders.is_empty() {
-                _ if holders == record.holders => return Ok(()),
-                true => self
-                    .session
-                    .set_data(&self.record, b"", version)
-                    .await
-                    .map(drop),
-                false => {
-                    let record = Record {
-                        limit: record.limit,
-                        holders,
-                    };
-                    self.write(&record, version).await.map(drop)
-                }
-            };
+            if holders == record.holders {
+                return Ok(());
+            }
+            let limit = record.limit;
+            let written = self.write(&Record { limit, holders }, version).await;
             match written {
                 Err(e) if raced(&e) => {}
-                written => return written,
+                written => return written.map(drop),
             }
         }
     }
@@ -311,7 +295,10 @@ impl Drop for Contender {
         if !self.left {
             let what = format!("giving back the semaphore slot of {}", self.created.path);
             let ((id, entry), sem) = (self.departure(), self.sem.clone());
-            let departing = self.sem.session.departing(&self.created.path);
+            let (path, czxid) = (&self.created.path, self.created.stat.czxid);
+            let departing = entry
+                .as_ref()
+                .map(|_| self.sem.session.departing(path, czxid));
             let leave = async move {
                 let left = sem.leave(&id, entry.as_deref()).await;
                 drop(departing);

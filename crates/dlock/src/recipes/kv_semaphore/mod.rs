@@ -7,8 +7,8 @@
 //!   its session (the session id as 16 hex digits): alive exactly as long
 //!   as the session, it is the proof that a holder lives.
 //! - `<path>/.lock`: a persistent [`Record`], JSON
-//!   `{"limit":N,"holders":["<holder-id>",...]}` — or empty once nobody
-//!   holds (see below).
+//!   `{"limit":N,"holders":["<holder-id>",...]}` (no holders once nobody
+//!   holds: see below).
 //!
 //! With [`Layout::Consul`] the nodes are exactly those of Consul's
 //! `api.Semaphore`, stated with Consul's other layout in
@@ -32,15 +32,16 @@
 //! states the limit; a record with another is [`Error::InvalidArgument`]
 //! naming both.
 //!
-//! The last holder to leave **empties** the record; it never deletes it. A
-//! record made again would start again at version 0, so a contender's
-//! compare-and-set on the version it read from the old record could land
-//! on the new one and drop its holders (ABA): more holders than the
-//! limit. An empty record counts as one without holders, and every write
-//! moves its version on. (Consul's `api.Semaphore` keeps its record for
-//! the same reason; its `Destroy`, which `consul lock -n` calls on exit,
-//! deletes it.) Empty, it holds no data, so a tree walk that removes empty
-//! nodes takes it away.
+//! The last holder to leave writes the record **with no holders**; it never
+//! deletes it. A record made again would start again at version 0, so a
+//! contender's compare-and-set on the version it read from the old record
+//! could land on the new one and drop its holders (ABA): more holders than
+//! the limit. Kept, every write moves its version on. Consul's
+//! `api.Semaphore` keeps its record the same way (`{"Limit":N,"Holders":{}}`
+//! after the last release; its `Destroy`, which `consul lock -n` calls on
+//! exit, deletes it), and earlier dlock clients read a record without
+//! holders as any other. A record without live holders states no limit: a
+//! contender with another one writes its own.
 //!
 //! Unlike [`Semaphore`](super::semaphore::Semaphore) (Curator's: fair, one
 //! watcher at a time) it is not fair and every waiter wakes on every
@@ -249,8 +250,12 @@ impl KvSemaphore {
     /// ```
     pub async fn available_permits(&self) -> Result<u32> {
         let look = self.look(false).await?;
-        let limit = look.record.as_ref().map_or(self.limit, |(r, _)| r.limit);
-        let held = u32::try_from(look.live_holders().len()).unwrap_or(u32::MAX);
+        let held = look.live_holders();
+        let limit = match &look.record {
+            Some((record, _)) if !held.is_empty() => record.limit,
+            _ => self.limit,
+        };
+        let held = u32::try_from(held.len()).unwrap_or(u32::MAX);
         Ok(limit.saturating_sub(held))
     }
 
@@ -280,11 +285,14 @@ impl KvSemaphore {
         let Some(entry) = self.enter(deadline).await? else {
             return Ok(None);
         };
+        // Watches are armed only once the slots were found full: on
+        // Consul each is a query of its own, which a free slot never needs.
+        let mut watching = false;
         loop {
             let patient = !deadline.passed();
             // On an error our entry goes before we answer (not in the
             // background), so that the session can try again at once.
-            let look = match self.look(patient).await {
+            let look = match self.look(patient && watching).await {
                 Ok(look) if look.live.contains(&entry.id) => look,
                 Ok(_) => {
                     return Err(Error::NoNode {
@@ -296,7 +304,7 @@ impl KvSemaphore {
             let mut holders = look.live_holders();
             let version = match &look.record {
                 None => None,
-                Some((record, _)) if record.limit != self.limit => {
+                Some((record, _)) if record.limit != self.limit && !holders.is_empty() => {
                     let conflict = Error::InvalidArgument(format!(
                         "semaphore limit conflict at {}: its holders use a limit of {}, this contender {}",
                         self.dir, record.limit, self.limit
@@ -310,6 +318,11 @@ impl KvSemaphore {
                 Some((_, stat)) => Some(stat.version),
             };
             if holders.len() >= self.limit as usize {
+                if patient && !watching {
+                    // Look again, watching what we read.
+                    watching = true;
+                    continue;
+                }
                 // Full: wait for a release or a holder's death.
                 let changed = patient && deadline.race(any_change(look.watches)).await.is_some();
                 if !changed {
