@@ -266,7 +266,14 @@ async fn a_kv_lease_revoked_by_force(h: &Harness) -> Result<()> {
 async fn a_consul_lock_holder_revoked_by_force(h: &Harness) -> Result<()> {
     let path = h.path("/consul-lock/forced");
     let acquire = |session: Session| take_at::<ConsulLock>(&session, &path, None);
-    let (next, _) = revoked_by_force(h, &path, 1, acquire, acquire).await?;
+    let (next, operator) = revoked_by_force(h, &path, 1, acquire, acquire).await?;
+    // The revoked holder's release came after the next holder made
+    // `.lock` again: it must not have taken that node.
+    let now = operator.exists(next.node()).await?;
+    ensure!(
+        now.is_some_and(|stat| stat.czxid == next.token().0) && !next.is_lost(),
+        "the revoked holder's release took the next holder's node: {now:?}"
+    );
     next.release().await?;
     Ok(())
 }

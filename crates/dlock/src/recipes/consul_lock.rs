@@ -250,7 +250,7 @@ impl ConsulLock {
         if let Some(listener) = &self.revocation {
             revocation::watch(&self.session, created.path.clone(), listener.clone());
         }
-        let node = HeldNode::new(&self.session, &self.prefix, "lock", created);
+        let node = HeldNode::at_shared_name(&self.session, &self.prefix, "lock", created);
         LockGuard::new(node.limited(self.max_hold))
     }
 }

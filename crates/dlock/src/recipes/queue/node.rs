@@ -74,6 +74,11 @@ pub(crate) struct HeldNode {
     fate_changed: Notify,
     /// Whether a task already watches the node for its deletion.
     watched: AtomicBool,
+    /// Whether other holders make nodes at the same name (a `ConsulLock`'s
+    /// `.lock`): then a release deletes the node only if it is still the
+    /// one this hold created, which every store can tell (ZooKeeper's
+    /// delete by name cannot).
+    shared_name: bool,
 }
 
 /// How a hold stands, its session aside. Only the first change from
@@ -115,6 +120,26 @@ impl HeldNode {
         what: &'static str,
         created: Created,
     ) -> Arc<Self> {
+        Self::build(session, recipe_path, what, created, false)
+    }
+
+    /// [`new`](Self::new), for a node at a name every holder uses in turn.
+    pub fn at_shared_name(
+        session: &Session,
+        recipe_path: &str,
+        what: &'static str,
+        created: Created,
+    ) -> Arc<Self> {
+        Self::build(session, recipe_path, what, created, true)
+    }
+
+    fn build(
+        session: &Session,
+        recipe_path: &str,
+        what: &'static str,
+        created: Created,
+        shared_name: bool,
+    ) -> Arc<Self> {
         // The node's owner is the session it was acquired in, even if the
         // client has moved to a new session since (then it is lost already).
         let session_id = match created.stat.ephemeral_owner {
@@ -131,6 +156,7 @@ impl HeldNode {
             fate: AtomicU8::new(Fate::Held as u8),
             fate_changed: Notify::new(),
             watched: AtomicBool::new(false),
+            shared_name,
         })
     }
 
@@ -193,8 +219,21 @@ impl HeldNode {
 
     /// Gives the hold back in the background (a dropped guard).
     pub fn let_go_in_background(&self) {
-        if self.let_go() != Fate::Expired {
-            self.session.delete_in_background(self.created.path.clone());
+        // Taken away or expired: the node is gone already, and its name may
+        // be someone else's by now.
+        let fate = self.let_go();
+        if fate == Fate::Expired || fate.taken() {
+            return;
+        }
+        let (session, path) = (self.session.clone(), self.created.path.clone());
+        match self.shared_name {
+            true => {
+                let czxid = self.created.stat.czxid;
+                let what = format!("releasing {path}");
+                let release = async move { session.delete_protected_created(&path, czxid).await };
+                crate::recipes::entry::in_background(&self.session, what, release);
+            }
+            false => session.delete_in_background(path),
         }
     }
 
@@ -299,9 +338,13 @@ impl HeldNode {
             .record(self.acquired_at.elapsed().as_secs_f64());
         tracing::debug!(node = %self.created.path, token = self.created.token().0, lost, "release");
         // An expired hold's node is the limit's to delete (once: a
-        // protection prefix is recycled with its delete).
-        if fate != Fate::Expired {
-            self.session.delete_protected(&self.created.path).await?;
+        // protection prefix is recycled with its delete); a hold taken away
+        // has no node left, and its name may be someone else's by now.
+        let (path, czxid) = (&self.created.path, self.created.stat.czxid);
+        match fate {
+            Fate::Expired | Fate::Removed => {}
+            _ if self.shared_name => self.session.delete_protected_created(path, czxid).await?,
+            _ => self.session.delete_protected(path).await?,
         }
         if lost {
             metrics::counter!("dlock_losses_total", &labels).increment(1);
