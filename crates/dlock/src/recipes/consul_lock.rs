@@ -248,7 +248,7 @@ impl ConsulLock {
 
     fn guard(&self, created: Created) -> LockGuard {
         if let Some(listener) = &self.revocation {
-            revocation::watch(&self.session, created.path.clone(), listener.clone());
+            revocation::watch(&self.session, &created, listener.clone());
         }
         let node = HeldNode::at_shared_name(&self.session, &self.prefix, "lock", created);
         LockGuard::new(node.limited(self.max_hold))

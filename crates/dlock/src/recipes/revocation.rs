@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::session::Session;
-use crate::store::WatchEvent;
+use crate::store::{Created, WatchEvent};
 
 /// The bytes a revocation request writes (Curator's `REVOKE_MESSAGE`).
 ///
@@ -108,13 +108,16 @@ pub async fn revoke_forced(session: &Session, node: &str) -> Result<()> {
     }
 }
 
-/// Watches our own node and tells `listener` of every revocation request,
-/// until the node is gone.
-pub(crate) fn watch(session: &Session, node: String, listener: Listener) {
+/// Watches our own node `created` and tells `listener` of every revocation
+/// request, until the node is gone — or its name is on another node (a
+/// `ConsulLock`'s `.lock` is every holder's in turn).
+pub(crate) fn watch(session: &Session, created: &Created, listener: Listener) {
     let watcher = session.clone();
+    let (node, czxid) = (created.path.clone(), created.stat.czxid);
     session.spawn_background(async move {
         loop {
             match watcher.get_data_watch(&node).await {
+                Ok((_, stat, _)) if stat.czxid != czxid => return,
                 Ok((data, _, watch)) => {
                     if data == REVOKE_MESSAGE {
                         (listener.0)(&node);

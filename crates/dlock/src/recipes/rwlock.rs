@@ -310,7 +310,7 @@ impl WriteGuard {
             return Err(held.lost_error());
         }
         if let Some(listener) = &q.revocation {
-            super::revocation::watch(&q.session, created.path.clone(), listener.clone());
+            super::revocation::watch(&q.session, &created, listener.clone());
         }
         Ok(self
             .lock

@@ -93,8 +93,7 @@ impl KvSemaphore {
         };
         entry.keep();
         if let Some(listener) = &self.revocation {
-            let path = created.path.clone();
-            crate::recipes::revocation::watch(&self.session, path, listener.clone());
+            crate::recipes::revocation::watch(&self.session, &created, listener.clone());
         }
         let sem = self.clone();
         Ok(Some(Contender {

@@ -368,7 +368,7 @@ impl WaitQueue {
             .await?;
         let pending = PendingNode::new(&self.session, &created.path);
         if let Some(listener) = &self.revocation {
-            super::revocation::watch(&self.session, created.path.clone(), listener.clone());
+            super::revocation::watch(&self.session, &created, listener.clone());
         }
         let mut children = children.unwrap_or_default();
         sort_sequenced(&mut children, self.sort_names);
