@@ -246,6 +246,40 @@ async fn on_consul_the_keys_carry_consuls_flags() {
     h.finish().await;
 }
 
+/// On Consul a semaphore's record can be deleted under dlock (`consul lock
+/// -n` deletes it when it leaves last) and made again: a compare-and-set
+/// on a version read from the old record never lands on the new one — a
+/// tagged key's version is its `ModifyIndex`, which only grows.
+#[cfg(feature = "consul")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_consul_a_record_made_again_never_takes_an_old_version() {
+    let h = common::consul();
+    let run = async {
+        let s = h.session().await;
+        let record = h.path("/s/.lock");
+        let tagged = CreateOptions::new(CreateMode::Persistent)
+            .with_parents()
+            .with_tag(CONSUL_SEMAPHORE_FLAGS);
+        let old = s
+            .create(&record, br#"{"Limit":1,"Holders":{}}"#, tagged)
+            .await?;
+        s.delete(&record, None).await?;
+        s.create(&record, br#"{"Limit":1,"Holders":{"b":true}}"#, tagged)
+            .await?;
+        let stale = s.set_data(
+            &record,
+            br#"{"Limit":1,"Holders":{"c":true}}"#,
+            Some(old.stat.version),
+        );
+        let stale = stale.await;
+        ensure!(matches!(stale, Err(Error::BadVersion { .. })), "{stale:?}");
+        s.delete(&record, None).await?;
+        Ok::<_, anyhow::Error>(())
+    };
+    run.await.expect("versions");
+    h.finish().await;
+}
+
 /// `consul lock`'s sessions have a 15 s lock delay: once such a holder's
 /// session is invalidated (here destroyed from outside, as when its TTL
 /// runs out), Consul refuses to lock the key for that long. A waiting

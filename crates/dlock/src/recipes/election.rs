@@ -132,6 +132,9 @@ impl Leadership {
 
     /// Resolves when the term is over or is being cancelled: leadership was
     /// lost (per the [`ErrorPolicy`]), interrupted, or given up by a close.
+    /// Wait on this to stop leading; [`lost`](Acquisition::lost) tells
+    /// only of a loss (the session's, or the node's taken away), not of a
+    /// term given up.
     pub async fn cancelled(&self) {
         let mut ended = self.ended.clone();
         let _ = ended.wait_for(|ended| *ended).await;

@@ -29,8 +29,11 @@
 //!   `api.Lock`'s `0x2ddccbc058a50c18` and `api.Semaphore`'s
 //!   `0xe0f69a2baa414de0`, which Consul's tools require on their keys and
 //!   keep on every write — and every write keeps them; the version of such
-//!   a key is `ModifyIndex − CreateIndex` (0 at creation; a write moves
-//!   `ModifyIndex`, so compare-and-set on it is exact). So keys that
+//!   a key is its `ModifyIndex` modulo 2^31 (a write moves `ModifyIndex`,
+//!   so compare-and-set on it is exact; and the index only grows
+//!   store-wide, so a key deleted and made again — `consul lock -n`'s exit
+//!   deletes a semaphore's record — never shows a version read from the
+//!   old one, within 2^31 writes). So keys that
 //!   `consul lock` writes read as tagged nodes, and ours as theirs. `czxid` is `CreateIndex` — Consul's Raft index, so it only grows,
 //!   store-wide: the fencing token — and `mzxid` is `ModifyIndex`.
 //! - **Ephemeral nodes** are keys acquired by the client's Consul session

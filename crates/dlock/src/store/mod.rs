@@ -26,11 +26,13 @@
 //!   created with, for the store's own tools to recognise it by (Consul:
 //!   the key's `Flags`, which `api.Lock` and `api.Semaphore` check).
 //!   Backends without such a field (embedded, ZooKeeper, etcd) drop it. A
-//!   tagged node's data version still serves compare-and-set: 0 at
-//!   creation, and a set changes it — by 1 where the store keeps its own
-//!   version, by the store indexes passed on Consul (where `Flags` hold
-//!   the tag instead of the version). Tags are at least [`TAG_MIN`], so
-//!   that no backend can mistake one for a version.
+//!   tagged node's data version still serves compare-and-set, and a set
+//!   changes it: where the store keeps its own version, 0 at creation and
+//!   +1 per set; on Consul (where `Flags` hold the tag instead of the
+//!   version) the key's `ModifyIndex` modulo 2^31, which a key made again
+//!   in its place never repeats (so a compare-and-set read from the old key
+//!   cannot land on the new one). Tags are at least [`TAG_MIN`], so that
+//!   no backend can mistake one for a version.
 //! - **Native session ids** ([`Store::native_session_id`]): the session's
 //!   identity as the store's own tools write it (Consul: the session
 //!   UUID), for layouts shared with them. Path-safe, and paired with the

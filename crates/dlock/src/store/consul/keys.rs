@@ -45,15 +45,18 @@ impl Entry {
         self.flags >= crate::store::TAG_MIN
     }
 
-    /// The data version: `Flags`, or for a tagged key the Raft indexes
-    /// passed since its creation (0 at creation; every write moves
-    /// `ModifyIndex`, so it is exact for compare-and-set).
+    /// The data version: `Flags`, or for a tagged key its `ModifyIndex`
+    /// modulo 2^31. Every write moves `ModifyIndex`, so it is exact for
+    /// compare-and-set; and the index only grows, store-wide, so a key made
+    /// again in the place of a deleted one never repeats a version read
+    /// from it (no ABA) until 2^31 writes later — where a count since the
+    /// key's creation would start again at 0, and saturate on a long-lived
+    /// key.
     pub fn version(&self) -> i32 {
         match self.is_tagged() {
-            true => self.modify_index.saturating_sub(self.create_index),
-            false => self.flags,
+            true => (self.modify_index % (1 << 31)) as i32,
+            false => self.flags.min(i32::MAX as u64) as i32,
         }
-        .min(i32::MAX as u64) as i32
     }
 
     /// The `Flags` a set writes: the next version, or the tag unchanged.
@@ -220,6 +223,26 @@ mod tests {
         assert!(is_descendant("d/", "d/b/c"));
         assert!(!is_descendant("d/", &marker("d/r", 3)));
         assert!(!is_descendant("d/", "d/"));
+    }
+
+    #[test]
+    fn a_tagged_keys_version_never_repeats_when_it_is_made_again() {
+        let tagged = |create, modify| Entry {
+            create_index: create,
+            modify_index: modify,
+            flags: crate::store::TAG_MIN,
+            ..entry("d/.lock", 0)
+        };
+        let old = tagged(10, 10);
+        let written = tagged(10, 17);
+        assert_ne!(old.version(), written.version(), "a write moves it");
+        let made_again = tagged(20, 20);
+        assert!(
+            made_again.version() > written.version(),
+            "a new key: a later index"
+        );
+        let long_lived = tagged(1, (1 << 31) + 5);
+        assert_eq!(long_lived.version(), 5, "wraps, never saturates");
     }
 
     #[test]
