@@ -242,7 +242,7 @@ fn inspect_tells_a_kv_semaphores_free_slots() {
     assert_eq!(
         json["free"],
         serde_json::Value::Null,
-        "no record, no limit: {json}"
+        "nobody holds: the record states no limit: {json}"
     );
 }
 

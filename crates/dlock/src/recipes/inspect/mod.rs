@@ -358,12 +358,13 @@ async fn consul_client(session: &Session, node: &str) -> Result<Option<Foreign>>
     Ok(owner.flatten().map(|_| Foreign::Consul))
 }
 
-/// The limit a KV semaphore's record states, if there is a record.
+/// The limit a KV semaphore's record states, if there is a record that
+/// lists holders (one without states none: the next contender's holds).
 async fn kv_limit(session: &Session, path: &str, layout: crate::Layout) -> Result<Option<u32>> {
     let node = path::join(path, kv_semaphore::RECORD);
     let read = session.get_data(&node).await.found()?;
     let record = read.and_then(|(data, _)| kv_semaphore::Record::decode(layout, &node, &data).ok());
-    Ok(record.map(|r| r.limit))
+    Ok(record.filter(|r| !r.holders.is_empty()).map(|r| r.limit))
 }
 
 /// A KV semaphore's entries: holders in the order the record admitted them,
