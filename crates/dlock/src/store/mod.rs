@@ -667,7 +667,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// The [tag](CreateOptions::with_tag) of the node at `path`, where the
     /// store keeps tags (Consul: the key's `Flags`, when they hold a tag
     /// rather than a version); `None` for an untagged node, and on the
-    /// backends that drop tags. [`Error::NoNode`] if there is no node.
+    /// backends that drop tags. [`Error::NoNode`](crate::Error::NoNode) if there is no node.
     async fn tag(&self, path: &str) -> Result<Option<u64>> {
         self.get_data(path, false).await.map(|_| None)
     }
