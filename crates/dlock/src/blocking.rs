@@ -29,7 +29,6 @@ use crate::SessionOptions;
 /// A session with its own runtime. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Session {
-    inner: crate::Session,
     runtime: Arc<Runtime>,
 }
 
@@ -81,13 +80,12 @@ pub fn connect_with(endpoint: &str, options: SessionOptions) -> Result<Session> 
         .enable_all()
         .build()
         .map_err(|e| Error::Backend(format!("cannot start a runtime: {e}")))?;
-    let inner = runtime.block_on(crate::connect_with(endpoint, options))?;
+    let session = runtime.block_on(crate::connect_with(endpoint, options))?;
     let runtime = Runtime {
         tokio: Some(runtime),
-        session: inner.clone(),
+        session,
     };
     Ok(Session {
-        inner,
         runtime: Arc::new(runtime),
     })
 }
@@ -96,7 +94,7 @@ impl Session {
     /// The async session inside, for recipes without a blocking wrapper yet
     /// (run them with [`block_on`](Self::block_on)).
     pub fn session(&self) -> &crate::Session {
-        &self.inner
+        &self.runtime.session
     }
 
     /// Runs any async dlock operation to completion on this session's
@@ -118,7 +116,7 @@ impl Session {
     /// A [`Mutex`] at `path`.
     pub fn mutex(&self, path: &str) -> Result<Mutex> {
         Ok(Mutex {
-            inner: crate::Mutex::new(&self.inner, path)?,
+            inner: crate::Mutex::new(self.session(), path)?,
             session: self.clone(),
         })
     }
@@ -126,7 +124,7 @@ impl Session {
     /// A [`ReadWriteLock`] at `path`.
     pub fn read_write_lock(&self, path: &str) -> Result<ReadWriteLock> {
         Ok(ReadWriteLock {
-            inner: crate::ReadWriteLock::new(&self.inner, path)?,
+            inner: crate::ReadWriteLock::new(self.session(), path)?,
             session: self.clone(),
         })
     }
@@ -134,7 +132,7 @@ impl Session {
     /// A [`Semaphore`] at `path` with `max` leases.
     pub fn semaphore(&self, path: &str, max: u32) -> Result<Semaphore> {
         Ok(Semaphore {
-            inner: crate::Semaphore::new(&self.inner, path, max)?,
+            inner: crate::Semaphore::new(self.session(), path, max)?,
             session: self.clone(),
         })
     }
@@ -142,7 +140,7 @@ impl Session {
     /// A started [`LeaderLatch`] at `path` with participant id `id`.
     pub fn leader_latch(&self, path: &str, id: &str) -> Result<LeaderLatch> {
         let _enter = self.runtime.tokio().enter();
-        let inner = crate::LeaderLatch::new(&self.inner, path)?.with_id(id);
+        let inner = crate::LeaderLatch::new(self.session(), path)?.with_id(id);
         inner.start()?;
         Ok(LeaderLatch {
             inner,
@@ -152,7 +150,7 @@ impl Session {
 
     /// Closes the session.
     pub fn close(&self) {
-        self.block_on(self.inner.close())
+        self.block_on(self.session().close())
     }
 }
 

@@ -230,17 +230,7 @@ async fn a_finished_term_guards_no_more_writes(h: &Harness) -> Result<()> {
     let (seen, _) = next(&mut second_seen).await?;
     ensure!(seen == Seen::Took(0), "{seen:?}");
     await_children(&s, &path, 2, WITHIN).await?;
-    let set = dlock::store::Op::SetData {
-        path: resource.clone(),
-        data: b"late".to_vec(),
-        version: None,
-    };
-    let refused = kept.guarded(&[set]).await;
-    ensure!(
-        matches!(refused, Err(Error::Lost { .. })),
-        "a finished term's guarded write: {refused:?}"
-    );
-    ensure!(s.get_data(&resource).await?.0 == b"v0", "the write landed");
+    common::late_guarded_write_is_refused(&kept, &s, &resource, "a finished term").await?;
     second.close().await?;
     first.close().await?;
     s.delete(&resource, None).await?;

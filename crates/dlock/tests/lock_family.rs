@@ -155,17 +155,7 @@ async fn a_released_hold_guards_no_more_writes(h: &Harness) -> Result<()> {
     guard.release().await?;
     let theirs = finished(theirs, WITHIN).await?;
     let ours_again = queued(&s, &path, 2, WITHIN, acquire(mutex)).await?;
-    let set = dlock::store::Op::SetData {
-        path: resource.clone(),
-        data: b"late".to_vec(),
-        version: None,
-    };
-    let refused = kept.guarded(&[set]).await;
-    ensure!(
-        matches!(refused, Err(Error::Lost { .. })),
-        "a released hold's guarded write: {refused:?}"
-    );
-    ensure!(s.get_data(&resource).await?.0 == b"v0", "the write landed");
+    common::late_guarded_write_is_refused(&kept, &s, &resource, "a released hold").await?;
     theirs.release().await?;
     finished(ours_again, WITHIN).await?.release().await?;
     s.delete(&resource, None).await?;

@@ -184,6 +184,31 @@ pub async fn collect_leftovers(session: &Session, root: &str) -> Result<Vec<Stri
     Ok(found)
 }
 
+/// A guarded write through `held`, whose hold is over (`what` names it),
+/// is refused with `Lost`, and `resource` keeps its `v0`.
+pub async fn late_guarded_write_is_refused(
+    held: &dlock::Acquisition,
+    session: &Session,
+    resource: &str,
+    what: &str,
+) -> Result<()> {
+    let set = dlock::store::Op::SetData {
+        path: resource.to_string(),
+        data: b"late".to_vec(),
+        version: None,
+    };
+    let refused = held.guarded(&[set]).await;
+    ensure!(
+        matches!(refused, Err(dlock::Error::Lost { .. })),
+        "{what}'s guarded write: {refused:?}"
+    );
+    ensure!(
+        session.get_data(resource).await?.0 == b"v0",
+        "the write landed"
+    );
+    Ok(())
+}
+
 /// Whether `path` is a KV semaphore's record without holders, in either
 /// layout: what its last holder leaves (it is never deleted), skeleton as
 /// an empty directory is.
