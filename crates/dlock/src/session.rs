@@ -149,6 +149,11 @@ struct Inner {
     departing: StdMutex<HashSet<(String, i64)>>,
 }
 
+/// Whether the node a delete was for had gone before the delete got there:
+/// someone else deleted it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Gone(pub bool);
+
 /// A node of the session marked as on its way out, until this is dropped.
 pub(crate) struct Departure {
     session: Session,
@@ -661,8 +666,25 @@ impl Session {
     /// keeps trying in the background until the node is gone (Curator's
     /// guaranteed delete). A node that is already gone counts as deleted.
     pub(crate) async fn delete_guaranteed(&self, path: &str) -> Result<()> {
-        match self.retrying(|| self.inner.store.delete(path, None)).await {
-            Ok(()) | Err(Error::NoNode { .. }) => Ok(()),
+        self.delete_guaranteed_or_gone(path).await.map(drop)
+    }
+
+    /// [`delete_guaranteed`](Self::delete_guaranteed), telling whether the
+    /// node was [`Gone`] before: a holder's release that finds its node
+    /// gone was taken away (revoked by force) and must say so.
+    pub(crate) async fn delete_guaranteed_or_gone(&self, path: &str) -> Result<Gone> {
+        let mut tries = 0;
+        let deleted = self
+            .retrying(|| {
+                tries += 1;
+                self.inner.store.delete(path, None)
+            })
+            .await;
+        match deleted {
+            Ok(()) => Ok(Gone(false)),
+            // After a retry, the node may be gone by our own delete whose
+            // reply was lost.
+            Err(Error::NoNode { .. }) => Ok(Gone(tries == 1)),
             Err(e) if e.is_retryable() => {
                 self.delete_in_background(path.to_string());
                 Err(e)
@@ -671,35 +693,38 @@ impl Session {
         }
     }
 
-    /// [`delete_guaranteed`](Self::delete_guaranteed) for a protected node
-    /// this session created (and deletes only here): once it is gone, its
-    /// protection prefix is reused.
-    pub(crate) async fn delete_protected(&self, path: &str) -> Result<()> {
-        self.delete_guaranteed(path).await?;
+    /// [`delete_guaranteed_or_gone`](Self::delete_guaranteed_or_gone) for a
+    /// protected node this session created (and deletes only here): once it
+    /// is gone, its protection prefix is reused.
+    pub(crate) async fn delete_protected(&self, path: &str) -> Result<Gone> {
+        let gone = self.delete_guaranteed_or_gone(path).await?;
         self.recycle_prefix(path);
-        Ok(())
+        Ok(gone)
     }
 
     /// [`delete_protected`](Self::delete_protected) only if the node at
     /// `path` is still the one created at `czxid` (on etcd a name comes
     /// back on a newer node): for a deleter that is not the holder's own
     /// release, which may come after the node was deleted and made again.
-    pub(crate) async fn delete_protected_created(&self, path: &str, czxid: i64) -> Result<()> {
+    /// [`Gone`] if the node was gone (or another) at the first look.
+    pub(crate) async fn delete_protected_created(&self, path: &str, czxid: i64) -> Result<Gone> {
+        let mut first_look = true;
         loop {
             let found = self
                 .retrying(|| self.inner.store.exists(path, false))
                 .await?;
             let version = match found {
                 (Some(stat), _) if stat.czxid == czxid => stat.version,
-                _ => return Ok(()),
+                _ => return Ok(Gone(first_look)),
             };
+            first_look = false;
             let deleted = self
                 .retrying(|| self.inner.store.delete(path, Some(version)))
                 .await;
             match deleted {
                 Ok(()) | Err(Error::NoNode { .. }) => {
                     self.recycle_prefix(path);
-                    return Ok(());
+                    return Ok(Gone(false));
                 }
                 // Its data changed meanwhile (a revocation request): again.
                 Err(Error::BadVersion { .. }) => {}

@@ -278,6 +278,30 @@ async fn a_consul_lock_holder_revoked_by_force(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// `P`'s hold revoked by force while its holder never asked whether it
+/// was lost: nothing watched its node, so only the release's own delete
+/// can find it gone, and it must report the loss all the same.
+async fn unwatched_and_revoked<P: OnePermit>(h: &Harness, path: &str) -> Result<()> {
+    let (holder, operator) = (h.session().await, h.session().await);
+    let held = take_at::<P>(&holder, path, None).await?;
+    dlock::revoke_forced(&operator, held.acquisition().node()).await?;
+    let released = Box::new(held).release().await;
+    ensure!(
+        matches!(released, Err(Error::Lost { .. })),
+        "{path}: the release of a hold revoked by force said {released:?}"
+    );
+    Ok(())
+}
+
+/// Every one-permit hold revoked by force, unwatched, reports the loss
+/// when released (its release found its node gone).
+async fn an_unwatched_hold_revoked_by_force_reports_the_loss(h: &Harness) -> Result<()> {
+    unwatched_and_revoked::<Mutex>(h, &h.path("/unwatched/mutex")).await?;
+    unwatched_and_revoked::<Semaphore>(h, &h.path("/unwatched/semaphore")).await?;
+    unwatched_and_revoked::<KvSemaphore>(h, &h.path("/unwatched/kv")).await?;
+    unwatched_and_revoked::<ConsulLock>(h, &h.path("/unwatched/consul-lock")).await
+}
+
 /// A leader whose node is deleted by force loses its term at once.
 async fn a_leader_revoked_by_force(h: &Harness) -> Result<()> {
     let (holder, operator) = (h.session().await, h.session().await);
@@ -447,6 +471,7 @@ per_backend!(every_backend {
     a_kv_lease_revoked_by_force,
     a_leader_revoked_by_force,
     a_consul_lock_holder_revoked_by_force,
+    an_unwatched_hold_revoked_by_force_reports_the_loss,
     a_mutex_hold_past_its_maximum,
     a_hold_released_in_time_stands_the_limit_down,
     an_expired_semaphore_permit,

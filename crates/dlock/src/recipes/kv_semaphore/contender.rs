@@ -12,6 +12,7 @@ use crate::recipes::entry::{in_background, Claim, Entry};
 use crate::recipes::guard::{deref_hold, Acquisition};
 use crate::recipes::layout::{Layout, CONSUL_SEMAPHORE_FLAGS};
 use crate::recipes::queue::HeldNode;
+use crate::session::Gone;
 use crate::store::{CreateMode, CreateOptions, Created, FencingToken, Stat, Watch};
 
 /// What a contender saw in one look.
@@ -172,11 +173,12 @@ impl KvSemaphore {
     /// goes even if the record could not be updated (then the others prune
     /// us). No entry (one taken away) and no id only prune the dead,
     /// removing nobody by name: the session may have entered again since.
-    async fn leave(&self, id: &str, entry: Option<&str>) -> Result<()> {
+    /// [`Gone`] if our entry was gone before we deleted it.
+    async fn leave(&self, id: &str, entry: Option<&str>) -> Result<Gone> {
         let left = self.leave_record(id).await;
         match entry {
-            Some(entry) => left.and(self.session.delete_guaranteed(entry).await),
-            None => left,
+            Some(entry) => left.and(self.session.delete_guaranteed_or_gone(entry).await),
+            None => left.map(|()| Gone(false)),
         }
     }
 
@@ -244,8 +246,9 @@ pub(super) struct Contender {
 }
 
 impl Contender {
-    /// Gives up our place in the record and our entry now.
-    pub(super) async fn leave(mut self) -> Result<()> {
+    /// Gives up our place in the record and our entry now; [`Gone`] if
+    /// someone else had deleted the entry.
+    pub(super) async fn leave(mut self) -> Result<Gone> {
         let (id, entry) = self.departure();
         let left = self.sem.leave(&id, entry.as_deref()).await;
         // Done only once left: if cancelled meanwhile, Drop finishes it.
@@ -301,7 +304,7 @@ impl Drop for Contender {
             let leave = async move {
                 let left = sem.leave(&id, entry.as_deref()).await;
                 drop(departing);
-                left
+                left.map(drop)
             };
             in_background(&self.sem.session, what, leave);
         }
@@ -359,8 +362,9 @@ impl KvLease {
         } = self;
         contender.let_go();
         let lost = acquisition.is_lost();
-        contender.leave().await?;
-        match lost {
+        // Our entry gone before we deleted it: the slot was taken away.
+        let Gone(gone) = contender.leave().await?;
+        match lost || gone {
             true => Err(acquisition.lost_error()),
             false => Ok(()),
         }

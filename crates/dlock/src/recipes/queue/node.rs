@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::session::Session;
+use crate::session::{Gone, Session};
 use crate::store::{Created, SessionId, SessionState, WatchEvent};
 
 /// A node in the queue that is deleted (in the background) unless
@@ -40,7 +40,7 @@ impl PendingNode {
     pub async fn delete(mut self) -> Result<()> {
         // Disarmed only once done: if this future is dropped midway, the
         // drop deletes the node in the background.
-        let result = self.session.delete_protected(&self.path).await;
+        let result = self.session.delete_protected(&self.path).await.map(drop);
         self.armed = false;
         result
     }
@@ -230,7 +230,12 @@ impl HeldNode {
             true => {
                 let czxid = self.created.stat.czxid;
                 let what = format!("releasing {path}");
-                let release = async move { session.delete_protected_created(&path, czxid).await };
+                let release = async move {
+                    session
+                        .delete_protected_created(&path, czxid)
+                        .await
+                        .map(drop)
+                };
                 crate::recipes::entry::in_background(&self.session, what, release);
             }
             false => session.delete_in_background(path),
@@ -309,7 +314,7 @@ impl HeldNode {
             }
             tracing::debug!(node = %node.created.path, ?max_hold, "maximum hold time passed: releasing");
             let (path, czxid) = (&node.created.path, node.created.stat.czxid);
-            if let Err(e) = node.session.delete_protected_created(path, czxid).await {
+            if let Err(e) = node.session.delete_protected_created(path, czxid).await.map(drop) {
                 tracing::warn!(node = %node.created.path, error = %e, "releasing a hold past its maximum failed");
             }
         });
@@ -341,12 +346,14 @@ impl HeldNode {
         // protection prefix is recycled with its delete); a hold taken away
         // has no node left, and its name may be someone else's by now.
         let (path, czxid) = (&self.created.path, self.created.stat.czxid);
-        match fate {
-            Fate::Expired | Fate::Removed => {}
+        let Gone(gone) = match fate {
+            Fate::Expired | Fate::Removed => Gone(false),
             _ if self.shared_name => self.session.delete_protected_created(path, czxid).await?,
             _ => self.session.delete_protected(path).await?,
-        }
-        if lost {
+        };
+        // Gone before our delete, in a live session: taken away by someone
+        // else (revoked by force) while nobody watched for it.
+        if lost || gone {
             metrics::counter!("dlock_losses_total", &labels).increment(1);
             Err(self.lost_error())
         } else {
