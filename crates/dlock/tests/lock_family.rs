@@ -72,6 +72,46 @@ async fn upgrading_is_refused(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// An owner holding the write lock is refused the read lock and a second
+/// write lock, each of which would queue behind its own write node forever,
+/// with a message naming the way that works (a downgrade, a re-entry); a
+/// clone is another owner, which waits.
+async fn an_owner_holding_the_write_lock_is_refused_what_would_wait_for_itself(
+    h: &Harness,
+) -> Result<()> {
+    let s = h.session().await;
+    let rw = ReadWriteLock::new(&s, &h.path("/rw"))?;
+    let w = rw.write().await?;
+    let refused = [
+        rw.read().await.map(drop).unwrap_err(),
+        rw.try_read().await.map(drop).unwrap_err(),
+        rw.write().await.map(drop).unwrap_err(),
+        rw.write_half()
+            .lock_for(Some(SHORT))
+            .await
+            .map(drop)
+            .unwrap_err(),
+    ];
+    for (err, way) in
+        refused
+            .iter()
+            .zip(["WriteGuard::read", "WriteGuard::read", "reenter", "reenter"])
+    {
+        ensure!(
+            matches!(err, Error::InvalidArgument(m) if m.contains(way)),
+            "{err}"
+        );
+    }
+    let again = w.reenter()?;
+    let read = w.read().await?;
+    ensure!(rw.clone().try_write().await?.is_none(), "a clone waits");
+    w.release().await?;
+    again.release().await?;
+    read.release().await?;
+    rw.write().await?.release().await?;
+    Ok(())
+}
+
 /// Curator `testThatDowngradingRespectsThreads`: while one task holds the
 /// write lock, another cannot read.
 async fn downgrading_is_only_for_the_writer(h: &Harness) -> Result<()> {
@@ -135,6 +175,36 @@ async fn a_queued_writer_cannot_slip_into_a_downgrade(h: &Harness) -> Result<()>
         r1.release().await?;
         finished(writer2, WITHIN).await?.release().await?;
     }
+    Ok(())
+}
+
+/// A write lock revoked by force, unnoticed by its holder (nothing asked
+/// whether it was lost), whose queued writer holds now: a downgrade fails
+/// as lost and leaves no read node, which would otherwise take the gone
+/// write node's place ahead of the writer that holds.
+async fn a_downgrade_of_a_write_lock_revoked_by_force_is_lost(h: &Harness) -> Result<()> {
+    let (s1, s2, operator) = (h.session().await, h.session().await, h.session().await);
+    let path = h.path("/rw");
+    let w1 = ReadWriteLock::new(&s1, &path)?.write().await?;
+    let lock2 = ReadWriteLock::new(&s2, &path)?;
+    let writer2 = tokio::spawn(async move { anyhow::Ok(lock2.write().await?) });
+    await_children(&operator, &path, 2, WITHIN).await?;
+    dlock::revoke_forced(&operator, w1.node()).await?;
+    let w2 = finished(writer2, WITHIN).await?;
+    let read = w1.read().await;
+    ensure!(
+        matches!(read, Err(Error::Lost { .. })),
+        "a downgrade of a write lock revoked by force, with writer 2 holding: {:?}",
+        read.map(|r| r.node().to_string())
+    );
+    await_children(&operator, &path, 1, WITHIN).await?;
+    let left = operator.children(&path).await?;
+    ensure!(
+        left.len() == 1 && w2.node() == format!("{path}/{}", left[0].name),
+        "{left:?}"
+    );
+    w2.release().await?;
+    let _ = w1.release().await;
     Ok(())
 }
 
@@ -495,9 +565,11 @@ per_backend!(every_backend {
     rw_participants_show_holders_and_waiters,
     upgrading_is_refused,
     downgrading_is_only_for_the_writer,
+    an_owner_holding_the_write_lock_is_refused_what_would_wait_for_itself,
     a_writer_downgrades_to_reader,
     a_queued_writer_cannot_slip_into_a_downgrade,
     a_downgrade_that_outlives_its_session_is_lost,
+    a_downgrade_of_a_write_lock_revoked_by_force_is_lost,
     a_released_hold_guards_no_more_writes,
     writers_are_alone_and_readers_share,
     rw_nodes_carry_the_lock_data,

@@ -102,12 +102,12 @@ lockable! {
 impl ReadWriteLock {
     /// The read half, for a [`MultiLock`].
     pub fn read_half(&self) -> ReadHalf {
-        ReadHalf(self.clone())
+        ReadHalf(self.same_owner())
     }
 
     /// The write half, for a [`MultiLock`].
     pub fn write_half(&self) -> WriteHalf {
-        WriteHalf(self.clone())
+        WriteHalf(self.same_owner())
     }
 }
 

@@ -85,9 +85,10 @@ impl Predicate for ByKind {
 /// A fair read-write lock shared by every session that names the same path.
 ///
 /// A `ReadWriteLock` value is one *owner* (Curator's thread): it refuses to
-/// take the write lock while it holds the read lock, because that upgrade
-/// would wait for itself forever. Create one per task; it costs no round
-/// trip. Both halves are re-entrant through their guards, and a writer may
+/// take the write lock while it holds the read lock, and either lock while
+/// it holds the write lock, because each would wait for itself forever.
+/// Create one per task, or clone one (a clone is another owner); either
+/// costs no round trip. Both halves are re-entrant through their guards, and a writer may
 /// downgrade: [`WriteGuard::read`] then release the write guard.
 ///
 /// ```
@@ -107,12 +108,12 @@ impl Predicate for ByKind {
 /// r.release().await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ReadWriteLock {
     readers: WaitQueue,
     writers: WaitQueue,
     data: Option<Vec<u8>>,
-    reads_held: Arc<AtomicUsize>,
+    held: Arc<Held>,
 }
 
 impl ReadWriteLock {
@@ -125,8 +126,19 @@ impl ReadWriteLock {
             writers: WaitQueue::new(session, path, WRITE_LOCK_NAME, SORT_NAMES)?
                 .listing_when_woken(),
             data: None,
-            reads_held: Arc::new(AtomicUsize::new(0)),
+            held: Arc::default(),
         })
+    }
+
+    /// This owner again (a guard's, or a [`MultiLock`](crate::MultiLock)
+    /// half's): refused what this one is refused.
+    pub(crate) fn same_owner(&self) -> Self {
+        ReadWriteLock {
+            readers: self.readers.clone(),
+            writers: self.writers.clone(),
+            data: self.data.clone(),
+            held: self.held.clone(),
+        }
     }
 
     /// Stores `data` in both kinds of node (Curator's `lockData`).
@@ -186,10 +198,17 @@ impl ReadWriteLock {
 
     /// Takes the write lock by `deadline`; `None` if it passed first.
     pub(crate) async fn write_until(&self, deadline: Deadline) -> Result<Option<WriteGuard>> {
-        if self.reads_held.load(Ordering::SeqCst) > 0 {
+        if self.held.reads.load(Ordering::SeqCst) > 0 {
             return Err(Error::InvalidArgument(format!(
                 "cannot upgrade a read lock to the write lock at {}: release the read lock first \
                  (the writer would wait for itself forever)",
+                self.path()
+            )));
+        }
+        if self.held.writes.load(Ordering::SeqCst) > 0 {
+            return Err(Error::InvalidArgument(format!(
+                "this owner holds the write lock at {} already: take it again with \
+                 WriteGuard::reenter (a second writer would wait for itself forever)",
                 self.path()
             )));
         }
@@ -208,7 +227,8 @@ impl ReadWriteLock {
             .await?;
         Ok(created.map(|created| WriteGuard {
             guard: LockGuard::new(q.hold(self.path(), "write lock", created)),
-            lock: self.clone(),
+            lock: self.same_owner(),
+            _counted: Counted::new(&self.held, Kind::Write),
         }))
     }
 
@@ -224,6 +244,14 @@ impl ReadWriteLock {
 
     /// Takes the read lock by `deadline`; `None` if it passed first.
     pub(crate) async fn read_until(&self, deadline: Deadline) -> Result<Option<ReadGuard>> {
+        if self.held.writes.load(Ordering::SeqCst) > 0 {
+            return Err(Error::InvalidArgument(format!(
+                "this owner holds the write lock at {}: take the read lock with \
+                 WriteGuard::read, a downgrade (a reader queued behind its own writer would \
+                 wait forever)",
+                self.path()
+            )));
+        }
         if self.readers.taken_now(deadline, excludes_readers).await? {
             return Ok(None);
         }
@@ -241,10 +269,9 @@ impl ReadWriteLock {
     }
 
     fn read_guard(&self, node: Arc<HeldNode>) -> ReadGuard {
-        self.reads_held.fetch_add(1, Ordering::SeqCst);
         ReadGuard {
             guard: LockGuard::new(node),
-            _hold: ReadHold(self.reads_held.clone()),
+            _counted: Counted::new(&self.held, Kind::Read),
         }
     }
 
@@ -255,13 +282,52 @@ impl ReadWriteLock {
     }
 }
 
-/// Counts an owner's read holds, so it can refuse to upgrade.
-#[derive(Debug)]
-struct ReadHold(Arc<AtomicUsize>);
+impl Clone for ReadWriteLock {
+    /// Another owner of the same lock, as another of Curator's threads: it
+    /// waits for this one's holds, where this one is refused.
+    fn clone(&self) -> Self {
+        ReadWriteLock {
+            held: Arc::default(),
+            ..self.same_owner()
+        }
+    }
+}
 
-impl Drop for ReadHold {
+/// What an owner holds, so that it can refuse to wait for itself.
+#[derive(Debug, Default)]
+struct Held {
+    reads: AtomicUsize,
+    writes: AtomicUsize,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Read,
+    Write,
+}
+
+/// One hold, counted in its owner's [`Held`] until dropped.
+#[derive(Debug)]
+struct Counted(Arc<Held>, Kind);
+
+impl Counted {
+    fn new(held: &Arc<Held>, kind: Kind) -> Self {
+        let counted = Counted(held.clone(), kind);
+        counted.count().fetch_add(1, Ordering::SeqCst);
+        counted
+    }
+
+    fn count(&self) -> &AtomicUsize {
+        match self.1 {
+            Kind::Read => &self.0.reads,
+            Kind::Write => &self.0.writes,
+        }
+    }
+}
+
+impl Drop for Counted {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.count().fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -272,6 +338,7 @@ impl Drop for ReadHold {
 pub struct WriteGuard {
     guard: LockGuard,
     lock: ReadWriteLock,
+    _counted: Counted,
 }
 
 deref_hold!(WriteGuard => guard: LockGuard);
@@ -292,7 +359,7 @@ impl WriteGuard {
         let q = &self.lock.readers;
         let prefix = q.session.protection_prefix();
         let name = format!("{READ_LOCK_NAME}{sequence}");
-        let (created, _) = q
+        let made = q
             .session
             .create_protected(
                 &q.dir,
@@ -302,26 +369,50 @@ impl WriteGuard {
                 CreateMode::Ephemeral,
                 false,
             )
-            .await?;
-        // Made in a later session than the write node (the write lock was
-        // lost meanwhile), the read node has not taken its place.
-        if created.stat.ephemeral_owner != held.created.stat.ephemeral_owner {
-            q.session.delete_guaranteed(&created.path).await?;
+            .await;
+        let (created, _) = match made {
+            // Where the read node takes its place from the write node
+            // (etcd, Consul), a write node gone makes it fail so.
+            Err(Error::NoNode { path }) if path == held.created.path => {
+                held.found_gone();
+                return Err(held.lost_error());
+            }
+            made => made?,
+        };
+        let same_session = created.stat.ephemeral_owner == held.created.stat.ephemeral_owner;
+        // Ours from here: dropped (this future cancelled), it goes in the
+        // background.
+        let guard = self
+            .lock
+            .read_guard(q.hold(q.dir.as_str(), "read lock", created.clone()));
+        // The read node has taken the write node's place only if that node
+        // was still there when it was made, so still there after: deleted
+        // before (revoked by force, or at its hold limit), a writer queued
+        // behind it may hold already. Made in a later session, it never
+        // stood in the write node's place.
+        let write_node = q.session.exists(&held.created.path).await?;
+        let in_place = write_node.is_some_and(|stat| stat.czxid == held.created.stat.czxid);
+        if !same_session || !in_place || self.guard.is_lost() {
+            if same_session && !in_place {
+                held.found_gone();
+            }
+            // Gone before we answer (a cancelled answer leaves it to the
+            // guard's drop).
+            let _ = guard.release().await;
             return Err(held.lost_error());
         }
         if let Some(listener) = &q.revocation {
             super::revocation::watch(&q.session, &created, listener.clone());
         }
-        Ok(self
-            .lock
-            .read_guard(q.hold(q.dir.as_str(), "read lock", created)))
+        Ok(guard)
     }
 
     /// Acquires the write lock again without a round trip.
     pub fn reenter(&self) -> Result<WriteGuard> {
         Ok(WriteGuard {
             guard: self.guard.reenter()?,
-            lock: self.lock.clone(),
+            lock: self.lock.same_owner(),
+            _counted: Counted::new(&self.lock.held, Kind::Write),
         })
     }
 
@@ -336,7 +427,7 @@ impl WriteGuard {
 #[must_use = "dropping the guard releases the lock"]
 pub struct ReadGuard {
     guard: LockGuard,
-    _hold: ReadHold,
+    _counted: Counted,
 }
 
 deref_hold!(ReadGuard => guard: LockGuard);
@@ -344,17 +435,15 @@ deref_hold!(ReadGuard => guard: LockGuard);
 impl ReadGuard {
     /// Acquires the read lock again without a round trip.
     pub fn reenter(&self) -> Result<ReadGuard> {
-        let guard = self.guard.reenter()?;
-        self._hold.0.fetch_add(1, Ordering::SeqCst);
         Ok(ReadGuard {
-            guard,
-            _hold: ReadHold(self._hold.0.clone()),
+            guard: self.guard.reenter()?,
+            _counted: Counted::new(&self._counted.0, Kind::Read),
         })
     }
 
     /// Releases this hold (see [`LockGuard::release`]).
     pub async fn release(self) -> Result<()> {
-        let ReadGuard { guard, _hold } = self;
+        let ReadGuard { guard, _counted } = self;
         guard.release().await
     }
 }
