@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use common::Harness;
+use dlock::recipes::children_cache::ChildrenCache;
 use dlock::recipes::shared_count::encode;
 use dlock::recipes::shared_value::VersionedValue;
-use dlock::{Error, Session, SharedCount, SharedValue};
-use futures::StreamExt;
+use dlock::{Error, GroupMember, Session, SharedCount, SharedValue};
+use futures::{FutureExt, StreamExt};
 
 const WITHIN: Duration = Duration::from_secs(20);
 
@@ -119,7 +120,42 @@ async fn bad_input_is_refused(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// A start's future dropped midway (here while the connection is down, so
+/// its first read waits) takes its begin back: starting again works, for
+/// each recipe that starts by reading the store — a value, a children
+/// cache, a group member (whose cache and node the first start may have
+/// made already).
+async fn a_start_cancelled_midway_can_be_tried_again(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let value = SharedValue::new(&s, &h.path("/value"), b"seed".to_vec())?;
+    let cache = ChildrenCache::new(&s, &h.path("/cache"))?;
+    let member = GroupMember::new(&s, &h.path("/group"), "a")?;
+    let faults = s.faults().context("faults")?;
+    faults.suspend(Duration::from_millis(300));
+    ensure!(
+        value.start().now_or_never().is_none(),
+        "a start while suspended waits"
+    );
+    ensure!(
+        cache.start().now_or_never().is_none(),
+        "a start while suspended waits"
+    );
+    ensure!(
+        member.start().now_or_never().is_none(),
+        "a start while suspended waits"
+    );
+    value.start().await.context("the value's second start")?;
+    cache.start().await.context("the cache's second start")?;
+    member.start().await.context("the member's second start")?;
+    ensure!(value.get() == b"seed");
+    value.close().await;
+    cache.close().await;
+    member.close().await?;
+    remove(&s, &h.path("/value")).await
+}
+
 per_backend!(every_backend {
+    a_start_cancelled_midway_can_be_tried_again,
     versioned_bytes_across_sessions,
     a_count_is_a_typed_value,
     bad_input_is_refused,

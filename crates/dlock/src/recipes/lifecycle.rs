@@ -98,9 +98,22 @@ impl Lifecycle {
         self.state.subscribe()
     }
 
+    /// Latent → started, for a start that reads or makes something first:
+    /// [`Begun::launch`] ends it. Dropped before (the start's future
+    /// cancelled midway), the begin is taken back, so that starting may be
+    /// tried again. Curator refuses a second start, even after a close, and
+    /// so do we.
+    pub fn begin_start(&self, path: &str) -> Result<Begun<'_>> {
+        self.begin(path)?;
+        Ok(Begun {
+            lifecycle: self,
+            launched: false,
+        })
+    }
+
     /// Latent → started. Curator refuses a second start, even after a
     /// close, and so do we.
-    pub fn begin(&self, path: &str) -> Result<()> {
+    fn begin(&self, path: &str) -> Result<()> {
         let started = self.state.send_if_modified(|state| {
             let latent = *state == State::Latent;
             if latent {
@@ -118,10 +131,16 @@ impl Lifecycle {
     }
 
     /// Takes back a [`begin`](Self::begin) whose start failed before
-    /// anything ran, so that starting may be tried again.
-    pub fn unbegin(&self) {
-        self.state
-            .send_if_modified(|state| std::mem::replace(state, State::Latent) == State::Started);
+    /// anything ran, so that starting may be tried again — unless it was
+    /// closed meanwhile.
+    fn unbegin(&self) {
+        self.state.send_if_modified(|state| {
+            let started = *state == State::Started;
+            if started {
+                *state = State::Latent;
+            }
+            started
+        });
     }
 
     /// Begins and runs `task` on the current tokio runtime. The runtime is
@@ -149,26 +168,6 @@ impl Lifecycle {
         }
         *slot = Some(task);
         Ok(())
-    }
-
-    /// Ends a start [`begin`](Self::begin) began: on `begun` (what the
-    /// start read or made first), runs `task` as the background task —
-    /// stopped again if closed meanwhile; on a failure, takes the begin
-    /// back so that starting may be tried again.
-    pub fn launch<T, F>(&self, begun: Result<T>, task: impl FnOnce(T) -> F) -> Result<()>
-    where
-        F: Future<Output = ()> + Send + 'static,
-    {
-        match begun {
-            Ok(value) => self.attach(tokio::spawn(task(value))).map_err(|task| {
-                task.abort();
-                Error::Closed
-            }),
-            Err(e) => {
-                self.unbegin();
-                Err(e)
-            }
-        }
     }
 
     /// Closed (see [`force_close`](Self::force_close)), its task aborted —
@@ -246,6 +245,40 @@ impl Lifecycle {
             if let Err(e) = task.await {
                 tracing::error!(%path, error = %e, "a recipe's background task failed");
             }
+        }
+    }
+}
+
+/// A start begun ([`Lifecycle::begin_start`]): taken back if dropped
+/// before it [`launch`](Self::launch)es.
+pub(crate) struct Begun<'a> {
+    lifecycle: &'a Lifecycle,
+    launched: bool,
+}
+
+impl Begun<'_> {
+    /// Ends the start: on `begun` (what the start read or made first), runs
+    /// `task` as the background task — stopped again if closed meanwhile;
+    /// on a failure, takes the begin back so that starting may be tried
+    /// again.
+    pub fn launch<T, F>(mut self, begun: Result<T>, task: impl FnOnce(T) -> F) -> Result<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let value = begun?;
+        self.launched = true;
+        let attached = self.lifecycle.attach(tokio::spawn(task(value)));
+        attached.map_err(|task| {
+            task.abort();
+            Error::Closed
+        })
+    }
+}
+
+impl Drop for Begun<'_> {
+    fn drop(&mut self) {
+        if !self.launched {
+            self.lifecycle.unbegin();
         }
     }
 }

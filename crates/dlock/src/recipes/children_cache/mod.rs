@@ -262,12 +262,16 @@ impl ChildrenCache {
     /// ```
     pub async fn start(&self) -> Result<()> {
         let inner = &self.inner;
-        inner.lifecycle.begin(&inner.path)?;
+        let begun = inner.lifecycle.begin_start(&inner.path)?;
         let mut syncer = Syncer::new(&inner.session, &inner.path, &inner.shared);
         let first = syncer.resync().await;
-        inner
-            .lifecycle
-            .launch(first, |dir_watch| syncer.run(dir_watch))
+        begun.launch(first, |dir_watch| syncer.run(dir_watch))
+    }
+
+    /// Whether it was never started (a group member whose start was
+    /// cancelled after starting it does not start it again).
+    pub(crate) fn is_latent(&self) -> bool {
+        self.inner.lifecycle.state() == super::lifecycle::State::Latent
     }
 
     /// Stops following the directory; the copy keeps what it last saw and

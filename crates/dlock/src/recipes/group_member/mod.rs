@@ -234,19 +234,20 @@ impl GroupMember {
     /// ```
     pub async fn start(&self) -> Result<()> {
         let inner = &self.inner;
-        inner.lifecycle.begin(&inner.node)?;
+        let begun = inner.lifecycle.begin_start(&inner.node)?;
         let joined = async {
             let watch = ensure_node(&inner.session, &inner.node, &inner.payload).await?;
-            inner.cache.start().await?;
+            // Started already by a start that was cancelled after it.
+            if inner.cache.is_latent() {
+                inner.cache.start().await?;
+            }
             Ok::<_, Error>(watch)
         }
         .await;
         let join_failed = joined.is_err();
         let (session, node) = (inner.session.clone(), inner.node.clone());
         let payload = inner.payload.clone();
-        let started = inner
-            .lifecycle
-            .launch(joined, |watch| keep_node(session, node, payload, watch));
+        let started = begun.launch(joined, |watch| keep_node(session, node, payload, watch));
         if join_failed && inner.session.state() != SessionState::Closed {
             let _ = self.delete_our_node().await;
         }

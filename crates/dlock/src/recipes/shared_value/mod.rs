@@ -173,7 +173,7 @@ impl<T: ValueCodec> SharedValue<T> {
     /// ```
     pub async fn start(&self) -> Result<()> {
         let inner = &self.inner;
-        inner.lifecycle.begin(&inner.path)?;
+        let begun = inner.lifecycle.begin_start(&inner.path)?;
         let first = self.start_inner().await;
         let (session, path, cache) = (
             inner.session.clone(),
@@ -181,9 +181,7 @@ impl<T: ValueCodec> SharedValue<T> {
             inner.cache.clone(),
         );
         // Closed while starting: the watcher must not outlive it.
-        inner
-            .lifecycle
-            .launch(first, |watch| watch_loop(session, path, cache, Some(watch)))
+        begun.launch(first, |watch| watch_loop(session, path, cache, Some(watch)))
     }
 
     async fn start_inner(&self) -> Result<Watch> {
