@@ -628,6 +628,27 @@ fn bad_credentials_are_refused() {
     }
 }
 
+/// Session timeouts no server would grant (none, or "forever") are
+/// refused before connecting, naming the bound; before, `Duration::MAX`
+/// panicked while connecting to ZooKeeper.
+#[tokio::test]
+async fn session_timeouts_out_of_range_are_refused() {
+    for (timeout, words) in [
+        (Duration::ZERO, "positive"),
+        (Duration::MAX, "at most 86400s"),
+        (Duration::from_secs(24 * 60 * 60 + 1), "at most 86400s"),
+    ] {
+        let options = dlock::SessionOptions::default().with_session_timeout(timeout);
+        for url in ["embedded", "zk://127.0.0.1:1"] {
+            let err = dlock::connect_with(url, options.clone()).await.unwrap_err();
+            assert!(
+                matches!(&err, Error::InvalidArgument(m) if m.contains(words)),
+                "{url} with {timeout:?}: {err:?}"
+            );
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Malformed stored data
 // ---------------------------------------------------------------------------
@@ -1322,8 +1343,10 @@ async fn a_leading_latch_ends_with_its_session(h: &Harness) -> Result<()> {
 }
 
 /// A re-entered guard releases once per hold, the node going with the last;
-/// a node deleted behind the holder's back releases cleanly (as Curator); a
-/// latch and a count closed twice say so (`Closed`) or are idempotent.
+/// a node deleted behind the holder's back releases leaving nothing, and
+/// says the hold was lost (Curator's release ignores the missing node, so
+/// its caller never learns); a latch and a count closed twice say so
+/// (`Closed`) or are idempotent.
 async fn releasing_twice_and_closing_twice(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let mutex = Mutex::new(&s, &h.path("/mutex"))?;
@@ -1338,12 +1361,14 @@ async fn releasing_twice_and_closing_twice(h: &Harness) -> Result<()> {
     let guard = mutex.acquire().await?;
     let admin = h.session().await;
     admin.delete(guard.node(), None).await?;
-    guard.release().await?;
+    let released = guard.release().await;
+    ensure!(matches!(released, Err(Error::Lost { .. })), "{released:?}");
     let lease = Semaphore::new(&s, &h.path("/sem"), 1)?
         .acquire_one()
         .await?;
     admin.delete(lease.node(), None).await?;
-    lease.release().await?;
+    let released = lease.release().await;
+    ensure!(matches!(released, Err(Error::Lost { .. })), "{released:?}");
     let next = mutex.acquire_timeout(WITHIN).await?;
     next.release().await?;
 
