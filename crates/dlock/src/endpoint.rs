@@ -299,6 +299,16 @@ impl FromStr for Endpoint {
             Some(i) => (&rest[..i], Some(&rest[i..])),
             None => (rest, None),
         };
+        // No credentials before the '/' or '?', an '@' after it: most likely
+        // a password holding a raw '/' or '?', which would otherwise parse
+        // as a host and a path (and show in both).
+        if !authority.contains('@') && url.contains('@') {
+            return Err(fail(
+                "an '@' after the hosts, with no credentials before them: if a password holds \
+                 '/', '?' or '@', percent-encode them (%2F, %3F, %40)"
+                    .into(),
+            ));
+        }
         let (credentials, hosts) = match authority.rsplit_once('@') {
             Some((userinfo, hosts)) => {
                 let (user, password) = userinfo
@@ -448,12 +458,15 @@ fn mask_password(url: &str) -> String {
     };
     let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => match userinfo.split_once(':') {
+    match (authority.rsplit_once('@'), rest.rsplit_once('@')) {
+        (Some((userinfo, hosts)), _) => match userinfo.split_once(':') {
             Some((user, _)) => format!("{scheme}://{user}:***@{hosts}{tail}"),
             None => url.to_string(),
         },
-        None => url.to_string(),
+        // An '@' only after the authority: what comes before it may be a
+        // password with a raw '/' or '?'.
+        (None, Some((_, after))) => format!("{scheme}://***@{after}"),
+        (None, None) => url.to_string(),
     }
 }
 
@@ -649,6 +662,21 @@ mod tests {
             let err = url.parse::<Endpoint>().unwrap_err();
             assert!(!err.to_string().contains("s3cret"), "{err}");
             assert!(err.to_string().contains("alice:***@"), "{err}");
+        }
+        // A raw '/' or '?' in the password: refused (it would parse as a
+        // host and a path), naming the escapes, never quoting the password.
+        for url in [
+            "etcd://alice:s3/cret@h:2379",
+            "zk://alice:1234/s3cret@h:2181",
+            "etcd://alice:s3?cret@h:2379",
+        ] {
+            let err = url.parse::<Endpoint>().unwrap_err();
+            let shown = err.to_string();
+            assert!(
+                !shown.contains("cret") && !shown.contains("1234"),
+                "{shown}"
+            );
+            assert!(shown.contains("%2F"), "{shown}");
         }
     }
 }

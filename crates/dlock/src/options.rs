@@ -108,6 +108,13 @@ impl SessionOptions {
                 self.session_timeout
             )));
         }
+        if self.session_timeout > MAX_SESSION_TIMEOUT {
+            return Err(Error::InvalidArgument(format!(
+                "session timeout must be at most {MAX_SESSION_TIMEOUT:?} (Consul's longest \
+                 session; ZooKeeper's servers allow far less), got {:?}",
+                self.session_timeout
+            )));
+        }
         if self.retry.base_sleep.is_zero() && self.retry.max_retries > 0 {
             return Err(Error::InvalidArgument(
                 "retry base sleep must be positive".into(),
@@ -116,6 +123,10 @@ impl SessionOptions {
         Ok(())
     }
 }
+
+/// The longest session timeout a session may ask for: Consul's longest
+/// session TTL (24 h); ZooKeeper's servers cap it far lower by default.
+pub(crate) const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// This host's address as Curator writes it into lock nodes by default
 /// (`InetAddress.getLocalHost().getHostAddress()`), or empty if unknown.

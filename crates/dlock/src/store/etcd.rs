@@ -608,6 +608,7 @@ impl EtcdStore {
         revision: i64,
         digest: u64,
         queued: bool,
+        status: tokio::sync::watch::Receiver<crate::store::SessionStatus>,
     ) -> Watch {
         let rx = self.hub.arm(Request {
             path: path.to_string(),
@@ -618,7 +619,7 @@ impl EtcdStore {
             keyless: self.is_keyless(path),
             shared: queued && kind == Kind::Data && path::parent(path) != "/",
         });
-        Watch::new(rx, self.lease.machine.subscribe())
+        Watch::since_read(rx, status)
     }
 
     /// One attempt at a multi: the plan and the committed transaction, or
@@ -927,14 +928,16 @@ impl Store for EtcdStore {
 
     async fn get_data(&self, path: &str, watch: bool) -> Result<(Vec<u8>, Stat, Option<Watch>)> {
         let lease = self.lease.current().await?;
+        let status = self.lease.machine.subscribe();
         let (key, below, rev) = self.read(path, lease).await?;
         match key {
             Some(kv) => {
-                let w = watch.then(|| self.arm(path, Kind::Data, rev, kv.mod_revision(), 0, false));
+                let w = watch
+                    .then(|| self.arm(path, Kind::Data, rev, kv.mod_revision(), 0, false, status));
                 Ok((kv.value().to_vec(), keys::stat(&kv, below), w))
             }
             None if below > 0 || path == self.root => {
-                let w = watch.then(|| self.arm(path, Kind::Implicit, rev, 0, 0, false));
+                let w = watch.then(|| self.arm(path, Kind::Implicit, rev, 0, 0, false, status));
                 Ok((Vec::new(), keys::implicit_stat(below), w))
             }
             None => Err(Error::NoNode {
@@ -945,6 +948,7 @@ impl Store for EtcdStore {
 
     async fn exists(&self, path: &str, watch: bool) -> Result<(Option<Stat>, Option<Watch>)> {
         let lease = self.lease.current().await?;
+        let status = self.lease.machine.subscribe();
         let (key, below, rev) = self.read(path, lease).await?;
         let (stat, kind, mod_revision) = match key {
             Some(kv) => (Some(keys::stat(&kv, below)), Kind::Data, kv.mod_revision()),
@@ -955,12 +959,13 @@ impl Store for EtcdStore {
         };
         Ok((
             stat,
-            watch.then(|| self.arm(path, kind, rev, mod_revision, 0, false)),
+            watch.then(|| self.arm(path, kind, rev, mod_revision, 0, false, status)),
         ))
     }
 
     async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
         let lease = self.lease.current().await?;
+        let status = self.lease.machine.subscribe();
         let txn = Txn::new().and_then([self.count_own(path), keys_range(keys::below(path))]);
         let resp = self.txn(txn, path, lease).await?;
         let gets = gets(&resp);
@@ -974,7 +979,17 @@ impl Store for EtcdStore {
             });
         }
         let digest = keys::digest(&children);
-        let w = watch.then(|| self.arm(path, Kind::Children, revision(&resp), 0, digest, false));
+        let w = watch.then(|| {
+            self.arm(
+                path,
+                Kind::Children,
+                revision(&resp),
+                0,
+                digest,
+                false,
+                status,
+            )
+        });
         Ok((children, w))
     }
 
@@ -996,15 +1011,25 @@ impl Store for EtcdStore {
             Some((_, Some(created))) if created != czxid => Ok(None),
             Some((as_of, Some(_))) => {
                 self.lease.current().await?;
-                Ok(Some(self.arm(&node, Kind::Data, as_of, czxid, 0, true)))
+                let status = self.lease.machine.subscribe();
+                Ok(Some(self.arm(
+                    &node,
+                    Kind::Data,
+                    as_of,
+                    czxid,
+                    0,
+                    true,
+                    status,
+                )))
             }
             // Through the shared watch as well (whatever the node's
             // lease), so that its event reaches the copy first.
             None => {
                 let lease = self.lease.current().await?;
+                let status = self.lease.machine.subscribe();
                 Ok(match self.read(&node, lease).await? {
                     (Some(kv), _, read_at) if kv.create_revision() == czxid => {
-                        Some(self.arm(&node, Kind::Data, read_at, czxid, 0, true))
+                        Some(self.arm(&node, Kind::Data, read_at, czxid, 0, true, status))
                     }
                     _ => None,
                 })

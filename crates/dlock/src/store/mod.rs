@@ -91,7 +91,11 @@ pub enum CreateMode {
     /// Ephemeral, with a 10-digit sequence appended to the name.
     EphemeralSequential,
     /// Persistent, but removed by the store once it had children and has
-    /// none left (ZooKeeper 3.5+ containers).
+    /// none left (ZooKeeper 3.5+ containers; embedded). On etcd and Consul
+    /// a container made explicitly is a persistent key that stays: there,
+    /// only the parents a create makes implicitly (see
+    /// [`CreateOptions::with_parents`]) vanish with their last child, as
+    /// directories in a key space do.
     Container,
 }
 
@@ -400,6 +404,16 @@ impl Watch {
         mut session: watch::Receiver<SessionStatus>,
     ) -> Self {
         session.borrow_and_update();
+        Watch { node, session }
+    }
+
+    /// [`new`](Self::new), with the status channel as subscribed before the
+    /// read that armed the watch: a change while the read was in flight
+    /// (an etcd read succeeds after its lease is lost) counts.
+    pub fn since_read(
+        node: oneshot::Receiver<WatchEvent>,
+        session: watch::Receiver<SessionStatus>,
+    ) -> Self {
         Watch { node, session }
     }
 

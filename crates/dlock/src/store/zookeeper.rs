@@ -95,7 +95,7 @@ const PARENT_TRIES: u32 = 5;
 /// about the session timeout; [`Error::AuthFailed`] if the credentials are
 /// rejected; [`Error::InvalidEndpoint`] for another kind of endpoint.
 pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<dyn Store>> {
-    let config = Config::from_endpoint(endpoint, options.session_timeout)?;
+    let config = Config::from_endpoint(endpoint, options.session_timeout).await?;
     let client = state::open(&config).await?;
     Ok(Arc::new(ZooKeeperStore {
         inner: Inner::start(config, client)?,

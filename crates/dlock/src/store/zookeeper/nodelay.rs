@@ -10,15 +10,18 @@
 //! servers and set the option on them. Setting it on another ZooKeeper
 //! client's socket in the same process is harmless (it only helps).
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 
-/// Resolves `host:port,host:port` to the addresses sockets would peer with.
-pub fn resolve(hosts: &str) -> Vec<SocketAddr> {
-    hosts
-        .split(',')
-        .filter_map(|h| h.to_socket_addrs().ok())
-        .flatten()
-        .collect()
+/// Resolves `host:port`s to the addresses sockets would peer with, without
+/// blocking the runtime (a slow resolver would stall every task on it).
+pub async fn resolve(hosts: &[String]) -> Vec<SocketAddr> {
+    let mut peers = Vec::new();
+    for host in hosts {
+        if let Ok(addrs) = tokio::net::lookup_host(host.as_str()).await {
+            peers.extend(addrs);
+        }
+    }
+    peers
 }
 
 /// Sets `TCP_NODELAY` on every socket of this process connected to one of

@@ -31,7 +31,7 @@ pub(super) struct Config {
 }
 
 impl Config {
-    pub fn from_endpoint(endpoint: &Endpoint, timeout: Duration) -> Result<Config> {
+    pub async fn from_endpoint(endpoint: &Endpoint, timeout: Duration) -> Result<Config> {
         match endpoint {
             Endpoint::ZooKeeper {
                 hosts,
@@ -45,7 +45,7 @@ impl Config {
                     .map(|c| format!("{}:{}", c.user, c.password).into_bytes()),
                 timeout,
                 endpoint: endpoint.to_string(),
-                peers: super::nodelay::resolve(&hosts.join(",")),
+                peers: super::nodelay::resolve(hosts).await,
             }),
             other => Err(Error::InvalidEndpoint {
                 url: other.to_string(),
@@ -68,7 +68,9 @@ impl Config {
     /// unreachable. The client gives up by itself after about the session
     /// timeout; this is only a backstop.
     fn connect_limit(&self) -> Duration {
-        self.timeout.saturating_mul(2) + Duration::from_secs(1)
+        self.timeout
+            .saturating_mul(2)
+            .saturating_add(Duration::from_secs(1))
     }
 
     fn unreachable(&self, why: impl std::fmt::Display) -> Error {
@@ -274,12 +276,20 @@ impl Inner {
         let timeout = client.session_timeout();
         // Holds no client, so dropping the store still closes the session;
         // ends with the session (every session ends in a terminal state).
+        // The watcher takes the state it was made in as seen: a connection
+        // that dropped before (while the store was being set up) is acted on
+        // first, or it would go unnoticed until the client gave up.
+        let mut seen_first = match states.peek_state() {
+            zk::SessionState::SyncConnected => None,
+            state => Some(state),
+        };
         self.runtime.spawn(async move {
             let mut expiry: Option<tokio::time::Instant> = None;
             loop {
-                let state = match expiry {
-                    None => states.changed().await,
-                    Some(deadline) => tokio::select! {
+                let state = match (seen_first.take(), expiry) {
+                    (Some(state), _) => state,
+                    (None, None) => states.changed().await,
+                    (None, Some(deadline)) => tokio::select! {
                         state = states.changed() => state,
                         () = tokio::time::sleep_until(deadline) => {
                             if let Some(inner) = weak.upgrade() {
