@@ -209,6 +209,35 @@ async fn quantities_never_exceed_the_maximum(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// Four clients each asking for every lease at once (Curator's test above
+/// keeps a local budget because its multi-lease acquire can deadlock:
+/// each client holding some leases and waiting for the rest): each gets
+/// them all in turn, with no budget.
+async fn clients_asking_for_every_lease_take_turns(h: &Harness) -> Result<()> {
+    const MAX: u32 = 3;
+    let path = h.path("/test");
+    let active = Arc::new(AtomicUsize::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let sem = Semaphore::new(&h.session().await, &path, MAX)?;
+        let active = active.clone();
+        clients.push(tokio::spawn(async move {
+            for _ in 0..5 {
+                let leases = sem.acquire_timeout(MAX, WITHIN).await?;
+                let now = active.fetch_add(leases.len(), Ordering::SeqCst) + leases.len();
+                ensure!(now == MAX as usize, "{now} leases held, maximum {MAX}");
+                active.fetch_sub(leases.len(), Ordering::SeqCst);
+                release_all(leases).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for c in clients {
+        c.await??;
+    }
+    Ok(())
+}
+
 /// Curator `testRelease1AtATime`: ten clients, maximum five; five hold at
 /// once, and each release admits exactly one more.
 async fn releases_admit_one_at_a_time(h: &Harness) -> Result<()> {
@@ -611,6 +640,7 @@ per_backend!(every_backend {
     lowering_the_count_never_revokes,
     a_closed_client_frees_its_lease,
     quantities_never_exceed_the_maximum,
+    clients_asking_for_every_lease_take_turns,
     releases_admit_one_at_a_time,
     releases_in_chunks_never_overadmit,
     tasks_sharing_one_semaphore_take_turns,

@@ -1,5 +1,6 @@
 //! How a [`Semaphore`] acquires: Curator's `internalAcquire1Lease` (or
-//! kazoo's `_get_lease`) once per lease, under the internal lock.
+//! kazoo's `_get_lease`) once per lease, all of them under one hold of the
+//! internal lock.
 
 use tokio::sync::Notify;
 
@@ -36,66 +37,66 @@ impl Semaphore {
         Ok(())
     }
 
-    /// Acquires `qty` leases by `deadline`, one after another; `None` if it
-    /// passed first (then the leases taken so far are given back).
+    /// Acquires `qty` leases by `deadline`, one after another under one hold
+    /// of the internal lock; `None` if it passed first (then the leases
+    /// taken so far are given back). Curator takes the lock once per lease,
+    /// so two acquirers of 2 leases out of 2 can each hold one and wait for
+    /// the other for ever; holding it for all of them, the first to get it
+    /// gets them all.
     pub(crate) async fn acquire_until(
         &self,
         qty: u32,
         deadline: Deadline,
     ) -> Result<Option<Vec<Lease>>> {
         self.check_qty(qty)?;
-        // Not `with_capacity(qty)`: a huge `qty` (up to u32::MAX is allowed
-        // under a huge maximum) would abort the process on allocation.
-        let mut leases = Vec::new();
-        while leases.len() < qty as usize {
-            // A lease node that vanished (Curator's
-            // `RETRY_DUE_TO_MISSING_NODE`) is made again.
-            let session = self.session();
-            match session
-                .retrying_reaped(|| self.acquire_lease(deadline))
-                .await
-            {
-                Ok(Some(lease)) => leases.push(lease),
-                Ok(None) => {
-                    return_all(leases).await;
-                    return Ok(None);
-                }
-                Err(e) => {
-                    return_all(leases).await;
-                    return Err(e);
-                }
-            }
-        }
-        Ok(Some(leases))
+        // A lease node that vanished (Curator's `RETRY_DUE_TO_MISSING_NODE`)
+        // is made again, with the others given back.
+        let session = self.session();
+        session
+            .retrying_reaped(|| self.acquire_leases(qty, deadline))
+            .await
     }
 
-    /// One lease, Curator's `internalAcquire1Lease`: under the `locks` mutex,
-    /// create the lease node and wait until the leases fit the maximum.
-    /// `NoNode` if our lease node vanished: the caller makes a new one.
-    async fn acquire_lease(&self, deadline: Deadline) -> Result<Option<Lease>> {
+    /// `qty` leases, each Curator's `internalAcquire1Lease` (create the
+    /// lease node and wait until the leases fit the maximum) under the
+    /// `locks` mutex, held once for all. `NoNode` if a lease node vanished:
+    /// the caller goes again.
+    async fn acquire_leases(&self, qty: u32, deadline: Deadline) -> Result<Option<Vec<Lease>>> {
         if let Some(pool) = &self.kazoo {
             pool.assure().await?;
         }
         let Some(lock) = self.locks.acquire_until(deadline).await? else {
             return Ok(None);
         };
-        let attempt = match &self.kazoo {
-            Some(pool) => self.kazoo_lease_under_lock(pool, deadline).await,
-            None => self.lease_under_lock(deadline).await,
-        };
-        match (attempt, to_completion(lock.release()).await) {
-            (Ok(lease), Ok(())) => Ok(lease),
-            (Ok(lease), Err(e)) => {
-                return_all(lease).await;
-                // The session that held the mutex is gone: our lease was not
-                // admitted under it, whichever session made it. Start over.
-                Err(match e {
-                    Error::Lost { .. } => self.missing_node(),
-                    e => e,
-                })
+        // Not `with_capacity(qty)`: a huge `qty` (up to u32::MAX is allowed
+        // under a huge maximum) would abort the process on allocation.
+        let mut leases = Vec::new();
+        let attempt = loop {
+            if leases.len() == qty as usize {
+                break Ok(true);
             }
+            let lease = match &self.kazoo {
+                Some(pool) => self.kazoo_lease_under_lock(pool, deadline).await,
+                None => self.lease_under_lock(deadline).await,
+            };
+            match lease {
+                Ok(Some(lease)) => leases.push(lease),
+                Ok(None) => break Ok(false),
+                Err(e) => break Err(e),
+            }
+        };
+        let released = to_completion(lock.release()).await;
+        let failed = match (attempt, released) {
+            (Ok(true), Ok(())) => return Ok(Some(leases)),
             (Err(e), _) => Err(e),
-        }
+            // The session that held the mutex is gone: our leases were not
+            // admitted under it, whichever session made them. Start over.
+            (Ok(true), Err(Error::Lost { .. })) => Err(self.missing_node()),
+            (Ok(true), Err(e)) => Err(e),
+            (Ok(false), _) => Ok(None),
+        };
+        return_all(leases).await;
+        failed
     }
 
     /// kazoo's `_get_lease` loop, under kazoo's lock.
