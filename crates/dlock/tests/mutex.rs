@@ -241,6 +241,32 @@ async fn timeouts_and_cancellation_leave_nothing(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// While the connection is down, a timed acquire still ends with
+/// `Timeout` and a non-blocking one with `ConnectionLoss`, each within the
+/// clean-up grace — not once the connection is back (or the session lost):
+/// both return while the session is still suspended. Nothing is left once
+/// it is back.
+async fn timed_acquires_end_while_the_connection_is_down(h: &Harness) -> Result<()> {
+    let options = dlock::SessionOptions::default().with_session_timeout(Duration::from_secs(30));
+    let s = h.session_with(options).await;
+    let path = h.path("/locks/down");
+    let m = Mutex::new(&s, &path)?;
+    s.faults().expect("faults").suspend(Duration::from_secs(8));
+    ensure!(s.state() == SessionState::Suspended);
+    let timeout = Duration::from_millis(100);
+    let err = m.acquire_timeout(timeout).await.unwrap_err();
+    ensure!(err == Error::Timeout(timeout), "{err}");
+    let now = m.try_acquire().await.map(|g| g.is_some());
+    ensure!(matches!(now, Err(Error::ConnectionLoss)), "{now:?}");
+    ensure!(
+        s.state() == SessionState::Suspended,
+        "both answered only once the connection was back"
+    );
+    common::await_state(&s, SessionState::Reconnected, WITHIN).await?;
+    m.acquire().await?.release().await?;
+    await_children(&s, &path, 0, WITHIN).await
+}
+
 /// A create whose reply is lost is recovered by its protection prefix: one
 /// node, adopted, no orphan.
 async fn a_lost_create_reply_leaves_one_node(h: &Harness) -> Result<()> {
@@ -387,6 +413,7 @@ per_backend!({
     a_silent_holder_loses_the_lock_after_its_timeout,
     lock_directories_are_reaped,
     timeouts_and_cancellation_leave_nothing,
+    timed_acquires_end_while_the_connection_is_down,
     a_lost_create_reply_leaves_one_node,
     guarded_writes_need_the_lock,
     a_cancelled_release_still_releases,

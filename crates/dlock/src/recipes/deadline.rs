@@ -78,20 +78,57 @@ impl Deadline {
     }
 
     /// Runs `until` by a deadline `timeout` from now (none: forever); the
-    /// `None` it returns when that passes becomes the timed-out error.
+    /// `None` it returns when that passes becomes the timed-out error, and
+    /// so does `until` still running [`CLEANUP_GRACE`] after it (its store
+    /// calls waiting out a suspension): it is dropped then, and acquisitions
+    /// are cancellation-safe.
     pub async fn within<T, F>(timeout: Option<Duration>, until: impl FnOnce(Self) -> F) -> Result<T>
     where
         F: Future<Output = Result<Option<T>>>,
     {
         let deadline = Deadline::after(timeout);
-        deadline.or_timed_out(until(deadline).await?)
+        match deadline.with_grace().race(until(deadline)).await {
+            Some(got) => deadline.or_timed_out(got?),
+            None => Err(deadline.timed_out_error()),
+        }
+    }
+
+    /// Runs `until` with a deadline of now (take it only if it can be had
+    /// now): its answer, or [`Error::ConnectionLoss`] if the store did not
+    /// give one within [`CLEANUP_GRACE`] (the connection is down).
+    pub async fn now<T, F>(until: impl FnOnce(Self) -> F) -> Result<Option<T>>
+    where
+        F: Future<Output = Result<Option<T>>>,
+    {
+        let deadline = Deadline::after(Some(Duration::ZERO));
+        let answer = deadline.with_grace().race(until(deadline)).await;
+        answer.unwrap_or(Err(Error::ConnectionLoss))
+    }
+
+    /// This deadline, [`CLEANUP_GRACE`] later.
+    fn with_grace(&self) -> Self {
+        match *self {
+            Deadline::Never => Deadline::Never,
+            Deadline::At { at, timeout } => Deadline::At {
+                at: at + CLEANUP_GRACE,
+                timeout,
+            },
+        }
     }
 }
 
+/// How long past its deadline a wait may take to clean up after itself (a
+/// delete: one round trip) before it is dropped, leaving that to the
+/// background. It bounds every timed acquisition, even while the
+/// connection is down and store calls wait for it to come back.
+pub(crate) const CLEANUP_GRACE: Duration = Duration::from_secs(1);
+
 /// The three ways to acquire that every lock-like recipe offers over its
 /// `$until(args.., deadline) -> Result<Option<$hold>>`: wait as long as it
-/// takes, wait at most a timeout ([`Error::Timeout`] after it), or only if
-/// it can be had now (`None` if not). Written once here, with each
+/// takes, wait at most a timeout ([`Error::Timeout`] after it, at most
+/// [`CLEANUP_GRACE`] late even while the connection is down), or only if
+/// it can be had now (`None` if not; [`Error::ConnectionLoss`] if the store
+/// cannot say within [`CLEANUP_GRACE`]). Written once here, with each
 /// recipe's own names and docs; inside an `impl` of the recipe.
 macro_rules! timed_acquire {
     (
@@ -112,7 +149,7 @@ macro_rules! timed_acquire {
 
         $(#[$now_doc])*
         pub async fn $now(&self $(, $arg: $ty)*) -> Result<Option<$hold>> {
-            self.$until($($arg,)* Deadline::after(Some(Duration::ZERO))).await
+            Deadline::now(|d| self.$until($($arg,)* d)).await
         }
     };
 }
