@@ -191,6 +191,41 @@ async fn a_deleted_member_node_comes_back(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// Two members with one id: the second starts but leaves the first one's
+/// node and payload alone (before, its `set_payload` overwrote them), and
+/// takes the name with its own payload once the first leaves.
+async fn a_second_member_with_one_id_waits_for_the_name(h: &Harness) -> Result<()> {
+    let (sa, sb) = (h.session().await, h.session().await);
+    let dir = h.path("/g/twins");
+    let node = format!("{dir}/a");
+    let first = GroupMember::new(&sa, &dir, "a")?.with_payload(b"first".to_vec());
+    first.start().await?;
+    let second = GroupMember::new(&sb, &dir, "a")?;
+    second.start().await?;
+    second.set_payload(b"second".to_vec()).await?;
+    let (data, stat) = sb.get_data(&node).await?;
+    ensure!(
+        data == b"first" && stat.ephemeral_owner == sa.session_id(),
+        "the first member's node: {:?}, owner {}",
+        String::from_utf8_lossy(&data),
+        stat.ephemeral_owner
+    );
+    let group = watch_group(&sa, &dir).await?;
+    let mut seen = member_events(group.events());
+    first.close().await?;
+    sees(&mut seen, left("a")).await?;
+    sees(&mut seen, joined("a", b"second")).await?;
+    let (_, stat) = sa.get_data(&node).await?;
+    ensure!(
+        stat.ephemeral_owner == sb.session_id(),
+        "the name is the second's"
+    );
+    group.close().await;
+    second.close().await?;
+    await_gone(&sa, &node, WITHIN).await?;
+    Ok(())
+}
+
 /// The member makes its deleted node again, but the reply is lost: the
 /// node it then finds is its own, and its close deletes it (a store that
 /// fences deletes must not take our unacknowledged node for someone
@@ -470,6 +505,7 @@ per_backend!(every_backend {
     join_update_leave_are_seen_by_others,
     a_member_whose_session_ends_disappears,
     a_deleted_member_node_comes_back,
+    a_second_member_with_one_id_waits_for_the_name,
     a_member_node_made_again_unanswered_is_deleted_on_close,
     the_cache_follows_a_directory_that_comes_and_goes,
     dropping_a_member_leaves,

@@ -169,7 +169,12 @@ impl DoubleBarrier {
         };
         let ready = path::join(&self.path, READY_NODE);
         loop {
-            let (children, watch) = session.children_watch(&self.path).await?;
+            let (children, watch) = match session.children_watch(&self.path).await {
+                Ok(listed) => listed,
+                // Reaped: our node went first, with our session.
+                Err(Error::NoNode { .. }) => return Err(member.lost()),
+                Err(e) => return Err(e),
+            };
             if children.iter().any(|c| c.name == READY_NODE) {
                 return Ok(Some(member));
             }

@@ -14,7 +14,8 @@
 //! it, and creates it again (with the latest payload) when it vanishes — a
 //! deletion by someone else, or its session's loss. Member ids must be
 //! unique in a group (as in Curator): a second member with the same id
-//! waits until the first one's node is gone, then takes the name.
+//! starts (its start does not wait), but leaves the first one's node and
+//! payload alone until that node is gone, then takes the name.
 //!
 //! Everyone's view of the group is a [`ChildrenCache`] of the membership
 //! path: [`current_members`](GroupMember::current_members) reads it without
@@ -275,13 +276,24 @@ impl GroupMember {
         }
         let session = &self.inner.session;
         let node = &self.inner.node;
-        match session
-            .retrying(|| session.set_data(node, &payload, None))
-            .await
-        {
-            // Gone: the keeper creates it again with this payload.
-            Ok(_) | Err(Error::NoNode { .. }) => Ok(()),
-            Err(e) => Err(e),
+        loop {
+            // Only into our own node: another member's of the same id
+            // holds the name until it goes (then the keeper makes ours,
+            // with this payload).
+            let found = session.retrying(|| session.exists(node)).await?;
+            let Some(stat) = found.filter(|s| s.ephemeral_owner == session.session_id()) else {
+                return Ok(());
+            };
+            let version = Some(stat.version);
+            match session
+                .retrying(|| session.set_data(node, &payload, version))
+                .await
+            {
+                // Gone: the keeper creates it again with this payload.
+                Ok(_) | Err(Error::NoNode { .. }) => return Ok(()),
+                Err(Error::BadVersion { .. }) => {}
+                Err(e) => return Err(e),
+            }
         }
     }
 
