@@ -656,7 +656,10 @@ impl Session {
         };
         if mode.is_ephemeral() && stat.ephemeral_owner != self.session_id() {
             // Made by a session that is gone or going: not ours to adopt.
-            self.delete_in_background(found);
+            // Gone before our create goes again, which may make the same
+            // name (etcd's suffixes, a name without one): deleted later, in
+            // the background, it could be our new node that goes.
+            self.delete_created(&found, stat.czxid).await?;
             return Ok(None);
         }
         Ok(Some(Created { path: found, stat }))
@@ -708,6 +711,22 @@ impl Session {
     /// release, which may come after the node was deleted and made again.
     /// [`Gone`] if the node was gone (or another) at the first look.
     pub(crate) async fn delete_protected_created(&self, path: &str, czxid: i64) -> Result<Gone> {
+        let gone = self.delete_created(path, czxid).await?;
+        if gone == Gone(false) {
+            self.recycle_prefix(path);
+        }
+        Ok(gone)
+    }
+
+    /// Deletes the node at `path` only if it is the one created at `czxid`;
+    /// [`Gone`] if it was gone (or another) at the first look. One round
+    /// trip where the store fences its session's deletes, two elsewhere.
+    async fn delete_created(&self, path: &str, czxid: i64) -> Result<Gone> {
+        match self.inner.store.deletes_only_created(path, czxid) {
+            Some(true) => return self.delete_guaranteed_or_gone(path).await,
+            Some(false) => return Ok(Gone(true)),
+            None => {}
+        }
         let mut first_look = true;
         loop {
             let found = self
@@ -722,10 +741,7 @@ impl Session {
                 .retrying(|| self.inner.store.delete(path, Some(version)))
                 .await;
             match deleted {
-                Ok(()) | Err(Error::NoNode { .. }) => {
-                    self.recycle_prefix(path);
-                    return Ok(Gone(false));
-                }
+                Ok(()) | Err(Error::NoNode { .. }) => return Ok(Gone(false)),
                 // Its data changed meanwhile (a revocation request): again.
                 Err(Error::BadVersion { .. }) => {}
                 Err(e) => return Err(e),

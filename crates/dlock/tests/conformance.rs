@@ -624,6 +624,42 @@ async fn a_delete_with_a_version_removes_the_node_it_read(h: &Harness) -> Result
     Ok(())
 }
 
+/// Where a store says its plain delete of our node removes only the node
+/// created at a given creation (`deletes_only_created`: etcd and Consul),
+/// that holds: our node is deleted in its name, and not in an earlier
+/// node's name, once ours took that name; elsewhere the store cannot tell.
+async fn a_delete_in_the_name_of_a_creation_removes_only_that_node(h: &Harness) -> Result<()> {
+    let (ours, theirs) = (h.session().await, h.session().await);
+    let node = h.path("/created/n");
+    let first = ours.create(&node, b"", ephemeral()).await?;
+    let fences = matches!(ours.backend(), BackendKind::Etcd | BackendKind::Consul);
+    let czxid = first.stat.czxid;
+    let says = ours.store().deletes_only_created(&node, czxid);
+    ensure!(
+        says == fences.then_some(true),
+        "our node, as made: {says:?}"
+    );
+    // Not a node of ours: no store can tell.
+    let theirs_node = h.path("/created/theirs");
+    let made = theirs.create(&theirs_node, b"", ephemeral()).await?;
+    let says = ours
+        .store()
+        .deletes_only_created(&theirs_node, made.stat.czxid);
+    ensure!(says.is_none(), "their node: {says:?}");
+    theirs.delete(&theirs_node, None).await?;
+    // Ours again, made anew: the earlier creation is not the node there.
+    ours.delete(&node, None).await?;
+    let second = ours.create(&node, b"", ephemeral()).await?;
+    ensure!(second.stat.czxid != czxid, "{second:?}");
+    let says = ours.store().deletes_only_created(&node, czxid);
+    ensure!(
+        says == fences.then_some(false),
+        "an earlier creation: {says:?}"
+    );
+    ours.delete(&node, None).await?;
+    Ok(())
+}
+
 /// A fence ends when the name gets a persistent node of ours: our
 /// ephemeral node there was deleted (by someone else, or by the multi that
 /// makes the persistent one), and our persistent node that took the name,
@@ -954,6 +990,7 @@ macro_rules! the_contract_on {
     a_persistent_node_in_the_name_of_our_gone_ephemeral_is_not_fenced_out,
     a_fence_outlives_the_session_that_set_it,
     a_delete_with_a_version_removes_the_node_it_read,
+    a_delete_in_the_name_of_a_creation_removes_only_that_node,
     our_node_of_a_session_given_up_on_is_deleted_in_the_next,
     a_node_of_ours_made_again_unanswered_is_ours_to_delete,
     a_listing_seen_after_a_watch_has_what_the_watch_delivered,

@@ -928,6 +928,13 @@ impl Store for ConsulStore {
         Ok(name.filter(|name| name != keeper::SESSION_NAME))
     }
 
+    fn deletes_only_created(&self, path: &str, czxid: i64) -> Option<bool> {
+        // A delete of our node checks that our session holds its key.
+        let session = self.newest();
+        let created = u64::try_from(czxid).ok()?;
+        self.owned(session).made_with(session, path, &created)
+    }
+
     async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
         if ops.is_empty() {
             return Ok(Vec::new());

@@ -1037,6 +1037,13 @@ impl Store for EtcdStore {
         }
     }
 
+    fn deletes_only_created(&self, path: &str, czxid: i64) -> Option<bool> {
+        // A delete of our node compares its lease (or it is a protected
+        // sequential node's, whose name nobody else makes).
+        let lease = self.newest();
+        self.owned(lease).made_with(lease, path, &czxid)
+    }
+
     async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
         if ops.is_empty() {
             return Ok(Vec::new());

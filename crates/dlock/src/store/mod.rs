@@ -686,6 +686,19 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         self.get_data(path, false).await.map(|_| None)
     }
 
+    /// Whether this session's [`delete`](Self::delete) of `path` without a
+    /// version removes only the node created at `czxid`, so that a holder
+    /// deletes its own node in one round trip: `Some(true)` where the store
+    /// remembers the nodes its session made and fences their deletes by
+    /// the session (etcd, Consul), `Some(false)` where it knows its
+    /// session's node at `path` is a later one, `None` where it cannot tell
+    /// (ZooKeeper, embedded, a node of an earlier session): then read the
+    /// node's creation first.
+    fn deletes_only_created(&self, path: &str, czxid: i64) -> Option<bool> {
+        let _ = (path, czxid);
+        None
+    }
+
     /// Applies all operations atomically, or none; the error names the first
     /// failing operation ([`Error::MultiFailed`](crate::Error::MultiFailed)).
     async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>>;

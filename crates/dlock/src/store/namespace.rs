@@ -182,6 +182,10 @@ impl<S: Store> Store for Namespaced<S> {
         result.map_err(|e| self.error(e))
     }
 
+    fn deletes_only_created(&self, path: &str, czxid: i64) -> Option<bool> {
+        self.inner.deletes_only_created(&self.inside(path), czxid)
+    }
+
     async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
         let ops: Vec<Op> = ops.iter().map(|op| self.op(op)).collect();
         match self.inner.multi(&ops).await {

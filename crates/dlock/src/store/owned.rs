@@ -137,6 +137,19 @@ impl<F> Owned<F> {
         }
     }
 
+    /// Whether the node of ours at `path` is the one created with `fence`
+    /// (see [`Store::deletes_only_created`](super::Store::deletes_only_created));
+    /// `None` if the table has no node of `session` there.
+    pub fn made_with(&self, session: SessionId, path: &str, fence: &F) -> Option<bool>
+    where
+        F: PartialEq,
+    {
+        if !self.is_of(session) {
+            return None;
+        }
+        self.nodes.get(path).map(|made| made == fence)
+    }
+
     /// Whether this is the table of `session`; else `session` is not the
     /// store's newest, and what it created or deleted does not change this
     /// one (but a node it created is fenced as gone with it).
