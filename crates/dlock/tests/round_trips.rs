@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock::store::{CreateMode, CreateOptions};
-use dlock::{KvSemaphore, Layout, Mutex, Session, SessionOptions};
+use dlock::{ConsulLock, KvSemaphore, Layout, Mutex, Session, SessionOptions};
 use dlock_testkit::TcpProxy;
 use futures::future::BoxFuture;
 
@@ -108,6 +108,30 @@ async fn an_uncontended_acquire_and_release_is_two_round_trips() -> anyhow::Resu
 async fn an_uncontended_acquire_and_release_is_three_round_trips_on_consul() -> anyhow::Result<()> {
     let upstream = dlock_testkit::shared_consul().endpoint();
     an_uncontended_cycle_takes("consul", &upstream, 3).await
+}
+
+/// A `ConsulLock` taken and given back, uncontended, on Consul: 3 — the
+/// `.lock` key's create (its ancestors' reads, then the acquiring
+/// transaction: 2) and the release's delete, fenced by our session's hold
+/// of the key (`Store::deletes_only_created`: 1). It was 5 while the
+/// release read the key first to check it was still the node it made.
+#[cfg(feature = "consul")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consul_lock_cycle_deletes_its_key_in_one_round_trip() -> anyhow::Result<()> {
+    let upstream = dlock_testkit::shared_consul().endpoint();
+    let cycles = round_trips_of("consul", &upstream, |session, path| {
+        Box::pin(async move {
+            ConsulLock::new(&session, &path)?
+                .acquire()
+                .await?
+                .release()
+                .await
+        })
+    })
+    .await?;
+    let fewest = cycles.iter().min();
+    assert_eq!(fewest, Some(&3), "round trips per cycle: {cycles:?}");
+    Ok(())
 }
 
 /// A Consul-layout `KvSemaphore` slot, taken and given back: 11 — the
