@@ -229,6 +229,10 @@ use crate::error::{Error, Result};
 use crate::options::SessionOptions;
 use crate::path;
 
+/// The session's status as subscribed when a read began: a watch the read
+/// arms counts a change since (see [`Watch::since_read`]).
+type StatusSince = tokio::sync::watch::Receiver<super::SessionStatus>;
+
 /// Opens a client of the etcd cluster of `endpoint` (an
 /// [`Endpoint::Etcd`]): connects (and authenticates, with credentials) and
 /// grants the session's lease, asking for `options.session_timeout` rounded
@@ -595,20 +599,20 @@ impl EtcdStore {
         ))
     }
 
-    /// Arms a watch on `path` after a read at `read_revision` that saw the
-    /// key at `revision` (its mod revision; 0: no key) and, for children
-    /// watches, a listing with `digest`. A waiter's watch on a queued node,
-    /// for its deletion (`queued`; `revision` is then the node's create
-    /// revision), is served by its directory's shared watch.
+    /// Arms a watch on `path` after a read at `read_revision` (begun with
+    /// the session's `status` subscribed) that saw the key at `revision`
+    /// (its mod revision; 0: no key) and, for children watches, a listing
+    /// with `digest`. A waiter's watch on a queued node, for its deletion
+    /// (`queued`; `revision` is then the node's create revision), is served
+    /// by its directory's shared watch.
     fn arm(
         &self,
         path: &str,
         kind: Kind,
-        read_revision: i64,
+        (read_revision, status): (i64, StatusSince),
         revision: i64,
         digest: u64,
         queued: bool,
-        status: tokio::sync::watch::Receiver<crate::store::SessionStatus>,
     ) -> Watch {
         let rx = self.hub.arm(Request {
             path: path.to_string(),
@@ -932,12 +936,13 @@ impl Store for EtcdStore {
         let (key, below, rev) = self.read(path, lease).await?;
         match key {
             Some(kv) => {
-                let w = watch
-                    .then(|| self.arm(path, Kind::Data, rev, kv.mod_revision(), 0, false, status));
+                let w = watch.then(|| {
+                    self.arm(path, Kind::Data, (rev, status), kv.mod_revision(), 0, false)
+                });
                 Ok((kv.value().to_vec(), keys::stat(&kv, below), w))
             }
             None if below > 0 || path == self.root => {
-                let w = watch.then(|| self.arm(path, Kind::Implicit, rev, 0, 0, false, status));
+                let w = watch.then(|| self.arm(path, Kind::Implicit, (rev, status), 0, 0, false));
                 Ok((Vec::new(), keys::implicit_stat(below), w))
             }
             None => Err(Error::NoNode {
@@ -959,7 +964,7 @@ impl Store for EtcdStore {
         };
         Ok((
             stat,
-            watch.then(|| self.arm(path, kind, rev, mod_revision, 0, false, status)),
+            watch.then(|| self.arm(path, kind, (rev, status), mod_revision, 0, false)),
         ))
     }
 
@@ -980,15 +985,8 @@ impl Store for EtcdStore {
         }
         let digest = keys::digest(&children);
         let w = watch.then(|| {
-            self.arm(
-                path,
-                Kind::Children,
-                revision(&resp),
-                0,
-                digest,
-                false,
-                status,
-            )
+            let read = (revision(&resp), status);
+            self.arm(path, Kind::Children, read, 0, digest, false)
         });
         Ok((children, w))
     }
@@ -1012,15 +1010,8 @@ impl Store for EtcdStore {
             Some((as_of, Some(_))) => {
                 self.lease.current().await?;
                 let status = self.lease.machine.subscribe();
-                Ok(Some(self.arm(
-                    &node,
-                    Kind::Data,
-                    as_of,
-                    czxid,
-                    0,
-                    true,
-                    status,
-                )))
+                let read = (as_of, status);
+                Ok(Some(self.arm(&node, Kind::Data, read, czxid, 0, true)))
             }
             // Through the shared watch as well (whatever the node's
             // lease), so that its event reaches the copy first.
@@ -1029,7 +1020,7 @@ impl Store for EtcdStore {
                 let status = self.lease.machine.subscribe();
                 Ok(match self.read(&node, lease).await? {
                     (Some(kv), _, read_at) if kv.create_revision() == czxid => {
-                        Some(self.arm(&node, Kind::Data, read_at, czxid, 0, true, status))
+                        Some(self.arm(&node, Kind::Data, (read_at, status), czxid, 0, true))
                     }
                     _ => None,
                 })
