@@ -20,27 +20,14 @@ trap 'scripts/consul.sh stop --dir "$work/consul" >/dev/null 2>&1 || true; rm -r
 consul=$(scripts/consul.sh start --dir "$work/consul" | sed -n 's/.*endpoint=\([^ ]*\).*/\1/p')
 echo "consul=$consul ($consul_bin) seconds=$seconds rounds=$rounds" >&2
 
-# loops <binary> <prefix>: 8 shell loops of `dlock lock` for $seconds; the
-# completions per second until the last loop ended.
-loops() {
-  local bin="$1" prefix="$2" dir="$work/loops" i n f ok=0 start end
-  rm -rf "$dir"; mkdir -p "$dir"
-  start=${EPOCHREALTIME/./}
-  end=$((start + seconds * 1000000))
-  for i in 1 2 3 4 5 6 7 8; do
-    (
-      n=0 f=0
-      while [ "${EPOCHREALTIME/./}" -lt "$end" ]; do
-        if "$bin" --endpoint "consul://$consul" lock --layout consul "$prefix" -- true >/dev/null 2>&1
-        then n=$((n + 1)); else f=$((f + 1)); fi
-      done
-      echo "$n $f" > "$dir/$i"
-    ) &
-  done
-  wait
-  local elapsed=$((${EPOCHREALTIME/./} - start)) failed=0
-  for i in 1 2 3 4 5 6 7 8; do read -r n f < "$dir/$i"; ok=$((ok + n)) failed=$((failed + f)); done
-  awk -v ok="$ok" -v failed="$failed" -v us="$elapsed" 'BEGIN { printf "%.1f/s (%d failed)", ok * 1e6 / us, failed }'
+# shellcheck source=scripts/lib/loops.sh
+source scripts/lib/loops.sh
+
+# lock_loops <binary> <prefix>: `consul lock 8` with that build, as
+# "<rate>/s (<n> failed)".
+lock_loops() {
+  shell_loops "$work/loops" "$seconds" dlock "$1" --endpoint "consul://$consul" lock --layout consul "$2" -- true \
+    | sed -n 's/.* failed=\([0-9]*\) .*ops_per_s=\([0-9.]*\).*/\2\/s (\1 failed)/p'
 }
 
 raw() {
@@ -52,6 +39,6 @@ for r in $(seq 1 "$rounds"); do
   order="a b"; [ $((r % 2)) -eq 0 ] && order="b a"
   for which in $order; do
     bin=$a; [ "$which" = b ] && bin=$b
-    echo "round $r $which: consul lock 8 $(loops "$bin" "/ab/$which$r") raw $(raw "$bin" "/ab/raw-$which$r")"
+    echo "round $r $which: consul lock 8 $(lock_loops "$bin" "/ab/$which$r") raw $(raw "$bin" "/ab/raw-$which$r")"
   done
 done

@@ -299,10 +299,10 @@ impl FromStr for Endpoint {
             Some(i) => (&rest[..i], Some(&rest[i..])),
             None => (rest, None),
         };
-        // No credentials before the '/' or '?', an '@' after it: most likely
-        // a password holding a raw '/' or '?', which would otherwise parse
-        // as a host and a path (and show in both).
-        if !authority.contains('@') && url.contains('@') {
+        // No credentials before the '/' or '?', and hosts after a later
+        // '@': a password holding a raw '/' or '?', which would otherwise
+        // parse as a host and a path (and show in both).
+        if raw_credentials(url).is_some() {
             return Err(fail(
                 "an '@' after the hosts, with no credentials before them: if a password holds \
                  '/', '?' or '@', percent-encode them (%2F, %3F, %40)"
@@ -458,16 +458,36 @@ fn mask_password(url: &str) -> String {
     };
     let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
-    match (authority.rsplit_once('@'), rest.rsplit_once('@')) {
-        (Some((userinfo, hosts)), _) => match userinfo.split_once(':') {
+    if let Some(after) = raw_credentials(url) {
+        return format!("{scheme}://***@{after}");
+    }
+    match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => match userinfo.split_once(':') {
             Some((user, _)) => format!("{scheme}://{user}:***@{hosts}{tail}"),
             None => url.to_string(),
         },
-        // An '@' only after the authority: what comes before it may be a
-        // password with a raw '/' or '?'.
-        (None, Some((_, after))) => format!("{scheme}://***@{after}"),
-        (None, None) => url.to_string(),
+        None => url.to_string(),
     }
+}
+
+/// Where `url` holds credentials with a raw '/' or '?' (so its authority,
+/// which ends at the first of them, has no '@'): what follows the '@' that
+/// ends them, which starts with hosts (`name:port`, comma-separated). An
+/// '@' in a chroot or an option's value is followed by no such hosts.
+fn raw_credentials(url: &str) -> Option<&str> {
+    let rest = url.split_once("://")?.1;
+    let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+    if authority.contains('@') {
+        return None;
+    }
+    let after = &rest[rest.rfind('@')? + 1..];
+    let hosts = &after[..after.find(['/', '?']).unwrap_or(after.len())];
+    let is_host = |h: &str| {
+        h.rsplit_once(':').is_some_and(|(name, port)| {
+            !name.is_empty() && !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit())
+        })
+    };
+    hosts.split(',').all(is_host).then_some(after)
 }
 
 /// Decodes `%XX` escapes (user names and passwords may hold any byte).
@@ -677,6 +697,15 @@ mod tests {
                 "{shown}"
             );
             assert!(shown.contains("%2F"), "{shown}");
+        }
+        // An '@' in a chroot or an option's value, with no hosts after it,
+        // is no password.
+        for url in [
+            "zk://h:2181/svc@v2",
+            "zk://h:2181/a@b/c",
+            "consul://h:8500/a@b",
+        ] {
+            assert!(url.parse::<Endpoint>().is_ok(), "{url}");
         }
     }
 }

@@ -226,6 +226,26 @@ async fn a_second_member_with_one_id_waits_for_the_name(h: &Harness) -> Result<(
     Ok(())
 }
 
+/// A start dropped once its node is there (before or after it finished)
+/// leaves no node behind once the member is closed or dropped: before, a
+/// start cancelled after making the node left it, with no keeper, until
+/// the session ended.
+async fn a_start_cancelled_after_making_the_node_leaves_it_to_nobody(h: &Harness) -> Result<()> {
+    let (s, observer) = (h.session().await, h.session().await);
+    let dir = h.path("/g/cancelled");
+    let node = format!("{dir}/a");
+    let member = GroupMember::new(&s, &dir, "a")?;
+    tokio::select! {
+        started = member.start() => started?,
+        made = common::await_children(&observer, &dir, 1, WITHIN) => made?,
+    }
+    // Closing a member whose start was taken back says it never started.
+    let _ = member.close().await;
+    drop(member);
+    await_gone(&observer, &node, WITHIN).await?;
+    Ok(())
+}
+
 /// The member makes its deleted node again, but the reply is lost: the
 /// node it then finds is its own, and its close deletes it (a store that
 /// fences deletes must not take our unacknowledged node for someone
@@ -506,6 +526,7 @@ per_backend!(every_backend {
     a_member_whose_session_ends_disappears,
     a_deleted_member_node_comes_back,
     a_second_member_with_one_id_waits_for_the_name,
+    a_start_cancelled_after_making_the_node_leaves_it_to_nobody,
     a_member_node_made_again_unanswered_is_deleted_on_close,
     the_cache_follows_a_directory_that_comes_and_goes,
     dropping_a_member_leaves,

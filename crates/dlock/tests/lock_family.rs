@@ -72,11 +72,12 @@ async fn upgrading_is_refused(h: &Harness) -> Result<()> {
     Ok(())
 }
 
-/// An owner holding the write lock is refused the read lock and a second
-/// write lock, each of which would queue behind its own write node forever,
-/// with a message naming the way that works (a downgrade, a re-entry); a
-/// clone is another owner, which waits.
-async fn an_owner_holding_the_write_lock_is_refused_what_would_wait_for_itself(
+/// A task holding the write lock is refused the read lock and a second
+/// write lock through the same value (or a clone), each of which would
+/// queue behind its own write node forever, with a message naming the way
+/// that works (a downgrade, a re-entry); another task waits. A hold given
+/// back (or lost) refuses nothing.
+async fn a_task_holding_the_write_lock_is_refused_what_would_wait_for_itself(
     h: &Harness,
 ) -> Result<()> {
     let s = h.session().await;
@@ -84,7 +85,7 @@ async fn an_owner_holding_the_write_lock_is_refused_what_would_wait_for_itself(
     let w = rw.write().await?;
     let refused = [
         rw.read().await.map(drop).unwrap_err(),
-        rw.try_read().await.map(drop).unwrap_err(),
+        rw.clone().try_read().await.map(drop).unwrap_err(),
         rw.write().await.map(drop).unwrap_err(),
         rw.write_half()
             .lock_for(Some(SHORT))
@@ -92,11 +93,8 @@ async fn an_owner_holding_the_write_lock_is_refused_what_would_wait_for_itself(
             .map(drop)
             .unwrap_err(),
     ];
-    for (err, way) in
-        refused
-            .iter()
-            .zip(["WriteGuard::read", "WriteGuard::read", "reenter", "reenter"])
-    {
+    let ways = ["WriteGuard::read", "WriteGuard::read", "reenter", "reenter"];
+    for (err, way) in refused.iter().zip(ways) {
         ensure!(
             matches!(err, Error::InvalidArgument(m) if m.contains(way)),
             "{err}"
@@ -104,7 +102,9 @@ async fn an_owner_holding_the_write_lock_is_refused_what_would_wait_for_itself(
     }
     let again = w.reenter()?;
     let read = w.read().await?;
-    ensure!(rw.clone().try_write().await?.is_none(), "a clone waits");
+    let other = rw.clone();
+    let elsewhere = tokio::spawn(async move { other.try_write().await.map(|g| g.is_some()) });
+    ensure!(!elsewhere.await??, "another task waits for the lock");
     w.release().await?;
     again.release().await?;
     read.release().await?;
@@ -565,7 +565,7 @@ per_backend!(every_backend {
     rw_participants_show_holders_and_waiters,
     upgrading_is_refused,
     downgrading_is_only_for_the_writer,
-    an_owner_holding_the_write_lock_is_refused_what_would_wait_for_itself,
+    a_task_holding_the_write_lock_is_refused_what_would_wait_for_itself,
     a_writer_downgrades_to_reader,
     a_queued_writer_cannot_slip_into_a_downgrade,
     a_downgrade_that_outlives_its_session_is_lost,

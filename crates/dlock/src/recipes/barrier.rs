@@ -125,7 +125,7 @@ impl Barrier {
     /// # Ok(()) }
     /// ```
     pub async fn wait_on_barrier(&self) -> Result<()> {
-        Deadline::within(None, |d| self.wait_until(d)).await
+        Deadline::within(None, &self.session, |d| self.wait_until(d)).await
     }
 
     /// Waits at most `timeout` for the barrier to go; fails with
@@ -142,7 +142,7 @@ impl Barrier {
     /// # barrier.remove_barrier().await?; Ok(()) }
     /// ```
     pub async fn wait_on_barrier_timeout(&self, timeout: Duration) -> Result<()> {
-        Deadline::within(Some(timeout), |d| self.wait_until(d)).await
+        Deadline::within(Some(timeout), &self.session, |d| self.wait_until(d)).await
     }
 
     /// Waits by `deadline` for the node to be gone; `None` if it passed.

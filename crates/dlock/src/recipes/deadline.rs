@@ -7,6 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::session::Session;
+use crate::store::SessionState;
 
 /// When a wait gives up: never, or at an instant `timeout` after it began
 /// (kept, so that [`Error::Timeout`] names what the caller asked for).
@@ -79,56 +81,76 @@ impl Deadline {
 
     /// Runs `until` by a deadline `timeout` from now (none: forever); the
     /// `None` it returns when that passes becomes the timed-out error, and
-    /// so does `until` still running [`CLEANUP_GRACE`] after it (its store
-    /// calls waiting out a suspension): it is dropped then, and acquisitions
-    /// are cancellation-safe.
-    pub async fn within<T, F>(timeout: Option<Duration>, until: impl FnOnce(Self) -> F) -> Result<T>
+    /// so does a [cut-off](Self::cut_off) in `session`.
+    pub async fn within<T, F>(
+        timeout: Option<Duration>,
+        session: &Session,
+        until: impl FnOnce(Self) -> F,
+    ) -> Result<T>
     where
         F: Future<Output = Result<Option<T>>>,
     {
         let deadline = Deadline::after(timeout);
-        match deadline.with_grace().race(until(deadline)).await {
-            Some(got) => deadline.or_timed_out(got?),
-            None => Err(deadline.timed_out_error()),
-        }
+        let got = deadline.run(session, until(deadline)).await?;
+        deadline.or_timed_out(got)
     }
 
     /// Runs `until` with a deadline of now (take it only if it can be had
-    /// now): its answer, or [`Error::ConnectionLoss`] if the store did not
-    /// give one within [`CLEANUP_GRACE`] (the connection is down).
-    pub async fn now<T, F>(until: impl FnOnce(Self) -> F) -> Result<Option<T>>
+    /// now): its answer, or [`Error::ConnectionLoss`] on a
+    /// [cut-off](Self::cut_off) in `session`.
+    pub async fn now<T, F>(session: &Session, until: impl FnOnce(Self) -> F) -> Result<Option<T>>
     where
         F: Future<Output = Result<Option<T>>>,
     {
         let deadline = Deadline::after(Some(Duration::ZERO));
-        let answer = deadline.with_grace().race(until(deadline)).await;
-        answer.unwrap_or(Err(Error::ConnectionLoss))
+        tokio::select! {
+            got = until(deadline) => got,
+            () = deadline.cut_off(session) => Err(Error::ConnectionLoss),
+        }
     }
 
-    /// This deadline, [`CLEANUP_GRACE`] later.
-    fn with_grace(&self) -> Self {
-        match *self {
-            Deadline::Never => Deadline::Never,
-            Deadline::At { at, timeout } => Deadline::At {
-                at: at + CLEANUP_GRACE,
-                timeout,
-            },
+    /// Runs `wait` by this deadline, which it keeps itself (`None` once
+    /// passed); `None` too on a [cut-off](Self::cut_off) in `session`.
+    pub async fn run<T>(
+        &self,
+        session: &Session,
+        wait: impl Future<Output = Result<Option<T>>>,
+    ) -> Result<Option<T>> {
+        tokio::select! {
+            got = wait => got,
+            () = self.cut_off(session) => Ok(None),
         }
+    }
+
+    /// Resolves once the deadline is [`CLEANUP_GRACE`] past while
+    /// `session`'s connection is down: a wait's store calls would wait for
+    /// it to come back (or for the session's loss), which its caller did
+    /// not agree to. A wait on a live connection keeps its own deadline,
+    /// however many round trips it takes.
+    async fn cut_off(&self, session: &Session) {
+        let Deadline::At { at, .. } = *self else {
+            return std::future::pending().await;
+        };
+        tokio::time::sleep_until(at + CLEANUP_GRACE).await;
+        let mut status = session.watch_status();
+        // A session gone with its channel cuts off too.
+        let _ = status
+            .wait_for(|s| s.state == SessionState::Suspended)
+            .await;
     }
 }
 
-/// How long past its deadline a wait may take to clean up after itself (a
-/// delete: one round trip) before it is dropped, leaving that to the
-/// background. It bounds every timed acquisition, even while the
-/// connection is down and store calls wait for it to come back.
+/// How long past its deadline a wait whose connection is down may go on
+/// (cleaning up after itself, if the connection comes back) before it is
+/// dropped, leaving its clean-up to the background.
 pub(crate) const CLEANUP_GRACE: Duration = Duration::from_secs(1);
 
 /// The three ways to acquire that every lock-like recipe offers over its
 /// `$until(args.., deadline) -> Result<Option<$hold>>`: wait as long as it
-/// takes, wait at most a timeout ([`Error::Timeout`] after it, at most
-/// [`CLEANUP_GRACE`] late even while the connection is down), or only if
-/// it can be had now (`None` if not; [`Error::ConnectionLoss`] if the store
-/// cannot say within [`CLEANUP_GRACE`]). Written once here, with each
+/// takes, wait at most a timeout ([`Error::Timeout`] after it; while the
+/// connection is down, at most [`CLEANUP_GRACE`] late), or only if it can
+/// be had now (`None` if not; [`Error::ConnectionLoss`] if the connection
+/// is down [`CLEANUP_GRACE`] after asking). Written once here, with each
 /// recipe's own names and docs; inside an `impl` of the recipe.
 macro_rules! timed_acquire {
     (
@@ -139,17 +161,17 @@ macro_rules! timed_acquire {
     ) => {
         $(#[$wait_doc])*
         pub async fn $wait(&self $(, $arg: $ty)*) -> Result<$hold> {
-            Deadline::within(None, |d| self.$until($($arg,)* d)).await
+            Deadline::within(None, self.session(), |d| self.$until($($arg,)* d)).await
         }
 
         $(#[$timeout_doc])*
         pub async fn $timeout(&self $(, $arg: $ty)*, timeout: Duration) -> Result<$hold> {
-            Deadline::within(Some(timeout), |d| self.$until($($arg,)* d)).await
+            Deadline::within(Some(timeout), self.session(), |d| self.$until($($arg,)* d)).await
         }
 
         $(#[$now_doc])*
         pub async fn $now(&self $(, $arg: $ty)*) -> Result<Option<$hold>> {
-            Deadline::now(|d| self.$until($($arg,)* d)).await
+            Deadline::now(self.session(), |d| self.$until($($arg,)* d)).await
         }
     };
 }

@@ -125,7 +125,7 @@ impl DoubleBarrier {
     /// # Ok(()) }
     /// ```
     pub async fn enter(&self) -> Result<BarrierMember> {
-        Deadline::within(None, |d| self.enter_until(d)).await
+        Deadline::within(None, &self.session, |d| self.enter_until(d)).await
     }
 
     /// Enters, waiting at most `timeout` for the others; fails with
@@ -142,7 +142,7 @@ impl DoubleBarrier {
     /// # Ok(()) }
     /// ```
     pub async fn enter_timeout(&self, timeout: Duration) -> Result<BarrierMember> {
-        Deadline::within(Some(timeout), |d| self.enter_until(d)).await
+        Deadline::within(Some(timeout), &self.session, |d| self.enter_until(d)).await
     }
 
     async fn enter_until(&self, deadline: Deadline) -> Result<Option<BarrierMember>> {
@@ -249,7 +249,8 @@ impl BarrierMember {
     /// # Ok(()) }
     /// ```
     pub async fn leave(self) -> Result<()> {
-        Deadline::within(None, |d| self.leave_until(d)).await
+        let session = self.acquisition.held_node().session.clone();
+        Deadline::within(None, &session, |d| self.leave_until(d)).await
     }
 
     /// Leaves, waiting at most `timeout` for the others to leave; fails
@@ -265,7 +266,8 @@ impl BarrierMember {
     /// # Ok(()) }
     /// ```
     pub async fn leave_timeout(self, timeout: Duration) -> Result<()> {
-        Deadline::within(Some(timeout), |d| self.leave_until(d)).await
+        let session = self.acquisition.held_node().session.clone();
+        Deadline::within(Some(timeout), &session, |d| self.leave_until(d)).await
     }
 
     async fn leave_until(mut self, deadline: Deadline) -> Result<Option<()>> {

@@ -108,6 +108,7 @@ impl Lifecycle {
         Ok(Begun {
             lifecycle: self,
             launched: false,
+            on_cancel: None,
         })
     }
 
@@ -254,9 +255,17 @@ impl Lifecycle {
 pub(crate) struct Begun<'a> {
     lifecycle: &'a Lifecycle,
     launched: bool,
+    /// Undoes what the start made before it was cancelled.
+    on_cancel: Option<Box<dyn FnOnce() + Send + 'a>>,
 }
 
-impl Begun<'_> {
+impl<'a> Begun<'a> {
+    /// Runs `undo` if the start does not launch (cancelled, or failed).
+    pub fn on_cancel(mut self, undo: impl FnOnce() + Send + 'a) -> Self {
+        self.on_cancel = Some(Box::new(undo));
+        self
+    }
+
     /// Ends the start: on `begun` (what the start read or made first), runs
     /// `task` as the background task — stopped again if closed meanwhile;
     /// on a failure, takes the begin back so that starting may be tried
@@ -279,6 +288,9 @@ impl Drop for Begun<'_> {
     fn drop(&mut self) {
         if !self.launched {
             self.lifecycle.unbegin();
+            if let Some(undo) = self.on_cancel.take() {
+                undo();
+            }
         }
     }
 }

@@ -77,37 +77,39 @@ pub struct ReadHalf(pub ReadWriteLock);
 #[derive(Debug, Clone)]
 pub struct WriteHalf(pub ReadWriteLock);
 
-/// The recipes' own locks: each waits by a [`Deadline`] without turning a
+/// The recipes' own locks: each waits by a [`Deadline`] (in its session,
+/// which cuts it off if the connection is down past it) without turning a
 /// timeout into an error and back.
 macro_rules! lockable {
-    ($($lock:ty => |$l:ident, $deadline:ident| $until:expr;)*) => {$(
+    ($($lock:ty => |$l:ident, $deadline:ident| $until:expr, in $session:expr;)*) => {$(
         #[async_trait]
         impl Lockable for $lock {
             async fn lock_for(&self, timeout: Option<Duration>) -> Result<Option<Box<dyn Hold>>> {
                 let ($l, $deadline) = (self, Deadline::after(timeout));
-                Ok($until.await?.map(|hold| Box::new(hold) as Box<dyn Hold>))
+                let got = $deadline.run($session, $until).await?;
+                Ok(got.map(|hold| Box::new(hold) as Box<dyn Hold>))
             }
         }
     )*};
 }
 
 lockable! {
-    Mutex => |lock, deadline| lock.acquire_until(deadline);
-    ConsulLock => |lock, deadline| lock.acquire_until(deadline);
-    SemaphoreMutex => |lock, deadline| lock.acquire_until(deadline);
-    ReadHalf => |half, deadline| half.0.read_until(deadline);
-    WriteHalf => |half, deadline| half.0.write_until(deadline);
+    Mutex => |lock, deadline| lock.acquire_until(deadline), in lock.session();
+    ConsulLock => |lock, deadline| lock.acquire_until(deadline), in lock.session();
+    SemaphoreMutex => |lock, deadline| lock.acquire_until(deadline), in lock.session();
+    ReadHalf => |half, deadline| half.0.read_until(deadline), in half.0.session();
+    WriteHalf => |half, deadline| half.0.write_until(deadline), in half.0.session();
 }
 
 impl ReadWriteLock {
     /// The read half, for a [`MultiLock`].
     pub fn read_half(&self) -> ReadHalf {
-        ReadHalf(self.same_owner())
+        ReadHalf(self.clone())
     }
 
     /// The write half, for a [`MultiLock`].
     pub fn write_half(&self) -> WriteHalf {
-        WriteHalf(self.same_owner())
+        WriteHalf(self.clone())
     }
 }
 

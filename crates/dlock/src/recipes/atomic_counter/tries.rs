@@ -55,7 +55,14 @@ impl AtomicCounter {
                 let tried = tried.await;
                 let released = guard.release().await;
                 tried?;
-                released?;
+                match released {
+                    // The compare-and-set is atomic by itself: the lock
+                    // only keeps contenders apart, so its loss does not
+                    // undo an update that landed (a caller told otherwise
+                    // would apply it twice).
+                    Err(Error::Lost { .. }) if result.succeeded => {}
+                    released => released?,
+                }
             }
             result.stats.promoted_time = started.elapsed();
         }

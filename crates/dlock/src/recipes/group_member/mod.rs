@@ -94,17 +94,21 @@ impl Drop for Inner {
         let started = self.lifecycle.state() == State::Started;
         self.lifecycle.abort();
         if started {
-            // Leave in the background, deleting the node only if it is ours.
-            let (session, node) = (self.session.clone(), self.node.clone());
-            self.session.spawn_background(async move {
-                if let Ok(Some(stat)) = session.retrying(|| session.exists(&node)).await {
-                    if stat.ephemeral_owner == session.session_id() {
-                        let _ = session.delete_guaranteed(&node).await;
-                    }
-                }
-            });
+            leave_in_background(&self.session, &self.node);
         }
     }
+}
+
+/// Leaves in the background, deleting the node only if it is ours.
+fn leave_in_background(session: &Session, node: &str) {
+    let (session, node) = (session.clone(), node.to_string());
+    session.clone().spawn_background(async move {
+        if let Ok(Some(stat)) = session.retrying(|| session.exists(&node)).await {
+            if stat.ephemeral_owner == session.session_id() {
+                let _ = session.delete_guaranteed(&node).await;
+            }
+        }
+    });
 }
 
 impl fmt::Debug for GroupMember {
@@ -235,7 +239,10 @@ impl GroupMember {
     /// ```
     pub async fn start(&self) -> Result<()> {
         let inner = &self.inner;
-        let begun = inner.lifecycle.begin_start(&inner.node)?;
+        // Cancelled after making the node, it leaves nobody's node behind.
+        let (session, node) = (&inner.session, inner.node.as_str());
+        let begun = inner.lifecycle.begin_start(node)?;
+        let begun = begun.on_cancel(move || leave_in_background(session, node));
         let joined = async {
             let watch = ensure_node(&inner.session, &inner.node, &inner.payload).await?;
             // Started already by a start that was cancelled after it.

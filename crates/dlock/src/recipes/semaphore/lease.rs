@@ -51,9 +51,11 @@ impl Lease {
         &self.data
     }
 
-    /// Gives the lease back: deletes its node (a node already gone is fine,
-    /// as in Curator). Reports [`Error::Lost`](crate::Error::Lost) if the lease had been lost
-    /// before, so the caller learns its work was not protected —
+    /// Gives the lease back: deletes its node. Reports
+    /// [`Error::Lost`](crate::Error::Lost) if the lease had been lost
+    /// before, or its node was found gone (revoked by force: Curator's
+    /// release would say nothing), so the caller learns its work was not
+    /// protected —
     /// [`Error::Closed`](crate::Error::Closed) if its session was closed (which took the node).
     ///
     /// Cancellation-safe: if this future is dropped before the node is

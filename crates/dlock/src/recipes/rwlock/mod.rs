@@ -17,7 +17,8 @@
 //! creation, after a Go contender that queued while we held the write
 //! lock (so do not downgrade where Go contenders wait).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod owners;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +29,8 @@ use super::queue::{position, FirstN, HeldNode, Participant, Predicate, Verdict, 
 use crate::error::{Error, Result};
 use crate::session::Session;
 use crate::store::{sequence_key, Child, CreateMode};
+
+use self::owners::{Half, Holds};
 
 /// Curator's node name for readers.
 pub const READ_LOCK_NAME: &str = "__READ__";
@@ -84,11 +87,11 @@ impl Predicate for ByKind {
 
 /// A fair read-write lock shared by every session that names the same path.
 ///
-/// A `ReadWriteLock` value is one *owner* (Curator's thread): it refuses to
-/// take the write lock while it holds the read lock, and either lock while
-/// it holds the write lock, because each would wait for itself forever.
-/// Create one per task, or clone one (a clone is another owner); either
-/// costs no round trip. Both halves are re-entrant through their guards, and a writer may
+/// A hold belongs to the task that took it (outside a task, the thread), as
+/// Curator's belong to threads: through one value and its clones, a task
+/// is refused the write lock while it holds the read lock, and either lock
+/// while it holds the write lock, because each would wait for itself
+/// forever; another task waits. Values and clones cost no round trip. Both halves are re-entrant through their guards, and a writer may
 /// downgrade: [`WriteGuard::read`] then release the write guard.
 ///
 /// ```
@@ -108,12 +111,12 @@ impl Predicate for ByKind {
 /// r.release().await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ReadWriteLock {
     readers: WaitQueue,
     writers: WaitQueue,
     data: Option<Vec<u8>>,
-    held: Arc<Held>,
+    holds: Arc<Holds>,
 }
 
 impl ReadWriteLock {
@@ -126,19 +129,8 @@ impl ReadWriteLock {
             writers: WaitQueue::new(session, path, WRITE_LOCK_NAME, SORT_NAMES)?
                 .listing_when_woken(),
             data: None,
-            held: Arc::default(),
+            holds: Arc::default(),
         })
-    }
-
-    /// This owner again (a guard's, or a [`MultiLock`](crate::MultiLock)
-    /// half's): refused what this one is refused.
-    pub(crate) fn same_owner(&self) -> Self {
-        ReadWriteLock {
-            readers: self.readers.clone(),
-            writers: self.writers.clone(),
-            data: self.data.clone(),
-            held: self.held.clone(),
-        }
     }
 
     /// Stores `data` in both kinds of node (Curator's `lockData`).
@@ -180,6 +172,11 @@ impl ReadWriteLock {
         &self.readers.dir
     }
 
+    /// The session this lock uses.
+    pub fn session(&self) -> &Session {
+        &self.readers.session
+    }
+
     fn data(&self) -> &[u8] {
         self.data
             .as_deref()
@@ -198,16 +195,16 @@ impl ReadWriteLock {
 
     /// Takes the write lock by `deadline`; `None` if it passed first.
     pub(crate) async fn write_until(&self, deadline: Deadline) -> Result<Option<WriteGuard>> {
-        if self.held.reads.load(Ordering::SeqCst) > 0 {
+        if self.holds.held_here(Half::Read) {
             return Err(Error::InvalidArgument(format!(
                 "cannot upgrade a read lock to the write lock at {}: release the read lock first \
                  (the writer would wait for itself forever)",
                 self.path()
             )));
         }
-        if self.held.writes.load(Ordering::SeqCst) > 0 {
+        if self.holds.held_here(Half::Write) {
             return Err(Error::InvalidArgument(format!(
-                "this owner holds the write lock at {} already: take it again with \
+                "this task holds the write lock at {} already: take it again with \
                  WriteGuard::reenter (a second writer would wait for itself forever)",
                 self.path()
             )));
@@ -225,10 +222,13 @@ impl ReadWriteLock {
                 None,
             )
             .await?;
-        Ok(created.map(|created| WriteGuard {
-            guard: LockGuard::new(q.hold(self.path(), "write lock", created)),
-            lock: self.same_owner(),
-            _counted: Counted::new(&self.held, Kind::Write),
+        Ok(created.map(|created| {
+            let node = q.hold(self.path(), "write lock", created);
+            self.holds.note(Half::Write, &node);
+            WriteGuard {
+                guard: LockGuard::new(node),
+                lock: self.clone(),
+            }
         }))
     }
 
@@ -244,9 +244,9 @@ impl ReadWriteLock {
 
     /// Takes the read lock by `deadline`; `None` if it passed first.
     pub(crate) async fn read_until(&self, deadline: Deadline) -> Result<Option<ReadGuard>> {
-        if self.held.writes.load(Ordering::SeqCst) > 0 {
+        if self.holds.held_here(Half::Write) {
             return Err(Error::InvalidArgument(format!(
-                "this owner holds the write lock at {}: take the read lock with \
+                "this task holds the write lock at {}: take the read lock with \
                  WriteGuard::read, a downgrade (a reader queued behind its own writer would \
                  wait forever)",
                 self.path()
@@ -269,9 +269,9 @@ impl ReadWriteLock {
     }
 
     fn read_guard(&self, node: Arc<HeldNode>) -> ReadGuard {
+        self.holds.note(Half::Read, &node);
         ReadGuard {
             guard: LockGuard::new(node),
-            _counted: Counted::new(&self.held, Kind::Read),
         }
     }
 
@@ -282,55 +282,6 @@ impl ReadWriteLock {
     }
 }
 
-impl Clone for ReadWriteLock {
-    /// Another owner of the same lock, as another of Curator's threads: it
-    /// waits for this one's holds, where this one is refused.
-    fn clone(&self) -> Self {
-        ReadWriteLock {
-            held: Arc::default(),
-            ..self.same_owner()
-        }
-    }
-}
-
-/// What an owner holds, so that it can refuse to wait for itself.
-#[derive(Debug, Default)]
-struct Held {
-    reads: AtomicUsize,
-    writes: AtomicUsize,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    Read,
-    Write,
-}
-
-/// One hold, counted in its owner's [`Held`] until dropped.
-#[derive(Debug)]
-struct Counted(Arc<Held>, Kind);
-
-impl Counted {
-    fn new(held: &Arc<Held>, kind: Kind) -> Self {
-        let counted = Counted(held.clone(), kind);
-        counted.count().fetch_add(1, Ordering::SeqCst);
-        counted
-    }
-
-    fn count(&self) -> &AtomicUsize {
-        match self.1 {
-            Kind::Read => &self.0.reads,
-            Kind::Write => &self.0.writes,
-        }
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.count().fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// A hold of the write lock. Dereferences to [`LockGuard`] for the fencing
 /// token, the lost signal and guarded writes.
 #[derive(Debug)]
@@ -338,7 +289,6 @@ impl Drop for Counted {
 pub struct WriteGuard {
     guard: LockGuard,
     lock: ReadWriteLock,
-    _counted: Counted,
 }
 
 deref_hold!(WriteGuard => guard: LockGuard);
@@ -411,8 +361,7 @@ impl WriteGuard {
     pub fn reenter(&self) -> Result<WriteGuard> {
         Ok(WriteGuard {
             guard: self.guard.reenter()?,
-            lock: self.lock.same_owner(),
-            _counted: Counted::new(&self.lock.held, Kind::Write),
+            lock: self.lock.clone(),
         })
     }
 
@@ -427,7 +376,6 @@ impl WriteGuard {
 #[must_use = "dropping the guard releases the lock"]
 pub struct ReadGuard {
     guard: LockGuard,
-    _counted: Counted,
 }
 
 deref_hold!(ReadGuard => guard: LockGuard);
@@ -437,13 +385,11 @@ impl ReadGuard {
     pub fn reenter(&self) -> Result<ReadGuard> {
         Ok(ReadGuard {
             guard: self.guard.reenter()?,
-            _counted: Counted::new(&self._counted.0, Kind::Read),
         })
     }
 
     /// Releases this hold (see [`LockGuard::release`]).
     pub async fn release(self) -> Result<()> {
-        let ReadGuard { guard, _counted } = self;
-        guard.release().await
+        self.guard.release().await
     }
 }
