@@ -112,6 +112,34 @@ async fn a_task_holding_the_write_lock_is_refused_what_would_wait_for_itself(
     Ok(())
 }
 
+/// A write guard handed over to another task still counts for the task
+/// that took it (refused there through the same value); that task waits
+/// for the lock through a value of its own, and gets it once the other
+/// task releases.
+async fn a_handed_over_write_guard_is_waited_for_through_a_value_of_ones_own(
+    h: &Harness,
+) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/rw");
+    let rw = ReadWriteLock::new(&s, &path)?;
+    let w = rw.write().await?;
+    let (go, release) = tokio::sync::oneshot::channel::<()>();
+    let worker = tokio::spawn(async move {
+        let _ = release.await;
+        w.release().await
+    });
+    let err = rw.try_read().await.map(drop).unwrap_err();
+    ensure!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    // In this very task, through a value of its own: not refused, it
+    // waits for the worker's release.
+    let own = ReadWriteLock::new(&s, &path)?;
+    let _ = go.send(());
+    let read = tokio::time::timeout(WITHIN, own.read()).await??;
+    worker.await??;
+    read.release().await?;
+    Ok(())
+}
+
 /// Curator `testThatDowngradingRespectsThreads`: while one task holds the
 /// write lock, another cannot read.
 async fn downgrading_is_only_for_the_writer(h: &Harness) -> Result<()> {
@@ -566,6 +594,7 @@ per_backend!(every_backend {
     upgrading_is_refused,
     downgrading_is_only_for_the_writer,
     a_task_holding_the_write_lock_is_refused_what_would_wait_for_itself,
+    a_handed_over_write_guard_is_waited_for_through_a_value_of_ones_own,
     a_writer_downgrades_to_reader,
     a_queued_writer_cannot_slip_into_a_downgrade,
     a_downgrade_that_outlives_its_session_is_lost,

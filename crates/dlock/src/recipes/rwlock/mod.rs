@@ -91,7 +91,11 @@ impl Predicate for ByKind {
 /// Curator's belong to threads: through one value and its clones, a task
 /// is refused the write lock while it holds the read lock, and either lock
 /// while it holds the write lock, because each would wait for itself
-/// forever; another task waits. Values and clones cost no round trip. Both halves are re-entrant through their guards, and a writer may
+/// forever; another task waits. A guard moved to another task still counts
+/// for the one that took it: a task that hands its guard over and then
+/// waits for the lock itself does so through a value of its own
+/// ([`ReadWriteLock::new`]; clones share what they hold). Values and clones
+/// cost no round trip. Both halves are re-entrant through their guards, and a writer may
 /// downgrade: [`WriteGuard::read`] then release the write guard.
 ///
 /// ```
