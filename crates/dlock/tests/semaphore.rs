@@ -138,6 +138,10 @@ async fn lowering_the_count_never_revokes(h: &Harness) -> Result<()> {
     for lease in &held {
         ensure!(s.exists(lease.node()).await?.is_some() && !lease.is_lost());
     }
+    // Nobody acquires, so no lease is taken for a waiting one: both hold.
+    let holders = sem.holders().await?;
+    ensure!(holders.len() == 2, "{holders:?}");
+    ensure!(sem.available_permits().await? == 0);
     ensure!(sem.try_acquire(1).await?.is_none(), "two held, maximum one");
     held.pop().unwrap().release().await?;
     ensure!(sem.try_acquire(1).await?.is_none(), "one held, maximum one");

@@ -49,20 +49,24 @@ impl Predicate for LeaseCount<'_> {
 }
 
 /// Who holds, as far as a listing can tell: everyone when there are at most
-/// `max` leases; otherwise the newest lease is taken to be the one waiting
-/// (the head acquirer's node is created last).
-pub(super) struct Holders<'a>(pub(super) &'a Max);
+/// `max` leases, or when nobody acquires (holds the internal lock:
+/// `acquiring` is false), as after the maximum was lowered; otherwise the
+/// newest lease is taken to be the one waiting (the head acquirer's node
+/// is created last).
+pub(super) struct Holders<'a> {
+    pub max: &'a Max,
+    pub acquiring: bool,
+}
 
 impl Predicate for Holders<'_> {
     fn check(&self, sorted: &[Child], ours: &str) -> Result<Verdict> {
         let index = position(sorted, ours)?;
-        Ok(
-            if sorted.len() as i64 <= self.0.current() || index + 1 < sorted.len() {
-                Verdict::Acquired
-            } else {
-                Verdict::WatchChildren
-            },
-        )
+        let within = sorted.len() as i64 <= self.max.current();
+        Ok(if within || !self.acquiring || index + 1 < sorted.len() {
+            Verdict::Acquired
+        } else {
+            Verdict::WatchChildren
+        })
     }
 }
 

@@ -280,7 +280,13 @@ impl Semaphore {
         if let Some(pool) = &self.kazoo {
             return pool.participants().await;
         }
-        self.leases.participants(&Holders(&self.max)).await
+        // An acquirer waits only while it holds the internal lock.
+        let acquiring = !self.locks.participants().await?.is_empty();
+        let holders = Holders {
+            max: &self.max,
+            acquiring,
+        };
+        self.leases.participants(&holders).await
     }
 
     /// The leases held now, in sequence order, without acquiring
