@@ -138,6 +138,32 @@ fn semaphores_and_latches_from_threads(endpoint: &str, root: &str) {
 /// Ends a case: nothing ephemeral and nothing holding data is left under
 /// `root` (the harness's check, through a blocking session); the empty
 /// skeleton is then removed.
+/// A suspension injected from a plain thread (no runtime there; the
+/// embedded store's used to panic): the session is suspended, then comes
+/// back, and locks work again.
+fn a_fault_injected_from_a_plain_thread(endpoint: &str, root: &str) {
+    let session = dlock::blocking::connect(endpoint).unwrap();
+    let faults = session.session().faults().expect("faults");
+    faults.suspend(Duration::from_millis(300));
+    assert_eq!(session.session().state(), dlock::SessionState::Suspended);
+    let mut status = session.session().watch_status();
+    let back = session.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            status.wait_for(|s| s.state != dlock::SessionState::Suspended),
+        )
+        .await
+        .map(|s| s.map(|s| s.state))
+    });
+    assert!(
+        matches!(back, Ok(Ok(dlock::SessionState::Reconnected))),
+        "{back:?}"
+    );
+    let mutex = session.mutex(&format!("{root}/lock")).unwrap();
+    mutex.acquire().unwrap().release().unwrap();
+    session.close();
+}
+
 fn finish(endpoint: &str, root: &str) {
     let checker = dlock::blocking::connect(endpoint).unwrap();
     let left = checker
@@ -159,7 +185,8 @@ macro_rules! cases {
                 threads_exclude_each_other_through_the_blocking_api,
                 timeouts_try_and_dropped_guards,
                 a_guard_dropped_with_its_session_frees_the_lock_at_once,
-                semaphores_and_latches_from_threads);
+                semaphores_and_latches_from_threads,
+                a_fault_injected_from_a_plain_thread);
         }
     };
     (@each $endpoint:expr; $($case:ident),+) => {

@@ -356,8 +356,7 @@ impl Faults for EmbeddedStore {
         let server = Arc::downgrade(&self.server);
         let machine = Arc::downgrade(&self.machine);
         let wait = if expires { timeout } else { duration };
-        tokio::spawn(async move {
-            tokio::time::sleep(wait).await;
+        let end = move || {
             let Some(machine) = machine.upgrade() else {
                 return;
             };
@@ -371,7 +370,19 @@ impl Faults for EmbeddedStore {
                 }
                 machine.lose(suspension.session);
             }
-        });
+        };
+        // On the caller's runtime (whose clock tests may pause), or, called
+        // from outside one (the blocking API), on a thread of its own.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(async move {
+                tokio::time::sleep(wait).await;
+                end();
+            })),
+            Err(_) => drop(std::thread::spawn(move || {
+                std::thread::sleep(wait);
+                end();
+            })),
+        }
     }
 
     async fn expire(&self) -> Result<()> {
