@@ -260,7 +260,8 @@ pub(crate) struct Begun<'a> {
 }
 
 impl<'a> Begun<'a> {
-    /// Runs `undo` if the start does not launch (cancelled, or failed).
+    /// Runs `undo` if the start is cancelled before it launches (a start
+    /// that failed cleans up after itself).
     pub fn on_cancel(mut self, undo: impl FnOnce() + Send + 'a) -> Self {
         self.on_cancel = Some(Box::new(undo));
         self
@@ -274,7 +275,7 @@ impl<'a> Begun<'a> {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let value = begun?;
+        let value = begun.inspect_err(|_| self.on_cancel = None)?;
         self.launched = true;
         let attached = self.lifecycle.attach(tokio::spawn(task(value)));
         attached.map_err(|task| {

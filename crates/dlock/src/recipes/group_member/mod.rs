@@ -99,16 +99,24 @@ impl Drop for Inner {
     }
 }
 
-/// Leaves in the background, deleting the node only if it is ours.
+/// Leaves in the background (see [`delete_if_ours`]).
 fn leave_in_background(session: &Session, node: &str) {
     let (session, node) = (session.clone(), node.to_string());
     session.clone().spawn_background(async move {
-        if let Ok(Some(stat)) = session.retrying(|| session.exists(&node)).await {
-            if stat.ephemeral_owner == session.session_id() {
-                let _ = session.delete_guaranteed(&node).await;
-            }
-        }
+        let _ = delete_if_ours(&session, &node).await;
     });
+}
+
+/// Deletes the member's node if this session owns it: a node of the same
+/// id owned by someone else is theirs.
+async fn delete_if_ours(session: &Session, node: &str) -> Result<()> {
+    match session.retrying(|| session.exists(node)).await {
+        Ok(Some(stat)) if stat.ephemeral_owner == session.session_id() => {
+            session.delete_guaranteed(node).await
+        }
+        Ok(_) | Err(Error::Closed) => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 impl fmt::Debug for GroupMember {
@@ -257,7 +265,7 @@ impl GroupMember {
         let payload = inner.payload.clone();
         let started = begun.launch(joined, |watch| keep_node(session, node, payload, watch));
         if join_failed && inner.session.state() != SessionState::Closed {
-            let _ = self.delete_our_node().await;
+            let _ = delete_if_ours(&self.inner.session, &self.inner.node).await;
         }
         started
     }
@@ -359,22 +367,8 @@ impl GroupMember {
         self.inner.lifecycle.stop().await;
         self.inner.cache.close().await;
         match was {
-            State::Started => self.delete_our_node().await,
+            State::Started => delete_if_ours(&self.inner.session, &self.inner.node).await,
             _ => Ok(()),
-        }
-    }
-
-    /// Deletes the member's node if this session owns it: a node of the
-    /// same id owned by someone else is theirs.
-    async fn delete_our_node(&self) -> Result<()> {
-        let session = &self.inner.session;
-        let node = &self.inner.node;
-        match session.retrying(|| session.exists(node)).await {
-            Ok(Some(stat)) if stat.ephemeral_owner == session.session_id() => {
-                session.delete_guaranteed(node).await
-            }
-            Ok(_) | Err(Error::Closed) => Ok(()),
-            Err(e) => Err(e),
         }
     }
 }
