@@ -199,20 +199,8 @@ impl ReadWriteLock {
 
     /// Takes the write lock by `deadline`; `None` if it passed first.
     pub(crate) async fn write_until(&self, deadline: Deadline) -> Result<Option<WriteGuard>> {
-        if self.holds.held_here(Half::Read) {
-            return Err(Error::InvalidArgument(format!(
-                "cannot upgrade a read lock to the write lock at {}: release the read lock first \
-                 (the writer would wait for itself forever)",
-                self.path()
-            )));
-        }
-        if self.holds.held_here(Half::Write) {
-            return Err(Error::InvalidArgument(format!(
-                "this task holds the write lock at {} already: take it again with \
-                 WriteGuard::reenter (a second writer would wait for itself forever)",
-                self.path()
-            )));
-        }
+        self.holds
+            .refuse_waiting_for_itself(Half::Write, self.path())?;
         if self.writers.taken_now(deadline, |_| true).await? {
             return Ok(None);
         }
@@ -248,14 +236,8 @@ impl ReadWriteLock {
 
     /// Takes the read lock by `deadline`; `None` if it passed first.
     pub(crate) async fn read_until(&self, deadline: Deadline) -> Result<Option<ReadGuard>> {
-        if self.holds.held_here(Half::Write) {
-            return Err(Error::InvalidArgument(format!(
-                "this task holds the write lock at {}: take the read lock with \
-                 WriteGuard::read, a downgrade (a reader queued behind its own writer would \
-                 wait forever)",
-                self.path()
-            )));
-        }
+        self.holds
+            .refuse_waiting_for_itself(Half::Read, self.path())?;
         if self.readers.taken_now(deadline, excludes_readers).await? {
             return Ok(None);
         }

@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::thread::ThreadId;
 
+use crate::error::{Error, Result};
 use crate::recipes::lifecycle::lock;
 use crate::recipes::queue::HeldNode;
 
@@ -46,11 +47,33 @@ impl Holds {
         holds.push((Owner::current(), half, Arc::downgrade(node)));
     }
 
-    /// Whether the current task holds `half` still.
-    pub fn held_here(&self, half: Half) -> bool {
+    /// `InvalidArgument` if the current task asking for `wanted` at `path`
+    /// holds what would keep it waiting for itself for ever: the read lock
+    /// (for the write lock: an upgrade), or the write lock (for either),
+    /// naming the way that works.
+    pub fn refuse_waiting_for_itself(&self, wanted: Half, path: &str) -> Result<()> {
         let me = Owner::current();
-        lock(&self.0).iter().any(|(owner, h, node)| {
-            *owner == me && *h == half && node.upgrade().is_some_and(|n| n.is_held())
-        })
+        let held = |half: Half| {
+            lock(&self.0).iter().any(|(owner, h, node)| {
+                *owner == me && *h == half && node.upgrade().is_some_and(|n| n.is_held())
+            })
+        };
+        let why = match wanted {
+            Half::Write if held(Half::Read) => format!(
+                "cannot upgrade a read lock to the write lock at {path}: release the read lock \
+                 first (the writer would wait for itself forever)"
+            ),
+            Half::Write if held(Half::Write) => format!(
+                "this task holds the write lock at {path} already: take it again with \
+                 WriteGuard::reenter (a second writer would wait for itself forever)"
+            ),
+            Half::Read if held(Half::Write) => format!(
+                "this task holds the write lock at {path}: take the read lock with \
+                 WriteGuard::read, a downgrade (a reader queued behind its own writer would \
+                 wait forever)"
+            ),
+            _ => return Ok(()),
+        };
+        Err(Error::InvalidArgument(why))
     }
 }
