@@ -709,7 +709,7 @@ impl Session {
     /// `path` is still the one created at `czxid` (on etcd a name comes
     /// back on a newer node): for a deleter that is not the holder's own
     /// release, which may come after the node was deleted and made again.
-    /// [`Gone`] if the node was gone (or another) at the first look.
+    /// [`Gone`] if someone else removed it first.
     pub(crate) async fn delete_protected_created(&self, path: &str, czxid: i64) -> Result<Gone> {
         let gone = self.delete_created(path, czxid).await?;
         if gone == Gone(false) {
@@ -719,24 +719,25 @@ impl Session {
     }
 
     /// Deletes the node at `path` only if it is the one created at `czxid`;
-    /// [`Gone`] if it was gone (or another) at the first look. One round
-    /// trip where the store fences its session's deletes, two elsewhere.
+    /// [`Gone`] if someone else removed it first (then the node there, if
+    /// any, is another). One round trip where the store fences its
+    /// session's deletes, two elsewhere.
     async fn delete_created(&self, path: &str, czxid: i64) -> Result<Gone> {
         match self.inner.store.deletes_only_created(path, czxid) {
             Some(true) => return self.delete_guaranteed_or_gone(path).await,
             Some(false) => return Ok(Gone(true)),
             None => {}
         }
-        let mut first_look = true;
         loop {
             let found = self
                 .retrying(|| self.inner.store.exists(path, false))
                 .await?;
             let version = match found {
                 (Some(stat), _) if stat.czxid == czxid => stat.version,
-                _ => return Ok(Gone(first_look)),
+                // Our delete has not landed yet (a version compare failed, or
+                // none was sent): someone else's did.
+                _ => return Ok(Gone(true)),
             };
-            first_look = false;
             let deleted = self
                 .retrying(|| self.inner.store.delete(path, Some(version)))
                 .await;
