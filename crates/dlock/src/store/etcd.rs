@@ -932,17 +932,18 @@ impl Store for EtcdStore {
 
     async fn get_data(&self, path: &str, watch: bool) -> Result<(Vec<u8>, Stat, Option<Watch>)> {
         let lease = self.lease.current().await?;
-        let status = self.lease.machine.subscribe();
+        let status = watch.then(|| self.lease.machine.subscribe());
         let (key, below, rev) = self.read(path, lease).await?;
         match key {
             Some(kv) => {
-                let w = watch.then(|| {
+                let w = status.map(|status| {
                     self.arm(path, Kind::Data, (rev, status), kv.mod_revision(), 0, false)
                 });
                 Ok((kv.value().to_vec(), keys::stat(&kv, below), w))
             }
             None if below > 0 || path == self.root => {
-                let w = watch.then(|| self.arm(path, Kind::Implicit, (rev, status), 0, 0, false));
+                let w =
+                    status.map(|status| self.arm(path, Kind::Implicit, (rev, status), 0, 0, false));
                 Ok((Vec::new(), keys::implicit_stat(below), w))
             }
             None => Err(Error::NoNode {
@@ -953,7 +954,7 @@ impl Store for EtcdStore {
 
     async fn exists(&self, path: &str, watch: bool) -> Result<(Option<Stat>, Option<Watch>)> {
         let lease = self.lease.current().await?;
-        let status = self.lease.machine.subscribe();
+        let status = watch.then(|| self.lease.machine.subscribe());
         let (key, below, rev) = self.read(path, lease).await?;
         let (stat, kind, mod_revision) = match key {
             Some(kv) => (Some(keys::stat(&kv, below)), Kind::Data, kv.mod_revision()),
@@ -964,13 +965,13 @@ impl Store for EtcdStore {
         };
         Ok((
             stat,
-            watch.then(|| self.arm(path, kind, (rev, status), mod_revision, 0, false)),
+            status.map(|status| self.arm(path, kind, (rev, status), mod_revision, 0, false)),
         ))
     }
 
     async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
         let lease = self.lease.current().await?;
-        let status = self.lease.machine.subscribe();
+        let status = watch.then(|| self.lease.machine.subscribe());
         let txn = Txn::new().and_then([self.count_own(path), keys_range(keys::below(path))]);
         let resp = self.txn(txn, path, lease).await?;
         let gets = gets(&resp);
@@ -984,7 +985,7 @@ impl Store for EtcdStore {
             });
         }
         let digest = keys::digest(&children);
-        let w = watch.then(|| {
+        let w = status.map(|status| {
             let read = (revision(&resp), status);
             self.arm(path, Kind::Children, read, 0, digest, false)
         });

@@ -404,7 +404,7 @@ impl Watch {
         mut session: watch::Receiver<SessionStatus>,
     ) -> Self {
         session.borrow_and_update();
-        Watch { node, session }
+        Watch::since_read(node, session)
     }
 
     /// [`new`](Self::new), with the status channel as subscribed before the
