@@ -280,8 +280,13 @@ impl Semaphore {
         if let Some(pool) = &self.kazoo {
             return pool.participants().await;
         }
-        // An acquirer waits only while it holds the internal lock.
-        let acquiring = !self.locks.participants().await?.is_empty();
+        // An acquirer waits only while it holds the internal lock: one
+        // listing tells (its nodes' data is not needed).
+        let acquiring = match self.session().children(self.locks.path()).await {
+            Ok(locks) => !locks.is_empty(),
+            Err(Error::NoNode { .. }) => false,
+            Err(e) => return Err(e),
+        };
         let holders = Holders {
             max: &self.max,
             acquiring,
