@@ -53,21 +53,25 @@ impl Holds {
     /// naming the way that works.
     pub fn refuse_waiting_for_itself(&self, wanted: Half, path: &str) -> Result<()> {
         let me = Owner::current();
-        let held = |half: Half| {
-            lock(&self.0).iter().any(|(owner, h, node)| {
-                *owner == me && *h == half && node.upgrade().is_some_and(|n| n.is_held())
-            })
-        };
+        let (mut reads, mut writes) = (false, false);
+        for (owner, half, node) in lock(&self.0).iter() {
+            if *owner == me && node.upgrade().is_some_and(|n| n.is_held()) {
+                match half {
+                    Half::Read => reads = true,
+                    Half::Write => writes = true,
+                }
+            }
+        }
         let why = match wanted {
-            Half::Write if held(Half::Read) => format!(
+            Half::Write if reads => format!(
                 "cannot upgrade a read lock to the write lock at {path}: release the read lock \
                  first (the writer would wait for itself forever)"
             ),
-            Half::Write if held(Half::Write) => format!(
+            Half::Write if writes => format!(
                 "this task holds the write lock at {path} already: take it again with \
                  WriteGuard::reenter (a second writer would wait for itself forever)"
             ),
-            Half::Read if held(Half::Write) => format!(
+            Half::Read if writes => format!(
                 "this task holds the write lock at {path}: take the read lock with \
                  WriteGuard::read, a downgrade (a reader queued behind its own writer would \
                  wait forever)"
