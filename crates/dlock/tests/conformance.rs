@@ -271,6 +271,10 @@ async fn multi_is_all_or_nothing(h: &Harness) -> Result<()> {
     let base = h.path("/m");
     s.create(&base, b"", persistent()).await?;
     let a = format!("{base}/a");
+    // Watches on what a failed multi touched stay armed, untouched: they
+    // tell of the next real change, not of the rolled-back ones.
+    let (_, _, data_watch) = s.get_data_watch(&base).await?;
+    let (_, children_watch) = s.children_watch(&base).await?;
     // A failing check rolls back everything before it and names its index
     // and its reason.
     let absent = format!("{base}/absent");
@@ -346,6 +350,14 @@ async fn multi_is_all_or_nothing(h: &Harness) -> Result<()> {
         ),
         "{results:?}"
     );
+    // (That multi made and removed `a` at once: no change to tell.)
+    s.create(&a, b"", persistent()).await?;
+    let event = children_watch.changed().await;
+    ensure!(event == WatchEvent::ChildrenChanged, "{event:?}");
+    s.delete(&a, None).await?;
+    s.set_data(&base, b"y", None).await?;
+    let event = data_watch.changed().await;
+    ensure!(event == WatchEvent::DataChanged, "{event:?}");
     let err = s
         .multi(&[Op::Check {
             path: base.clone(),

@@ -16,11 +16,26 @@ use crate::store::{
 };
 
 /// A watch that fired, and with what.
-pub(super) type Fired = (oneshot::Sender<WatchEvent>, WatchEvent);
+pub(super) type Fired = (Watcher, WatchEvent);
 
-struct Watcher {
+pub(super) struct Watcher {
     session: SessionId,
     tx: oneshot::Sender<WatchEvent>,
+}
+
+impl Watcher {
+    /// Tells the watcher (gone already: nobody to tell).
+    pub(super) fn notify(self, event: WatchEvent) {
+        let _ = self.tx.send(event);
+    }
+}
+
+/// Watches a multi-operation fired, kept until it commits: a failed one
+/// arms them again where they were, as if nothing had happened.
+struct Taken {
+    children: bool,
+    path: String,
+    count: usize,
 }
 
 #[derive(Clone)]
@@ -66,6 +81,8 @@ pub(super) struct Tree {
     reap_candidates: HashSet<String>,
     node_notifications: u64,
     child_notifications: u64,
+    /// While a multi-operation runs: the watches it fired, in order.
+    taken: Option<Vec<Taken>>,
 }
 
 impl Tree {
@@ -92,6 +109,7 @@ impl Tree {
             reap_candidates: HashSet::new(),
             node_notifications: 0,
             child_notifications: 0,
+            taken: None,
         }
     }
 
@@ -134,12 +152,47 @@ impl Tree {
 
     /// Fires the watches on node `path` (armed by `get_data`/`exists`).
     fn fire_node(&mut self, path: &str, event: WatchEvent, fired: &mut Vec<Fired>) {
-        self.node_notifications += fire(&mut self.node_watches, path, event, fired);
+        let count = fire(&mut self.node_watches, path, event, fired);
+        self.node_notifications += count as u64;
+        self.note_taken(false, path, count);
     }
 
     /// Fires the watches on the children of `path` (armed by `children`).
     fn fire_children(&mut self, path: &str, event: WatchEvent, fired: &mut Vec<Fired>) {
-        self.child_notifications += fire(&mut self.child_watches, path, event, fired);
+        let count = fire(&mut self.child_watches, path, event, fired);
+        self.child_notifications += count as u64;
+        self.note_taken(true, path, count);
+    }
+
+    fn note_taken(&mut self, children: bool, path: &str, count: usize) {
+        if let Some(taken) = self.taken.as_mut().filter(|_| count > 0) {
+            let path = path.to_string();
+            taken.push(Taken {
+                children,
+                path,
+                count,
+            });
+        }
+    }
+
+    /// Arms again the watches a failed multi-operation fired (`pending`,
+    /// in the order `taken` recorded them), as if it never ran.
+    fn rearm(&mut self, taken: Vec<Taken>, pending: Vec<Fired>) {
+        let mut pending = pending.into_iter();
+        for Taken {
+            children,
+            path,
+            count,
+        } in taken
+        {
+            let (map, notified) = match children {
+                false => (&mut self.node_watches, &mut self.node_notifications),
+                true => (&mut self.child_watches, &mut self.child_notifications),
+            };
+            *notified -= count as u64;
+            let list = map.entry(path).or_default();
+            list.extend(pending.by_ref().take(count).map(|(watcher, _)| watcher));
+        }
     }
 
     fn create(
@@ -386,6 +439,7 @@ impl Tree {
         let mut undo = Vec::new();
         // Watches fire only if the whole transaction commits.
         let mut pending = Vec::new();
+        self.taken = Some(Vec::new());
         let mut results = Vec::with_capacity(ops.len());
         for (index, op) in ops.iter().enumerate() {
             let result = match op {
@@ -410,10 +464,8 @@ impl Tree {
                 Ok(r) => results.push(r),
                 Err(e) => {
                     self.rollback(undo, start_zxid);
-                    // The watches that would have fired are re-armed.
-                    for (tx, _) in pending {
-                        drop(tx);
-                    }
+                    let taken = self.taken.take().unwrap_or_default();
+                    self.rearm(taken, pending);
                     return Err(Error::MultiFailed {
                         index,
                         source: Box::new(e),
@@ -421,6 +473,7 @@ impl Tree {
                 }
             }
         }
+        self.taken = None;
         // ZooKeeper gives a multi a single transaction id.
         if self.zxid > start_zxid + 1 {
             let zxid = start_zxid + 1;
@@ -534,10 +587,10 @@ fn fire(
     path: &str,
     event: WatchEvent,
     fired: &mut Vec<Fired>,
-) -> u64 {
+) -> usize {
     let list = map.remove(path).unwrap_or_default();
-    let count = list.len() as u64;
-    fired.extend(list.into_iter().map(|w| (w.tx, event)));
+    let count = list.len();
+    fired.extend(list.into_iter().map(|w| (w, event)));
     count
 }
 
