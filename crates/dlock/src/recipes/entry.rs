@@ -11,6 +11,7 @@
 //! it still holds our token, never a node someone else made there since.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::session::Session;
@@ -22,6 +23,8 @@ pub(crate) struct Entry {
     pub path: String,
     token: Vec<u8>,
     armed: bool,
+    /// Held while a create of ours is on its way: the removal waits for it.
+    creating: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// What [`Entry::claim`] found at the entry's path.
@@ -49,6 +52,7 @@ impl Entry {
             path,
             token,
             armed: true,
+            creating: Arc::default(),
         }
     }
 
@@ -60,10 +64,7 @@ impl Entry {
     pub async fn claim(&self, opts: CreateOptions, owner: SessionId) -> Result<Claim> {
         let session = &self.session;
         let (stat, watch, mine) = loop {
-            // A lost reply is retried with the session's backoff; a retry
-            // that finds the node reads it back below.
-            let create = || session.create(&self.path, &self.token, opts);
-            let lost = match session.retrying(create).await {
+            let lost = match self.create(opts).await {
                 Ok(created) => break (created.stat, None, true),
                 Err(Error::NodeExists { .. }) => false,
                 Err(Error::ConnectionLoss) => true,
@@ -100,6 +101,25 @@ impl Entry {
         })
     }
 
+    /// Creates the node, retrying a lost reply with the session's backoff
+    /// (a retry that finds the node is read back by the caller). A create
+    /// sent may land after its caller gave up, even after a later read on
+    /// another connection (Consul's and etcd's requests are not ordered):
+    /// so it runs as a task of its own, and the removal waits for it.
+    async fn create(&self, opts: CreateOptions) -> Result<Created> {
+        let landing = self.creating.clone().lock_owned().await;
+        let (session, path, token) = (self.session.clone(), self.path.clone(), self.token.clone());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.session.spawn_background(async move {
+            let created = session
+                .retrying(|| session.create(&path, &token, opts))
+                .await;
+            let _ = tx.send(created);
+            drop(landing);
+        });
+        rx.await.unwrap_or(Err(Error::Closed))
+    }
+
     /// Keeps the node (it now holds, or someone else removes it): dropping
     /// no longer deletes it.
     pub fn keep(&mut self) {
@@ -110,8 +130,9 @@ impl Entry {
     /// of its own.
     fn removal(&self) -> impl Future<Output = Result<()>> + Send + 'static {
         let (session, path) = (self.session.clone(), self.path.clone());
-        let token = self.token.clone();
+        let (token, creating) = (self.token.clone(), self.creating.clone());
         async move {
+            let _landed = creating.lock().await;
             match session.get_data(&path).await {
                 Ok((data, stat)) if data == token => {
                     match session.delete(&path, Some(stat.version)).await {
