@@ -198,6 +198,10 @@ impl ConsulLock {
                     entry.keep();
                     return Ok(Some(self.guard(created)));
                 }
+                // Our own create, landed in a session renewed since we
+                // named its owner: claimed again in the live session, it
+                // is ours.
+                Ok(Claim::Other { stale: true, .. }) => continue,
                 Ok(Claim::Other { stat, watch, .. }) => (stat, watch),
                 // Free, but not yet takeable: nothing announces the end of
                 // a lock delay, so try again after a pause.
