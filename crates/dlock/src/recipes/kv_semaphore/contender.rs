@@ -263,6 +263,13 @@ impl Contender {
         e
     }
 
+    /// Our entry was deleted by someone else: leaving only prunes the
+    /// record, deleting nothing by name.
+    pub(super) fn taken_away(mut self) -> Self {
+        self.taken = true;
+        self
+    }
+
     /// Stands the lease's hold down.
     fn let_go(&mut self) {
         self.taken |= self.node.take().is_some_and(|node| node.let_go().taken());

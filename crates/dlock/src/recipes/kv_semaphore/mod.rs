@@ -294,10 +294,14 @@ impl KvSemaphore {
             // background), so that the session can try again at once.
             let look = match self.look(patient && watching).await {
                 Ok(look) if look.live.contains(&entry.id) => look,
+                // Taken away (deleted by force): we go again at once with
+                // an entry of the same name, which a leaving by name in
+                // the background could delete. So leave now, pruning only.
                 Ok(_) => {
-                    return Err(Error::NoNode {
+                    let gone = Error::NoNode {
                         path: path::join(&self.dir, &entry.id),
-                    })
+                    };
+                    return Err(entry.taken_away().leave_after(gone).await);
                 }
                 Err(e) => return Err(entry.leave_after(e).await),
             };
