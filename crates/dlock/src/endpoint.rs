@@ -464,7 +464,8 @@ fn mask_password(url: &str) -> String {
     match authority.rsplit_once('@') {
         Some((userinfo, hosts)) => match userinfo.split_once(':') {
             Some((user, _)) => format!("{scheme}://{user}:***@{hosts}{tail}"),
-            None => url.to_string(),
+            // No ':': the whole of it may be the secret (a token).
+            None => format!("{scheme}://***@{hosts}{tail}"),
         },
         None => url.to_string(),
     }
@@ -683,6 +684,11 @@ mod tests {
             assert!(!err.to_string().contains("s3cret"), "{err}");
             assert!(err.to_string().contains("alice:***@"), "{err}");
         }
+        // Credentials without a ':' (a token where user:password belongs)
+        // are refused, and hidden whole.
+        let err = "etcd://S3CRET@h:2379".parse::<Endpoint>().unwrap_err();
+        assert!(!err.to_string().contains("S3CRET"), "{err}");
+        assert!(err.to_string().contains("***@h:2379"), "{err}");
         // A raw '/' or '?' in the password: refused (it would parse as a
         // host and a path), naming the escapes, never quoting the password.
         for url in [
