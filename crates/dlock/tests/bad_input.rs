@@ -1202,6 +1202,26 @@ async fn multi_lock_and_zero_timeouts(h: &Harness) -> Result<()> {
     await_children(&s, &h.path("/latch"), 0, WITHIN).await
 }
 
+/// A timeout or a hold limit of `Duration::MAX` waits or holds for ever
+/// (it panicked, overflowing the clock).
+async fn durations_too_long_to_count_mean_for_ever(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/forever");
+    let mutex = Mutex::new(&s, &path)?.with_max_hold(Duration::MAX);
+    let guard = mutex.acquire_timeout(Duration::MAX).await?;
+    ensure!(!guard.is_lost(), "held");
+    let sem = dlock::Semaphore::new(&s, &h.path("/forever-sem"), 1)?;
+    let lease = sem.acquire_timeout(1, Duration::MAX).await?;
+    lease
+        .into_iter()
+        .next()
+        .context("a lease")?
+        .release()
+        .await?;
+    guard.release().await?;
+    await_children(&s, &path, 0, WITHIN).await
+}
+
 // ---------------------------------------------------------------------------
 // Twice, and after close
 // ---------------------------------------------------------------------------
@@ -1416,6 +1436,7 @@ per_backend!(every_backend {
     a_huge_quantity_is_given_back_on_timeout,
     kv_semaphore_quantities,
     multi_lock_and_zero_timeouts,
+    durations_too_long_to_count_mean_for_ever,
     recipes_on_a_closed_session_fail_closed,
     holds_of_a_closed_session,
     a_leading_latch_ends_with_its_session,

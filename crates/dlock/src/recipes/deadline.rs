@@ -10,6 +10,15 @@ use crate::error::{Error, Result};
 use crate::session::Session;
 use crate::store::SessionState;
 
+/// How far ahead an instant is ever set: a longer timeout or hold limit
+/// (`Duration::MAX`, say) means "never", and must not overflow the clock.
+const FAR_AHEAD: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `after` from `start`, no further than [`FAR_AHEAD`].
+pub(crate) fn instant_after(start: Instant, after: Duration) -> Instant {
+    start + after.min(FAR_AHEAD)
+}
+
 /// When a wait gives up: never, or at an instant `timeout` after it began
 /// (kept, so that [`Error::Timeout`] names what the caller asked for).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,7 +33,7 @@ impl Deadline {
         match timeout {
             None => Deadline::Never,
             Some(timeout) => Deadline::At {
-                at: Instant::now() + timeout,
+                at: instant_after(Instant::now(), timeout),
                 timeout,
             },
         }
@@ -131,7 +140,7 @@ impl Deadline {
         let Deadline::At { at, .. } = *self else {
             return std::future::pending().await;
         };
-        tokio::time::sleep_until(at + CLEANUP_GRACE).await;
+        tokio::time::sleep_until(instant_after(at, CLEANUP_GRACE)).await;
         let mut status = session.watch_status();
         // A session gone with its channel cuts off too.
         let _ = status

@@ -9,6 +9,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::recipes::deadline::instant_after;
 use crate::session::{Gone, Session};
 use crate::store::{Created, SessionId, SessionState, WatchEvent};
 
@@ -304,7 +305,8 @@ impl HeldNode {
         };
         let node = self.clone();
         self.session.spawn_background(async move {
-            let at_limit = tokio::time::sleep_until(node.acquired_at + max_hold);
+            let limit = instant_after(node.acquired_at, max_hold);
+            let at_limit = tokio::time::sleep_until(limit);
             tokio::select! {
                 () = at_limit => {}
                 () = node.fate_settles(|f| f != Fate::Held) => return,
