@@ -27,7 +27,7 @@ pub fn parse(text: &str) -> Result<Duration, String> {
     if !seconds.is_finite() || seconds < 0.0 {
         return Err(format!("{text:?} is not a valid duration"));
     }
-    Ok(Duration::from_secs_f64(seconds))
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{text:?} is too long a duration"))
 }
 
 #[cfg(test)]
@@ -44,5 +44,10 @@ mod tests {
         assert!(parse("10x").unwrap_err().contains("unknown unit"));
         assert!(parse("").is_err());
         assert!(parse("ms").is_err());
+        // Longer than a Duration holds: refused, not a panic.
+        assert!(parse("1e30s").is_err() && parse(&"9".repeat(30)).is_err());
+        assert!(parse(&"9".repeat(30)).unwrap_err().contains("too long"));
+        // Longer than any wait, yet countable: for ever, as Duration::MAX.
+        assert!(parse("100000000000h").is_ok());
     }
 }
