@@ -354,6 +354,11 @@ impl SemaphoreArgs {
                 .with("--layout kazoo is kazoo's Semaphore, which is no KvSemaphore: drop --kv")
                 .into());
         }
+        if self.layout == Layout::Kazoo && !self.uses_kv() && self.held.hold.revocable.is_some() {
+            return Err(Exit::Usage
+                .with("--layout kazoo leases listen for no revocation (kazoo reads every lease node's data): drop --revocable")
+                .into());
+        }
         if self.uses_kv() && self.qty != 1 {
             return Err(Exit::Usage
                 .with("the KvSemaphore gives one lease per session: --kv takes no --qty")
@@ -450,7 +455,11 @@ pub async fn elect(global: &Global, args: ElectArgs) -> Result<u8> {
                 }
             }
         })?
-        .with_layout(args.layout)?;
+        .with_layout(args.layout)?
+        // A suspension ends the term only past --suspend-grace, as every
+        // other hold of the CLI (the runner watches it), not at once as
+        // Curator's default policy would.
+        .with_error_policy(dlock::ErrorPolicy::Session);
         if let Some(id) = &args.id {
             selector = selector.with_id(id.clone());
         }
