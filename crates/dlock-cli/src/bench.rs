@@ -11,6 +11,7 @@ use clap::{Args, ValueEnum};
 use dlock::store::{CreateMode, CreateOptions};
 use dlock::{LockGuard, Mutex, ReadGuard, ReadWriteLock, Session, WriteGuard};
 
+use crate::exit::Exit;
 use crate::Global;
 
 /// The workloads.
@@ -95,8 +96,20 @@ pub async fn run(global: &Global, args: Bench) -> Result<()> {
         .clone()
         .unwrap_or_else(|| format!("/bench/{name}"));
     dlock::path::validate(&path)?;
-    if !(args.seconds > 0.0 && args.seconds.is_finite()) {
-        anyhow::bail!("--seconds must be a positive number, got {}", args.seconds);
+    // Checked as a Duration, which the runs below make of it.
+    let seconds = Duration::try_from_secs_f64(args.seconds).ok();
+    if seconds.is_none_or(|s| s.is_zero()) {
+        let why = format!("--seconds must be a positive number, got {}", args.seconds);
+        return Err(Exit::Usage.with(why).into());
+    }
+    let members = args.members.unwrap_or(args.clients);
+    if members > args.clients {
+        return Err(Exit::Usage
+            .with(format!(
+                "--members {members} cannot open with only --clients {}: the barrier would never open",
+                args.clients
+            ))
+            .into());
     }
     // Sessions are set up before the clock starts, as the peers do.
     let mut sessions = Vec::new();
@@ -436,11 +449,6 @@ async fn double_barrier_bench(args: &Bench, path: &str, sessions: Vec<Session>) 
     use std::sync::Mutex as StdMutex;
 
     let members = args.members.unwrap_or(args.clients);
-    anyhow::ensure!(
-        members <= args.clients,
-        "--members {members} cannot open with only --clients {}: the barrier would never open",
-        args.clients
-    );
     let cycles: Arc<StdMutex<HashMap<u64, Cycle>>> = Arc::default();
     let violations = Arc::new(AtomicU64::new(0));
     let started = Instant::now();

@@ -291,6 +291,31 @@ fn bad_usage_is_named_with_its_exit_code() {
             64,
             "--kv takes no --qty",
         ),
+        (
+            "semaphore /x --leases 2 --layout kazoo --revocable -- true",
+            64,
+            "drop --revocable",
+        ),
+        (
+            "lock /x --timeout 999999999999999999999999 -- true",
+            64,
+            "too long a duration",
+        ),
+        (
+            "bench mutex --seconds 0",
+            64,
+            "--seconds must be a positive",
+        ),
+        (
+            "bench mutex --seconds 1e300",
+            64,
+            "--seconds must be a positive",
+        ),
+        (
+            "bench double-barrier --clients 2 --members 3",
+            64,
+            "--members 3 cannot open with only --clients 2",
+        ),
     ];
     for (args, code, needle) in cases {
         let out = dlock().args(args.split(' ')).output().unwrap();
@@ -624,7 +649,8 @@ fn elect_requeue_runs_the_command_each_term() {
 
 /// --suspend-grace: a holder whose connection is down longer than the grace
 /// stops its command (exit 66) long before its session could expire; one
-/// without it rides out the same outage and keeps its lock.
+/// without it rides out the same outage and keeps its lock, and so does an
+/// elected leader (its term ended at the first suspension).
 #[test]
 fn suspend_grace_counts_a_long_suspension_as_a_loss() {
     let dir = tempfile::tempdir().unwrap();
@@ -632,6 +658,7 @@ fn suspend_grace_counts_a_long_suspension_as_a_loss() {
     let proxy = dlock_testkit::TcpProxy::start(&shared_zk().connect_string()).unwrap();
     let via = format!("zk://{}", proxy.address());
     let (strict_path, patient_path) = (unique("strict"), unique("patient"));
+    let elected_path = unique("elected");
     let mut strict = dlock_on(&via)
         .args(["--session-timeout", "20s", "lock", &strict_path])
         .args([
@@ -654,8 +681,15 @@ fn suspend_grace_counts_a_long_suspension_as_a_loss() {
         &log,
         "patient",
     );
+    let elected = Holder::start(
+        &via,
+        &["--session-timeout", "20s", "elect", &elected_path],
+        &log,
+        "elected",
+    );
     assert!(await_line(&log, "strict ", Duration::from_secs(20)));
     assert!(await_line(&log, "patient ", Duration::from_secs(20)));
+    assert!(await_line(&log, "elected ", Duration::from_secs(20)));
     let (tx, said) = mpsc::channel();
     let stderr = strict.stderr.take().unwrap();
     std::thread::spawn(move || {
@@ -684,6 +718,7 @@ fn suspend_grace_counts_a_long_suspension_as_a_loss() {
         Some(0),
         "the patient holder kept its lock"
     );
+    assert_eq!(elected.finish(), Some(0), "the leader kept its term");
 }
 
 /// DLOCK_ENDPOINT carries no credentials, though dlock was given some.

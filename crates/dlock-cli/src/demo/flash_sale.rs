@@ -10,6 +10,7 @@ use clap::{Args, ValueEnum};
 use dlock::store::{CreateMode, CreateOptions, Op};
 use dlock::{Error, Hold, Layout, Lockable, Mutex, ReadWriteLock, SemaphoreMutex, Session};
 
+use crate::exit::Exit;
 use crate::Global;
 
 /// How buyers coordinate.
@@ -182,10 +183,11 @@ pub async fn run(global: &Global, args: FlashSale) -> Result<()> {
     let mut tasks = Vec::with_capacity(buyers.len());
     for (i, session) in buyers.iter().enumerate() {
         if args.stall_every > 0 && session.faults().is_none() {
-            bail!(
+            let why = format!(
                 "--stall-every needs fault injection, which the {} backend lacks",
                 global.backend_name()?
             );
+            return Err(Exit::Usage.with(why).into());
         }
         let buyer = Buyer {
             session: session.clone(),
