@@ -455,7 +455,17 @@ async fn waiting<T>(path: &str, session: &Session, acquire: impl Future<Output =
     }
     tokio::pin!(acquire);
     let mut shown = String::new();
+    // A look runs beside the acquire, never in its way: the acquire (and
+    // its deadline) is polled while a look waits out an outage.
+    let mut look = None;
     loop {
+        let idle = look.is_none();
+        let looking = async {
+            match look.as_mut() {
+                Some(look) => look.await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             result = &mut acquire => {
                 if !shown.is_empty() {
@@ -463,8 +473,12 @@ async fn waiting<T>(path: &str, session: &Session, acquire: impl Future<Output =
                 }
                 return result;
             }
-            () = tokio::time::sleep(Duration::from_millis(300)) => {
-                if let Ok(seen) = dlock::inspect(session, path).await {
+            () = tokio::time::sleep(Duration::from_millis(300)), if idle => {
+                look = Some(Box::pin(dlock::inspect(session, path)));
+            }
+            seen = looking => {
+                look = None;
+                if let Ok(seen) = seen {
                     let queue = seen.participants;
                     let holders: Vec<String> = queue
                         .iter()
