@@ -416,7 +416,7 @@ pub struct ElectArgs {
     #[arg(long)]
     pub id: Option<String>,
     /// Run CMD again each time leadership comes back, instead of once
-    /// (until CMD's hold is lost, or dlock gets SIGINT or SIGTERM).
+    /// (until CMD's hold is lost, or dlock gets SIGINT, SIGTERM, SIGHUP or SIGQUIT).
     #[arg(long)]
     pub requeue: bool,
     /// Whose node layout to use: `curator` (Curator's LeaderSelector) or

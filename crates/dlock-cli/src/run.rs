@@ -282,21 +282,39 @@ impl<'a> Runner<'a> {
             .first()
             .map_or(self.session.session_id(), Acquisition::session_id);
         let (program, args) = options.command.split_first().expect("clap requires CMD");
-        let mut child = Command::new(program)
+        // Asked for while we waited: CMD would be stopped as it starts.
+        let asked = holding.revocation.as_ref();
+        if asked.is_some_and(|(requested, _)| {
+            futures::FutureExt::now_or_never(requested.notified()).is_some()
+        }) {
+            eprintln!("dlock: revocation requested for {nodes} before CMD ran — not running it");
+            give_back(holding.release, &nodes).await;
+            return Ok(Ran {
+                code: Exit::Revoked as u8,
+                last: true,
+            });
+        }
+        // Taken back (dropped) once this run is over, however it ends.
+        let terminal = Terminal::ours();
+        let foreground = terminal.is_some();
+        let mut command = Command::new(program);
+        command
             .args(args)
             .env("DLOCK_FENCE", holding.token().to_string())
             .env("DLOCK_NODE", &nodes)
             .env("DLOCK_ENDPOINT", &self.endpoint)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| {
-                let code = if e.kind() == std::io::ErrorKind::NotFound {
-                    Exit::NotFound
-                } else {
-                    Exit::CannotRun
-                };
-                anyhow::Error::new(code.with(format!("cannot run {program}: {e}")))
-            })?;
+            .kill_on_drop(true);
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: `own_group` makes only async-signal-safe calls.
+        unsafe { command.pre_exec(move || own_group(parent, foreground)) };
+        let mut child = command.spawn().map_err(|e| {
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                Exit::NotFound
+            } else {
+                Exit::CannotRun
+            };
+            anyhow::Error::new(code.with(format!("cannot run {program}: {e}")))
+        })?;
         let pid = child.id().context("the command has no pid")? as libc::pid_t;
         let ended = async {
             match holding.ended {
@@ -318,18 +336,31 @@ impl<'a> Runner<'a> {
             futures::future::select_all(holding.acquisitions.iter().map(|a| Box::pin(a.lost())))
                 .await;
         };
-        let outcome = tokio::select! {
-            status = child.wait() => Outcome::Exited(status?),
-            () = lost(self.session, held_session, options.suspend_grace) => Outcome::Lost,
-            () = ended => Outcome::Lost,
-            () = taken => Outcome::Lost,
-            () = revoked => Outcome::Revoked,
-            signal = self.signals.next() => Outcome::Signalled(signal),
+        let session_lost = lost(self.session, held_session, options.suspend_grace);
+        tokio::pin!(ended, revoked, taken, session_lost);
+        // A signal is passed on and CMD may finish; the hold is still
+        // watched meanwhile, and a second signal stops CMD at once.
+        let mut forwarded = false;
+        let outcome = loop {
+            tokio::select! {
+                status = child.wait() => break Outcome::Exited(status?),
+                () = &mut session_lost => break Outcome::Lost,
+                () = &mut ended => break Outcome::Lost,
+                () = &mut taken => break Outcome::Lost,
+                () = &mut revoked, if !forwarded => break Outcome::Revoked,
+                signal = self.signals.next() => {
+                    if forwarded {
+                        break Outcome::Signalled(signal);
+                    }
+                    signal_group(pid, signal);
+                    forwarded = true;
+                }
+            }
         };
         let ran = match outcome {
             Outcome::Exited(status) => Ran {
                 code: exit_code(status),
-                last: false,
+                last: forwarded,
             },
             Outcome::Lost => {
                 eprintln!("dlock: lost {nodes} — stopping the command");
@@ -349,21 +380,99 @@ impl<'a> Runner<'a> {
                 }
             }
             Outcome::Signalled(signal) => {
-                // Pass it on and let the command finish; then release.
-                // SAFETY: kill(2) on our own child's pid.
-                unsafe { libc::kill(pid, signal) };
+                eprintln!("dlock: a second signal — stopping the command now");
+                stop(&mut child, pid, Duration::ZERO).await;
                 Ran {
-                    code: exit_code(child.wait().await?),
+                    code: 128u8.saturating_add(signal as u8),
                     last: true,
                 }
             }
         };
-        match holding.release.await {
-            Ok(()) | Err(dlock::Error::Lost { .. }) => {}
-            Err(e) => eprintln!("dlock: releasing {nodes}: {e}"),
-        }
+        give_back(holding.release, &nodes).await;
         Ok(ran)
     }
+}
+
+/// Gives back what was held, saying why if it fails (a hold already lost
+/// was said to be).
+async fn give_back(release: Release, nodes: &str) {
+    match release.await {
+        Ok(()) | Err(dlock::Error::Lost { .. }) => {}
+        Err(e) => eprintln!("dlock: releasing {nodes}: {e}"),
+    }
+}
+
+/// In the child, before CMD runs: a process group of its own, so that
+/// stopping CMD stops what it started too, and a signal from the terminal
+/// reaches it once. On a terminal where dlock ran in the foreground, the
+/// group takes the terminal (as a shell gives it to a job), so CMD can
+/// read it and gets Ctrl-C itself. CMD gets SIGTERM if dlock dies without
+/// stopping it (`kill -9`): a lock's session outlives dlock by up to its
+/// timeout, and CMD must not run on past it.
+fn own_group(parent: libc::pid_t, foreground: bool) -> std::io::Result<()> {
+    let failed = |done: libc::c_int| match done {
+        -1 => Err(std::io::Error::last_os_error()),
+        _ => Ok(()),
+    };
+    // SAFETY: setpgid, sigprocmask, tcsetpgrp, prctl and getppid are
+    // async-signal-safe; every pointer is to a local.
+    unsafe {
+        failed(libc::setpgid(0, 0))?;
+        if foreground {
+            // From a background group tcsetpgrp sends SIGTTOU: blocked.
+            let (mut ttou, mut before) = (std::mem::zeroed(), std::mem::zeroed());
+            libc::sigemptyset(&mut ttou);
+            libc::sigaddset(&mut ttou, libc::SIGTTOU);
+            libc::sigprocmask(libc::SIG_BLOCK, &ttou, &mut before);
+            let taken = libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpid());
+            libc::sigprocmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+            failed(taken)?;
+        }
+        failed(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM))?;
+        // dlock died before the line above: nobody would stop CMD.
+        if libc::getppid() != parent {
+            return Err(std::io::Error::other("dlock exited"));
+        }
+    }
+    Ok(())
+}
+
+/// The terminal dlock runs in the foreground of (its stdin), while CMD's
+/// group has it: taken back when dropped.
+struct Terminal {
+    group: libc::pid_t,
+}
+
+impl Terminal {
+    /// Some if stdin is a terminal whose foreground group is dlock's.
+    fn ours() -> Option<Terminal> {
+        // SAFETY: plain queries of our own process and stdin.
+        let group = unsafe { libc::getpgrp() };
+        let foreground = unsafe { libc::tcgetpgrp(libc::STDIN_FILENO) };
+        (std::io::stdin().is_terminal() && foreground == group).then_some(Terminal { group })
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        // SAFETY: as in `own_group`; SIGTTOU is blocked in this thread
+        // only, for the one call.
+        unsafe {
+            let (mut ttou, mut before) = (std::mem::zeroed(), std::mem::zeroed());
+            libc::sigemptyset(&mut ttou);
+            libc::sigaddset(&mut ttou, libc::SIGTTOU);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &ttou, &mut before);
+            libc::tcsetpgrp(libc::STDIN_FILENO, self.group);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Sends `signal` to CMD's process group (CMD and what it started).
+fn signal_group(pid: libc::pid_t, signal: libc::c_int) {
+    // SAFETY: kill(2) on the group CMD leads, which lives while any of its
+    // processes does (so its id is not reused meanwhile).
+    unsafe { libc::kill(-pid, signal) };
 }
 
 enum Outcome {
@@ -383,13 +492,16 @@ fn exit_code(status: ExitStatus) -> u8 {
     }
 }
 
-/// SIGTERM, then SIGKILL after `grace`.
+/// SIGTERM to CMD's group, then SIGKILL after `grace` (at once if none).
 async fn stop(child: &mut tokio::process::Child, pid: libc::pid_t, grace: Duration) {
-    // SAFETY: kill(2) on our own child's pid, which we have not reaped yet.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        let _ = child.kill().await;
+    if !grace.is_zero() {
+        signal_group(pid, libc::SIGTERM);
+        if tokio::time::timeout(grace, child.wait()).await.is_ok() {
+            return;
+        }
     }
+    signal_group(pid, libc::SIGKILL);
+    let _ = child.wait().await;
 }
 
 /// Resolves when the session that acquired is over, or (with a grace) when
@@ -427,6 +539,8 @@ pub async fn lost(
 pub(crate) struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -435,6 +549,8 @@ impl Signals {
         Ok(Signals {
             int: signal(SignalKind::interrupt())?,
             term: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
+            quit: signal(SignalKind::quit())?,
         })
     }
 
@@ -442,6 +558,8 @@ impl Signals {
         tokio::select! {
             _ = self.int.recv() => libc::SIGINT,
             _ = self.term.recv() => libc::SIGTERM,
+            _ = self.hangup.recv() => libc::SIGHUP,
+            _ = self.quit.recv() => libc::SIGQUIT,
         }
     }
 }

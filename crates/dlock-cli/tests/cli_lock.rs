@@ -360,13 +360,70 @@ fn a_killed_holder_hands_over_within_the_session_timeout(endpoint: &str) {
     assert!(await_line(&log, "next", bound + Duration::from_secs(10)));
     let handover = killed.elapsed();
     assert!(next.wait().unwrap().success());
-    // The killed holder could not stop its command: we do.
+    // The killed holder's command got SIGTERM as dlock died.
+    let stopped = await_gone(orphan, Duration::from_secs(10));
     // SAFETY: signalling the command's pid, which it wrote itself.
     unsafe { libc::kill(orphan, libc::SIGKILL) };
+    assert!(stopped, "the killed holder's command ran on");
     assert!(
         handover <= bound,
         "handed over after {handover:?} (bound {bound:?})"
     );
+}
+
+/// Whether process `pid` is gone (or a zombie nobody reaped yet) within
+/// `within`. Polled: another process's end tells nobody else.
+fn await_gone(pid: i32, within: Duration) -> bool {
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+            stat.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    };
+    let deadline = Instant::now() + within;
+    while !gone() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// A hold lost while CMD runs stops what CMD started too: CMD leads a
+/// process group of its own, and the group gets the signals.
+#[test]
+fn a_lost_hold_stops_what_the_command_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let out = dlock()
+        .args([
+            "lock",
+            &unique("group"),
+            "--max-hold",
+            "500ms",
+            "--grace",
+            "5s",
+        ])
+        .args(["--", "sh", "-c"])
+        .arg(format!(
+            "sleep 60 & echo started $! >> {}; wait",
+            log.display()
+        ))
+        // Not piped: the sleep would hold a pipe open as long as it runs.
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(out.code(), Some(66), "{out:?}");
+    let started: i32 = logged(&log, "started")[1].parse().unwrap();
+    let stopped = await_gone(started, Duration::from_secs(10));
+    // SAFETY: the pid the command wrote for its own child.
+    unsafe { libc::kill(started, libc::SIGKILL) };
+    assert!(stopped, "what the command started ran on");
 }
 
 /// A running `dlock lock --metrics-addr` serves Prometheus text with the

@@ -153,6 +153,57 @@ fn a_revocable_lock_kills_a_stubborn_command_after_its_grace() {
     case.assert_nothing_left();
 }
 
+/// A revocation asked for while dlock still waits: once it gets the lock,
+/// it runs no command (which would be stopped as it started), releases and
+/// exits 68; nothing is left behind.
+#[test]
+fn a_revocation_asked_while_waiting_runs_no_command() {
+    let case = Case::on(&zk(), "asked-waiting");
+    let log = case.log();
+    let holder = spawn_sh(
+        &case.endpoint,
+        &["lock", &case.path],
+        &format!(
+            "echo started >> {0}; while [ ! -e {0}.go ]; do sleep 0.05; done",
+            log.display()
+        ),
+    );
+    case.started_holder();
+    let (ran, said) = (case.dir.path().join("ran"), case.dir.path().join("said"));
+    let waiter = dlock_on(&case.endpoint)
+        .args(["lock", &case.path, "--revocable", "--", "sh", "-c"])
+        .arg(format!("echo ran >> {}", ran.display()))
+        .stderr(std::fs::File::create(&said).unwrap())
+        .spawn()
+        .unwrap();
+    let node = common::look_until(
+        BOUND,
+        "a waiter",
+        || {
+            let all = participants(&case.endpoint, &case.path);
+            let waiting = all.iter().find(|p| p["role"] == "waiter");
+            waiting.map_or(String::new(), |p| p["node"].as_str().unwrap().to_string())
+        },
+        |node| !node.is_empty(),
+    );
+    case.revoke(&[], &node);
+    assert!(
+        await_line(&said, "revocation requested", BOUND),
+        "the waiter heard the request"
+    );
+    std::fs::write(format!("{}.go", log.display()), b"").unwrap();
+    assert_eq!(exit_within(holder, BOUND), Some(0));
+    assert_eq!(exit_within(waiter, BOUND), Some(68), "exit 68: revoked");
+    assert!(!ran.exists(), "the command ran");
+    // (Stopped as it started, it may not have got as far as its echo.)
+    assert!(
+        await_line(&said, "before CMD ran", Duration::ZERO),
+        "the command was started: {}",
+        std::fs::read_to_string(&said).unwrap()
+    );
+    case.assert_nothing_left();
+}
+
 /// Without `--revocable`, a revocation request is not listened to: the
 /// command runs to its end.
 #[test]
