@@ -12,7 +12,7 @@ use dlock_testkit::{shared_zk, CuratorProbe};
 mod common;
 use common::{
     await_line, concurrency, dlock_on, exit_within, json_of, log_lines, logged, look_until,
-    spawn_sh, unique, wait_all, zk_endpoint as endpoint, Holder,
+    spawn_sh, tmux, unique, wait_all, zk_endpoint as endpoint, Holder,
 };
 
 /// How long the server of `endpoint` may keep the session of a holder that
@@ -424,6 +424,40 @@ fn a_lost_hold_stops_what_the_command_started() {
     // SAFETY: the pid the command wrote for its own child.
     unsafe { libc::kill(started, libc::SIGKILL) };
     assert!(stopped, "what the command started ran on");
+}
+
+/// On a terminal, CMD (in a process group of its own) holds the terminal
+/// while it runs: it reads what is typed (a background group would be
+/// stopped reading it), and the shell that ran dlock has it back after.
+#[test]
+fn on_a_terminal_the_command_reads_it_and_gives_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (got, then) = (dir.path().join("got"), dir.path().join("then"));
+    let socket = format!("dlock-tty-{}", uuid::Uuid::new_v4().simple());
+    let script = format!(
+        "'{}' --endpoint '{}' lock '{}' -- sh -c 'read x; echo \"$x\" > {}'; read y; echo \"$y\" > {}",
+        env!("CARGO_BIN_EXE_dlock"),
+        endpoint(),
+        unique("tty"),
+        got.display(),
+        then.display()
+    );
+    let started = tmux(
+        &socket,
+        &["new-session", "-d", "-s", "t", "sh", "-c", &script],
+    );
+    assert!(started.status.success(), "{started:?}");
+    let typed = |text: &str| {
+        let sent = tmux(&socket, &["send-keys", "-t", "t", text, "Enter"]);
+        assert!(sent.status.success(), "{sent:?}");
+    };
+    typed("hello");
+    let cmd_read = await_line(&got, "hello", Duration::from_secs(20));
+    typed("world");
+    let shell_read = await_line(&then, "world", Duration::from_secs(20));
+    tmux(&socket, &["kill-server"]);
+    assert!(cmd_read, "CMD never read the terminal");
+    assert!(shell_read, "the shell never had the terminal back");
 }
 
 /// A running `dlock lock --metrics-addr` serves Prometheus text with the

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{dlock_on, logged, look_until, Holder};
+use common::{dlock_on, logged, look_until, tmux, Holder};
 
 /// How long a process of the test gets to show what it must: a few
 /// session timeouts (the CLI's default is 10 s).
@@ -135,16 +135,6 @@ fn once_json_shows_holder_then_waiter(endpoint: &str) {
     assert_eq!(second.finish(), Some(0));
     await_nothing_under(endpoint, &root);
     assert_eq!(participants(&once_json(endpoint, &root)).len(), 0);
-}
-
-/// `tmux -L SOCKET ARGS...`, on a server of the test's own.
-fn tmux(socket: &str, args: &[&str]) -> std::process::Output {
-    Command::new("tmux")
-        .arg("-L")
-        .arg(socket)
-        .args(args)
-        .output()
-        .expect("tmux is installed (scripts/test.sh installs it)")
 }
 
 /// What the pane shows now.

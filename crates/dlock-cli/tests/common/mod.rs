@@ -304,6 +304,16 @@ pub fn await_line(path: &Path, needle: &str, within: Duration) -> bool {
     }
 }
 
+/// `tmux -L SOCKET ARGS...`, on a server of the test's own.
+pub fn tmux(socket: &str, args: &[&str]) -> Output {
+    Command::new("tmux")
+        .arg("-L")
+        .arg(socket)
+        .args(args)
+        .output()
+        .expect("tmux is installed (scripts/test.sh installs it)")
+}
+
 /// Looks with `look` until `done` holds of what it saw, and returns that;
 /// panics with the last sight after `within`. For what tells nobody when
 /// it changes (another process's view, a terminal's screen).
