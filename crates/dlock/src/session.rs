@@ -155,6 +155,9 @@ struct Inner {
 pub(crate) struct Gone(pub bool);
 
 /// A node of the session marked as on its way out, until this is dropped.
+/// The creation a [`Session::departing`] node has when it is not known yet.
+pub(crate) const ANY_CREATION: i64 = -1;
+
 pub(crate) struct Departure {
     session: Session,
     node: (String, i64),
@@ -501,6 +504,8 @@ impl Session {
     /// Marks the node at `path` created at `czxid` as a node of ours on its
     /// way out, until the mark is dropped (see
     /// [`is_departing`](Self::is_departing)).
+    /// `czxid` [`ANY_CREATION`]: whatever node of ours is there (one whose
+    /// create may still be on its way).
     pub(crate) fn departing(&self, path: &str, czxid: i64) -> Departure {
         let node = (path.to_string(), czxid);
         let mut departing = self.inner.departing.lock();
@@ -516,8 +521,10 @@ impl Session {
     /// its way out in the background.
     pub(crate) fn is_departing(&self, path: &str, czxid: i64) -> bool {
         let departing = self.inner.departing.lock();
-        let node = (path.to_string(), czxid);
-        departing.unwrap_or_else(|e| e.into_inner()).contains(&node)
+        let departing = departing.unwrap_or_else(|e| e.into_inner());
+        [czxid, ANY_CREATION]
+            .into_iter()
+            .any(|czxid| departing.contains(&(path.to_string(), czxid)))
     }
 
     /// Returns the protection prefix of `node` (a protected node of this

@@ -350,7 +350,8 @@ async fn multi_is_all_or_nothing(h: &Harness) -> Result<()> {
         ),
         "{results:?}"
     );
-    // (That multi made and removed `a` at once: no change to tell.)
+    // (On some stores a multi that made and removed `a` at once tells no
+    // change: a create of its own does on all.)
     s.create(&a, b"", persistent()).await?;
     let event = children_watch.changed().await;
     ensure!(event == WatchEvent::ChildrenChanged, "{event:?}");

@@ -200,8 +200,10 @@ impl ConsulLock {
                 }
                 // Our own create, landed in a session renewed since we
                 // named its owner: claimed again in the live session, it
-                // is ours.
-                Ok(Claim::Other { stale: true, .. }) => continue,
+                // is ours. (Anyone else's now, it is handled as such.)
+                Ok(Claim::Other {
+                    stale: true, stat, ..
+                }) if stat.ephemeral_owner == session.session_id() => continue,
                 Ok(Claim::Other { stat, watch, .. }) => (stat, watch),
                 // Free, but not yet takeable: nothing announces the end of
                 // a lock delay, so try again after a pause.

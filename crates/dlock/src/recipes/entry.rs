@@ -14,7 +14,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::session::Session;
+use crate::session::{Session, ANY_CREATION};
 use crate::store::{CreateOptions, Created, SessionId, Stat, Watch};
 
 /// Our node at `path`: deleted (if still ours) when dropped, unless kept.
@@ -131,7 +131,12 @@ impl Entry {
     fn removal(&self) -> impl Future<Output = Result<()>> + Send + 'static {
         let (session, path) = (self.session.clone(), self.path.clone());
         let (token, creating) = (self.token.clone(), self.creating.clone());
+        // Our node, whenever its create lands, is on its way out: a claim
+        // of this session at the name waits for it rather than taking it
+        // for another handle's.
+        let departing = self.session.departing(&self.path, ANY_CREATION);
         async move {
+            let _departing = departing;
             let _landed = creating.lock().await;
             match session.get_data(&path).await {
                 Ok((data, stat)) if data == token => {
