@@ -294,9 +294,7 @@ impl<'a> Runner<'a> {
                 last: true,
             });
         }
-        // Taken back (dropped) once this run is over, however it ends.
-        let terminal = Terminal::ours();
-        let foreground = terminal.is_some();
+        let group = !has_terminal();
         let mut command = Command::new(program);
         command
             .args(args)
@@ -305,8 +303,8 @@ impl<'a> Runner<'a> {
             .env("DLOCK_ENDPOINT", &self.endpoint)
             .kill_on_drop(true);
         let parent = std::process::id() as libc::pid_t;
-        // SAFETY: `own_group` makes only async-signal-safe calls.
-        unsafe { command.pre_exec(move || own_group(parent, foreground)) };
+        // SAFETY: `prepare` makes only async-signal-safe calls.
+        unsafe { command.pre_exec(move || prepare(parent, group)) };
         let mut child = command.spawn().map_err(|e| {
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 Exit::NotFound
@@ -316,6 +314,7 @@ impl<'a> Runner<'a> {
             anyhow::Error::new(code.with(format!("cannot run {program}: {e}")))
         })?;
         let pid = child.id().context("the command has no pid")? as libc::pid_t;
+        let cmd = Target { pid, group };
         let ended = async {
             match holding.ended {
                 Some(ended) => ended.await,
@@ -352,7 +351,7 @@ impl<'a> Runner<'a> {
                     if forwarded {
                         break Outcome::Signalled(signal);
                     }
-                    signal_group(pid, signal);
+                    cmd.signal(signal);
                     forwarded = true;
                 }
             }
@@ -364,7 +363,7 @@ impl<'a> Runner<'a> {
             },
             Outcome::Lost => {
                 eprintln!("dlock: lost {nodes} — stopping the command");
-                stop(&mut child, pid, options.grace).await;
+                stop(&mut child, cmd, options.grace).await;
                 Ran {
                     code: Exit::Lost as u8,
                     last: true,
@@ -373,7 +372,7 @@ impl<'a> Runner<'a> {
             Outcome::Revoked => {
                 eprintln!("dlock: revocation requested for {nodes} — stopping the command");
                 let grace = holding.revocation.as_ref().map_or(options.grace, |r| r.1);
-                stop(&mut child, pid, grace).await;
+                stop(&mut child, cmd, grace).await;
                 Ran {
                     code: Exit::Revoked as u8,
                     last: true,
@@ -381,7 +380,7 @@ impl<'a> Runner<'a> {
             }
             Outcome::Signalled(signal) => {
                 eprintln!("dlock: a second signal — stopping the command now");
-                stop(&mut child, pid, Duration::ZERO).await;
+                stop(&mut child, cmd, Duration::ZERO).await;
                 Ran {
                     code: 128u8.saturating_add(signal as u8),
                     last: true,
@@ -402,77 +401,60 @@ async fn give_back(release: Release, nodes: &str) {
     }
 }
 
-/// In the child, before CMD runs: a process group of its own, so that
-/// stopping CMD stops what it started too, and a signal from the terminal
-/// reaches it once. On a terminal where dlock ran in the foreground, the
-/// group takes the terminal (as a shell gives it to a job), so CMD can
-/// read it and gets Ctrl-C itself. CMD gets SIGTERM if dlock dies without
-/// stopping it (`kill -9`): a lock's session outlives dlock by up to its
-/// timeout, and CMD must not run on past it.
-fn own_group(parent: libc::pid_t, foreground: bool) -> std::io::Result<()> {
+/// Whom CMD's signals reach. Without a controlling terminal (a service,
+/// cron, a container without one) CMD leads a process group of its own,
+/// so that stopping CMD stops what it started too. With one, CMD stays in
+/// dlock's group, so that the terminal's job control — Ctrl-Z and `fg`,
+/// reads of the terminal — works on dlock and CMD together, as on any
+/// job: there only CMD itself is signalled.
+#[derive(Clone, Copy)]
+struct Target {
+    pid: libc::pid_t,
+    group: bool,
+}
+
+impl Target {
+    fn signal(self, signal: libc::c_int) {
+        let whom = if self.group { -self.pid } else { self.pid };
+        // SAFETY: kill(2) on our child, or on the group it leads, which
+        // lives while any of its processes does (so its id is not reused).
+        unsafe { libc::kill(whom, signal) };
+    }
+
+    /// Whether CMD's group has processes left (CMD itself reaped or not).
+    fn group_lives(self) -> bool {
+        // SAFETY: signal 0 only checks.
+        self.group && unsafe { libc::kill(-self.pid, 0) } == 0
+    }
+}
+
+/// Whether dlock has a controlling terminal.
+fn has_terminal() -> bool {
+    std::fs::File::open("/dev/tty").is_ok()
+}
+
+/// In the child, before CMD runs: a process group of its own if `group`,
+/// and SIGTERM if dlock dies without stopping it (`kill -9`): a lock's
+/// session outlives dlock by up to its timeout, and CMD must not run on
+/// past it.
+fn prepare(parent: libc::pid_t, group: bool) -> std::io::Result<()> {
     let failed = |done: libc::c_int| match done {
         -1 => Err(std::io::Error::last_os_error()),
         _ => Ok(()),
     };
-    // SAFETY: setpgid, sigprocmask, tcsetpgrp, prctl and getppid are
-    // async-signal-safe; every pointer is to a local.
+    // SAFETY: setpgid, prctl and getppid are async-signal-safe.
     unsafe {
-        failed(libc::setpgid(0, 0))?;
-        if foreground {
-            // From a background group tcsetpgrp sends SIGTTOU: blocked.
-            let (mut ttou, mut before) = (std::mem::zeroed(), std::mem::zeroed());
-            libc::sigemptyset(&mut ttou);
-            libc::sigaddset(&mut ttou, libc::SIGTTOU);
-            libc::sigprocmask(libc::SIG_BLOCK, &ttou, &mut before);
-            let taken = libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpid());
-            libc::sigprocmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
-            failed(taken)?;
+        if group {
+            failed(libc::setpgid(0, 0))?;
         }
+        #[cfg(target_os = "linux")]
         failed(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM))?;
         // dlock died before the line above: nobody would stop CMD.
         if libc::getppid() != parent {
-            return Err(std::io::Error::other("dlock exited"));
+            return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
         }
     }
     Ok(())
-}
-
-/// The terminal dlock runs in the foreground of (its stdin), while CMD's
-/// group has it: taken back when dropped.
-struct Terminal {
-    group: libc::pid_t,
-}
-
-impl Terminal {
-    /// Some if stdin is a terminal whose foreground group is dlock's.
-    fn ours() -> Option<Terminal> {
-        // SAFETY: plain queries of our own process and stdin.
-        let group = unsafe { libc::getpgrp() };
-        let foreground = unsafe { libc::tcgetpgrp(libc::STDIN_FILENO) };
-        (std::io::stdin().is_terminal() && foreground == group).then_some(Terminal { group })
-    }
-}
-
-impl Drop for Terminal {
-    fn drop(&mut self) {
-        // SAFETY: as in `own_group`; SIGTTOU is blocked in this thread
-        // only, for the one call.
-        unsafe {
-            let (mut ttou, mut before) = (std::mem::zeroed(), std::mem::zeroed());
-            libc::sigemptyset(&mut ttou);
-            libc::sigaddset(&mut ttou, libc::SIGTTOU);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &ttou, &mut before);
-            libc::tcsetpgrp(libc::STDIN_FILENO, self.group);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
-        }
-    }
-}
-
-/// Sends `signal` to CMD's process group (CMD and what it started).
-fn signal_group(pid: libc::pid_t, signal: libc::c_int) {
-    // SAFETY: kill(2) on the group CMD leads, which lives while any of its
-    // processes does (so its id is not reused meanwhile).
-    unsafe { libc::kill(-pid, signal) };
 }
 
 enum Outcome {
@@ -492,15 +474,22 @@ fn exit_code(status: ExitStatus) -> u8 {
     }
 }
 
-/// SIGTERM to CMD's group, then SIGKILL after `grace` (at once if none).
-async fn stop(child: &mut tokio::process::Child, pid: libc::pid_t, grace: Duration) {
+/// SIGTERM to CMD (its group), then SIGKILL after `grace` (at once if
+/// none) to whatever of it is left: CMD gone first, what it started still
+/// gets the rest of the grace, then SIGKILL.
+async fn stop(child: &mut tokio::process::Child, cmd: Target, grace: Duration) {
     if !grace.is_zero() {
-        signal_group(pid, libc::SIGTERM);
-        if tokio::time::timeout(grace, child.wait()).await.is_ok() {
+        let deadline = tokio::time::Instant::now() + grace;
+        cmd.signal(libc::SIGTERM);
+        let exited = tokio::time::timeout_at(deadline, child.wait())
+            .await
+            .is_ok();
+        if exited && !cmd.group_lives() {
             return;
         }
+        tokio::time::sleep_until(deadline).await;
     }
-    signal_group(pid, libc::SIGKILL);
+    cmd.signal(libc::SIGKILL);
     let _ = child.wait().await;
 }
 

@@ -393,13 +393,24 @@ fn await_gone(pid: i32, within: Duration) -> bool {
     true
 }
 
-/// A hold lost while CMD runs stops what CMD started too: CMD leads a
-/// process group of its own, and the group gets the signals.
+/// A hold lost while CMD runs stops what CMD started too: without a
+/// controlling terminal (as a service runs it) CMD leads a process group of
+/// its own, and the group gets the signals — also a child that ignores
+/// SIGTERM, at the end of the grace.
 #[test]
 fn a_lost_hold_stops_what_the_command_started() {
+    use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
-    let out = dlock()
+    let mut dlock = dlock();
+    // SAFETY: setsid (no controlling terminal) is async-signal-safe.
+    unsafe {
+        dlock.pre_exec(|| match libc::setsid() {
+            -1 => Err(std::io::Error::last_os_error()),
+            _ => Ok(()),
+        })
+    };
+    let out = dlock
         .args([
             "lock",
             &unique("group"),
@@ -410,7 +421,7 @@ fn a_lost_hold_stops_what_the_command_started() {
         ])
         .args(["--", "sh", "-c"])
         .arg(format!(
-            "sleep 60 & echo started $! >> {}; wait",
+            "(trap '' TERM; exec sleep 60) & echo started $! >> {}; wait",
             log.display()
         ))
         // Not piped: the sleep would hold a pipe open as long as it runs.
@@ -426,11 +437,11 @@ fn a_lost_hold_stops_what_the_command_started() {
     assert!(stopped, "what the command started ran on");
 }
 
-/// On a terminal, CMD (in a process group of its own) holds the terminal
-/// while it runs: it reads what is typed (a background group would be
-/// stopped reading it), and the shell that ran dlock has it back after.
+/// On a terminal, CMD stays in dlock's process group, the terminal's
+/// foreground job: it reads what is typed (a background group would be
+/// stopped reading it), and so does the shell that ran dlock after it.
 #[test]
-fn on_a_terminal_the_command_reads_it_and_gives_it_back() {
+fn on_a_terminal_the_command_reads_it_as_the_foreground_job() {
     let dir = tempfile::tempdir().unwrap();
     let (got, then) = (dir.path().join("got"), dir.path().join("then"));
     let socket = format!("dlock-tty-{}", uuid::Uuid::new_v4().simple());
