@@ -2,7 +2,7 @@
 //! snapshots of a holder and a waiter (ZooKeeper, etcd, Consul), and the
 //! live view in a real terminal (tmux), quit with `q`.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 mod common;
