@@ -623,6 +623,25 @@ async fn a_panicking_leader_gives_up(h: &Harness) -> Result<()> {
     .await?;
     selector.close().await?;
     ensure!(matches!(selector.requeue(), Err(Error::Closed)));
+
+    // A panic before the future is even made (in the closure itself) ends
+    // the term alike: the task stayed dead, "leading" for good, before.
+    let calls = Calls::default();
+    let panics_at_once = counted(&calls, |before| {
+        assert!(before > 0, "take_leadership failed before its future");
+        std::future::ready(())
+    });
+    let selector = LeaderSelector::new(&s, &h.path("/sync-panic"), panics_at_once)?;
+    let selector = selector.with_auto_requeue();
+    selector.start()?;
+    timeout(WITHIN, async {
+        while calls.began.load(Ordering::SeqCst) < 2 {
+            selector.watch_leadership().changed().await.ok();
+        }
+    })
+    .await
+    .context("led again after the panic")?;
+    selector.close().await?;
     Ok(())
 }
 
