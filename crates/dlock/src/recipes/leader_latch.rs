@@ -14,10 +14,9 @@
 //! it never leaves the queue by itself: it keeps its node until closed or
 //! reset, and a node that goes (its session or directory lost) is replaced.
 //!
-//! Fixes Curator made after 5.4 are in: the latch checks that its node is
-//! owned by its *current* session before claiming leadership (CURATOR-696),
-//! starts over when the latch directory vanished (CURATOR-724), and
-//! re-checks after every reconnection.
+//! Curator's fixes after 5.4 are in: a latch claims leadership only with a
+//! node of its *current* session (CURATOR-696), starts over when its
+//! directory vanished (CURATOR-724), and re-checks after every reconnection.
 
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -399,8 +398,8 @@ impl Task {
     /// We are first: lead, if the node is really ours, until something
     /// changes.
     async fn lead(&mut self, created: &Created, ours: &Child) -> Result<()> {
-        // Watching our own node as well: if anyone deletes it, we stop
-        // leading at once instead of at the next reconnection. (Where the
+        // Watching our own node as well: if anyone deletes it, leadership
+        // ends at once, not at the next reconnection or listing. (Where the
         // store keeps what its watches deliver, this costs no request.)
         let Some(watch) = self.queue.watch_sibling(ours).await? else {
             self.drop_node();
@@ -421,6 +420,7 @@ impl Task {
         }
         if watch.changed().await == WatchEvent::NodeDeleted {
             self.standing.node_taken();
+            self.standing.lose();
         }
         Ok(())
     }
