@@ -12,7 +12,7 @@ use common::{await_children, persistent, Harness};
 use dlock::recipes::leader_selector::LeaderSelector;
 use dlock::recipes::observe::observe;
 use dlock::store::{CreateMode, Op};
-use dlock::{KvSemaphore, LeaderLatch, LeaderParticipant, Semaphore};
+use dlock::{KvSemaphore, Layout, LeaderLatch, LeaderParticipant, Semaphore};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 
@@ -153,6 +153,40 @@ async fn a_selectors_leader_is_observed(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// kazoo's election nodes (`<uuid>__lock__<seq>`: a selector with
+/// [`Layout::Kazoo`]) are observed in queue order, whatever their random
+/// prefixes: the first candidate leads, the others follow in turn.
+async fn kazoo_candidates_are_observed_in_order(h: &Harness) -> Result<()> {
+    let path = h.path("/e/kazoo");
+    let watcher = h.session().await;
+    let observer = observe(&watcher, &path).await?;
+    let mut selectors = Vec::new();
+    for n in 1..=5 {
+        let selector = LeaderSelector::new(&h.session().await, &path, |_term| {
+            std::future::pending::<()>()
+        })?
+        .with_layout(Layout::Kazoo)?
+        .with_id(format!("w{n}"));
+        selector.start()?;
+        await_children(&watcher, &path, n, WITHIN).await?;
+        selectors.push(selector);
+    }
+    let mut changes = observer.changes();
+    let seen = loop {
+        let seen = next(&mut changes).await?;
+        if seen.participants.len() == 5 {
+            break seen;
+        }
+    };
+    let ids: Vec<&str> = seen.participants.iter().map(|p| p.id.as_str()).collect();
+    ensure!(ids == ["w1", "w2", "w3", "w4", "w5"], "{ids:?}");
+    for selector in selectors {
+        selector.close().await?;
+    }
+    observer.close().await;
+    await_children(&watcher, &path, 0, WITHIN).await
+}
+
 /// The data of `sem`'s holders, in queue order.
 async fn holders_data(sem: &Semaphore) -> Result<Vec<Vec<u8>>> {
     Ok(sem.holders().await?.into_iter().map(|p| p.data).collect())
@@ -271,6 +305,7 @@ per_backend!(every_backend {
     leader_changes_are_observed_in_order,
     candidates_that_appear_together_are_seen_in_order,
     a_selectors_leader_is_observed,
+    kazoo_candidates_are_observed_in_order,
     semaphore_permits_and_holders,
     kv_semaphore_permits_and_holders,
 });

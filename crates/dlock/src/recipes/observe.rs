@@ -24,6 +24,7 @@ use futures::stream::{BoxStream, StreamExt};
 
 use super::children_cache::{CacheEvent, CachedChild, ChildrenCache};
 use super::election::LeaderParticipant;
+use super::queue::MUTEX_SORT_NAMES;
 use super::{etcd_go, leader_latch, mutex};
 use crate::error::Result;
 use crate::session::Session;
@@ -62,10 +63,11 @@ impl Observation {
 
     fn of(children: &BTreeMap<String, CachedChild>) -> Self {
         let latch = children.keys().any(|n| leader_latch::is_node(n));
-        let (is_node, sort_name): (fn(&str) -> bool, &str) = if latch {
-            (leader_latch::is_node, leader_latch::LATCH_NAME)
+        // A selector's candidates are Curator's or kazoo's lock nodes.
+        let (is_node, sort_names): (fn(&str) -> bool, &[&str]) = if latch {
+            (leader_latch::is_node, &[leader_latch::LATCH_NAME])
         } else {
-            (mutex::is_node, mutex::LOCK_NAME)
+            (mutex::is_node, MUTEX_SORT_NAMES)
         };
         // Candidates of etcd's Go `Election` queue with ours (etcd_go).
         let mut order: Vec<Child> = children
@@ -73,7 +75,7 @@ impl Observation {
             .map(CachedChild::as_child)
             .filter(|c| is_node(&c.name) || etcd_go::is_contender(c))
             .collect();
-        sort_sequenced(&mut order, &[sort_name]);
+        sort_sequenced(&mut order, sort_names);
         let participants = order
             .iter()
             .filter_map(|child| children.get(&child.name))
