@@ -115,11 +115,15 @@ pub(crate) fn watch(session: &Session, created: &Created, listener: Listener) {
     let watcher = session.clone();
     let (node, czxid) = (created.path.clone(), created.stat.czxid);
     session.spawn_background(async move {
+        // The write of the last request told: a look again after a
+        // connection event finds the same one, which is no new request.
+        let mut told = None;
         loop {
             match watcher.get_data_watch(&node).await {
                 Ok((_, stat, _)) if stat.czxid != czxid => return,
-                Ok((data, _, watch)) => {
-                    if data == REVOKE_MESSAGE {
+                Ok((data, stat, watch)) => {
+                    if data == REVOKE_MESSAGE && told != Some(stat.mzxid) {
+                        told = Some(stat.mzxid);
                         (listener.0)(&node);
                     }
                     if watch.changed().await == WatchEvent::NodeDeleted {

@@ -57,10 +57,13 @@ impl AtomicCounter {
                 tried?;
                 match released {
                     // The compare-and-set is atomic by itself: the lock
-                    // only keeps contenders apart, so its loss does not
-                    // undo an update that landed (a caller told otherwise
+                    // only keeps contenders apart, so neither its loss nor
+                    // a release left to the background (a lost connection)
+                    // undoes an update that landed (a caller told otherwise
                     // would apply it twice).
-                    Err(Error::Lost { .. }) if result.succeeded => {}
+                    Err(e) if result.succeeded => {
+                        tracing::debug!(error = %e, "the promoted lock's release after an update that landed");
+                    }
                     released => released?,
                 }
             }
