@@ -278,6 +278,38 @@ async fn a_consul_lock_holder_revoked_by_force(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// A `ConsulLock` holder that never asked whether it was lost, its `.lock`
+/// deleted by force and made again by the next holder: its guarded writes
+/// are refused. (Where a store's check only finds a node at the name —
+/// ZooKeeper, embedded — they landed, as nothing had watched the node.)
+async fn an_unwatched_consul_lock_revoked_by_force_writes_nothing(h: &Harness) -> Result<()> {
+    let (holder, next_holder, operator) = (h.session().await, h.session().await, h.session().await);
+    let resource = fenced_resource(h, &holder).await?;
+    let path = h.path("/consul-lock/unwatched");
+    let held = ConsulLock::new(&holder, &path)?.acquire().await?;
+    guarded_write_lands(held.acquisition(), &resource).await?;
+    dlock::revoke_forced(&operator, held.node()).await?;
+    let next = ConsulLock::new(&next_holder, &path)?
+        .acquire_timeout(HANDOVER)
+        .await?;
+    let write = Op::SetData {
+        path: resource.clone(),
+        data: b"late".to_vec(),
+        version: None,
+    };
+    let refused = held.guarded(&[write]).await;
+    ensure!(
+        matches!(refused, Err(Error::Lost { .. })),
+        "a guarded write under the next holder's .lock: {refused:?}"
+    );
+    let (data, _) = holder.get_data(&resource).await?;
+    ensure!(data == b"v0", "the refused write landed: {data:?}");
+    next.release().await?;
+    let _ = held.release().await;
+    holder.delete(&resource, None).await?;
+    Ok(())
+}
+
 /// `P`'s hold revoked by force while its holder never asked whether it
 /// was lost: nothing watched its node, so only the release's own delete
 /// can find it gone, and it must report the loss all the same.
@@ -471,6 +503,7 @@ per_backend!(every_backend {
     a_kv_lease_revoked_by_force,
     a_leader_revoked_by_force,
     a_consul_lock_holder_revoked_by_force,
+    an_unwatched_consul_lock_revoked_by_force_writes_nothing,
     an_unwatched_hold_revoked_by_force_reports_the_loss,
     a_mutex_hold_past_its_maximum,
     a_hold_released_in_time_stands_the_limit_down,

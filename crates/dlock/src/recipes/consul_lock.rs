@@ -27,8 +27,9 @@
 //! - **Guarded writes** check the node by its fence on etcd and Consul, so
 //!   they fail once a newer holder's node has the name. ZooKeeper (and the
 //!   embedded store, which follows it) can only check that the name
-//!   exists: there a write lands in the moment between losing the node
-//!   and the lost signal, if another holder made it again meanwhile.
+//!   exists: there a guarded write first reads the node's creation (one
+//!   more round trip), so it lands only if another holder made the name
+//!   again between that read and the write.
 //! - **Fencing token**: the node's creation index (Consul: `CreateIndex`),
 //!   which only grows, store-wide. A key acquired again by `api.Lock`
 //!   without being deleted keeps its `CreateIndex`; dlock never does that,

@@ -243,6 +243,20 @@ impl HeldNode {
         }
     }
 
+    /// Whether the node at our name still is ours, where a guarded write's
+    /// own check cannot tell: a name every holder uses in turn, on a store
+    /// that does not fence a node by its creation (ZooKeeper, embedded),
+    /// whose check only finds *a* node there. Then its creation is read.
+    pub async fn still_ours(&self) -> Result<bool> {
+        let (path, czxid) = (&self.created.path, self.created.stat.czxid);
+        let store = self.session.store();
+        if !self.shared_name || store.deletes_only_created(path, czxid).is_some() {
+            return Ok(true);
+        }
+        let now = self.session.exists(path).await?;
+        Ok(now.is_some_and(|stat| stat.czxid == czxid))
+    }
+
     /// A guarded write found our node gone.
     pub fn found_gone(&self) {
         if !self.session_over() {
