@@ -113,6 +113,29 @@ async fn a_semaphore_lists_leases_then_acquirers(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// An acquirer asking for two leases of which one was admitted: the
+/// admitted lease is a holder, its newest lease the one still waiting.
+async fn a_semaphore_acquirer_of_two_leases_waits_with_its_newest(h: &Harness) -> Result<()> {
+    let path = h.path("/sem2");
+    let (a, b) = (h.session().await, h.session().await);
+    let lease = dlock::Semaphore::new(&a, &path, 2)?.acquire_one().await?;
+    let both = dlock::Semaphore::new(&b, &path, 2)?;
+    let both = queued(&a, &format!("{path}/leases"), 3, WITHIN, async move {
+        both.acquire(2).await
+    })
+    .await?;
+    let one_each = [Role::Holder, Role::Holder, Role::Waiter];
+    let seen = inspected(&a, &path, RecipeKind::Semaphore, &one_each).await?;
+    ensure!(sessions(&seen) == [a.session_id(), b.session_id(), b.session_id()]);
+    let (admitted, waiting) = (&seen.participants[1], &seen.participants[2]);
+    ensure!(admitted.token < waiting.token, "{seen:?}");
+    lease.release().await?;
+    for lease in tokio::time::timeout(WITHIN, both).await??? {
+        lease.release().await?;
+    }
+    Ok(())
+}
+
 /// A KV semaphore: holders as its record admitted them, then waiters.
 async fn a_kv_semaphore_lists_its_record_holders_then_waiters(h: &Harness) -> Result<()> {
     let path = h.path("/kv");
@@ -198,6 +221,7 @@ async fn anything_else_is_none(h: &Harness) -> Result<()> {
 }
 
 per_backend!(every_backend {
+    a_semaphore_acquirer_of_two_leases_waits_with_its_newest,
     a_mutex_lists_its_holder_then_its_waiters,
     a_read_write_lock_tells_readers_from_writers,
     a_semaphore_lists_leases_then_acquirers,

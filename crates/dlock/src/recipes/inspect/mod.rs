@@ -262,7 +262,8 @@ async fn mutex_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
 /// A semaphore's leases, then its acquirers: the head of the internal lock
 /// queue creates a lease node and waits (holding that lock) until the lease
 /// count allows it; so a lease node of the head's session created after its
-/// lock node is that acquirer's, still waiting.
+/// lock node is that acquirer's, still waiting — its newest one, when it
+/// asked for several (those before it were admitted).
 async fn semaphore_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
     // The size only decides `holds`, which is worked out below instead.
     let leases = crate::Semaphore::new(session, path, u32::MAX)?
@@ -274,7 +275,7 @@ async fn semaphore_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
     let pending = head.and_then(|head| {
         leases
             .iter()
-            .position(|l| l.session == head.session && l.token > head.token)
+            .rposition(|l| l.session == head.session && l.token > head.token)
     });
     let mut all: Vec<Contender> = Vec::with_capacity(leases.len() + acquirers.len());
     let mut waiting = None;
