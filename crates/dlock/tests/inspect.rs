@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{ensure, Result};
 use common::tests2::release_then_waiters;
 use common::{await_children, persistent, queued, Harness};
+use dlock::store::{CreateMode, CreateOptions};
 use dlock::{inspect, Access, Contender, Inspection, RecipeKind, Role};
 
 const WITHIN: Duration = Duration::from_secs(20);
@@ -136,6 +137,29 @@ async fn a_semaphore_acquirer_of_two_leases_waits_with_its_newest(h: &Harness) -
     Ok(())
 }
 
+/// kazoo's readers (`ReadLock`, `<uuid>__rlock__<seq>`) hold together: a
+/// path of kazoo readers and a writer (`Lock`, `__lock__`) is a read-write
+/// lock whose readers ahead of the writer all hold, and the rest wait.
+async fn kazoo_readers_hold_together(h: &Harness) -> Result<()> {
+    let path = h.path("/kazoo-rw");
+    let s = h.session().await;
+    let mut nodes = Vec::new();
+    for kind in ["__rlock__", "__rlock__", "__lock__", "__rlock__"] {
+        let name = format!("{path}/{}{kind}", uuid::Uuid::new_v4().simple());
+        let mode = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
+        nodes.push(s.create(&name, b"", mode).await?.path);
+    }
+    let readers_first = [Role::Holder, Role::Holder, Role::Waiter, Role::Waiter];
+    let seen = inspected(&s, &path, RecipeKind::ReadWriteLock, &readers_first).await?;
+    let access: Vec<_> = seen.participants.iter().map(|p| p.access).collect();
+    let (read, write) = (Some(Access::Read), Some(Access::Write));
+    ensure!(access == [read, read, write, read], "{seen:?}");
+    for node in nodes {
+        s.delete(&node, None).await?;
+    }
+    Ok(())
+}
+
 /// A KV semaphore: holders as its record admitted them, then waiters.
 async fn a_kv_semaphore_lists_its_record_holders_then_waiters(h: &Harness) -> Result<()> {
     let path = h.path("/kv");
@@ -221,6 +245,7 @@ async fn anything_else_is_none(h: &Harness) -> Result<()> {
 }
 
 per_backend!(every_backend {
+    kazoo_readers_hold_together,
     a_semaphore_acquirer_of_two_leases_waits_with_its_newest,
     a_mutex_lists_its_holder_then_its_waiters,
     a_read_write_lock_tells_readers_from_writers,

@@ -58,7 +58,7 @@ mod report;
 
 pub use report::{Access, Contender, Foreign, Inspection, RecipeKind, Role};
 
-use super::queue::{is_kazoo_node, FirstN, Participant};
+use super::queue::{is_kazoo_node, FirstN, Participant, KAZOO_READ_LOCK};
 use super::{etcd_go, kv_semaphore, leader_latch, mutex, rwlock, semaphore, shared_count};
 use crate::error::{Error, Found, Result};
 use crate::path;
@@ -137,7 +137,14 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
             contenders(queue.participants(&FirstN(1)).await?),
         )
     } else if any(mutex::is_node) {
-        found(RecipeKind::Mutex, mutex_at(session, path).await?)
+        let mut all = mutex_at(session, path).await?;
+        match all.iter().any(|c| is_kazoo_reader(&c.node)) {
+            true => {
+                kazoo_read_write(&mut all);
+                found(RecipeKind::ReadWriteLock, all)
+            }
+            false => found(RecipeKind::Mutex, all),
+        }
     } else if !names.is_empty() && names.iter().all(|n| semaphore::is_kazoo_lease(n)) {
         found(
             RecipeKind::Semaphore,
@@ -251,6 +258,25 @@ fn is_etcd_go_key(name: &str, data: &[u8], owner: SessionId) -> bool {
         return false;
     }
     name == etcd_go::key_name(owner)
+}
+
+/// Whether `node` is a kazoo reader's (`ReadLock`: `<uuid>__rlock__<seq>`).
+fn is_kazoo_reader(node: &str) -> bool {
+    let name = path::node_name(node);
+    is_kazoo_node(name) && name.contains(KAZOO_READ_LOCK)
+}
+
+/// Roles as kazoo's read-write lock gives them: a reader holds unless a
+/// writer (`Lock`, `WriteLock`) is ahead of it; a writer holds only first.
+fn kazoo_read_write(queue: &mut [Contender]) {
+    let mut writer_ahead = false;
+    for (i, c) in queue.iter_mut().enumerate() {
+        let reader = is_kazoo_reader(&c.node);
+        let holds = if reader { !writer_ahead } else { i == 0 };
+        c.role = if holds { Role::Holder } else { Role::Waiter };
+        c.access = Some(if reader { Access::Read } else { Access::Write });
+        writer_ahead |= !reader;
+    }
 }
 
 async fn mutex_at(session: &Session, path: &str) -> Result<Vec<Contender>> {

@@ -13,7 +13,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-pub(crate) use self::names::{is_kazoo_node, NodeNames, CURATOR_LOCK, MUTEX_SORT_NAMES};
+pub(crate) use self::names::{
+    is_kazoo_node, NodeNames, CURATOR_LOCK, KAZOO_READ_LOCK, MUTEX_SORT_NAMES,
+};
 pub(crate) use self::node::{HeldNode, PendingNode};
 pub(crate) use self::predicate::{position, FirstN, Predicate, Verdict};
 pub(crate) use self::wait::Stop;
