@@ -68,6 +68,12 @@ async fn consul_lock_takes_over_a_released_key(h: &Harness) -> Result<()> {
         a.delete(&node, None).await?;
         return Ok(());
     }
+    // Free, as `inspect` tells too: a mutex that nobody holds.
+    let seen = dlock::inspect(&b, &prefix).await?;
+    ensure!(
+        seen.recipe == dlock::RecipeKind::Mutex && seen.participants.is_empty(),
+        "{seen:?}"
+    );
     let guard = ConsulLock::new(&b, &prefix)?
         .acquire_timeout(WITHIN)
         .await

@@ -58,6 +58,7 @@ mod report;
 
 pub use report::{Access, Contender, Foreign, Inspection, RecipeKind, Role};
 
+use super::layout::CONSUL_LOCK_FLAGS;
 use super::queue::{is_kazoo_node, FirstN, Participant, KAZOO_READ_LOCK};
 use super::{etcd_go, kv_semaphore, leader_latch, mutex, rwlock, semaphore, shared_count};
 use crate::error::{Error, Found, Result};
@@ -114,8 +115,9 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
                     kv_semaphore_at(session, path, layout).await?,
                 )
             },
-            // Consul's `api.Lock` key (a ConsulLock): a mutex's one holder.
-            Err(holder) => found(RecipeKind::Mutex, vec![holder]),
+            // Consul's `api.Lock` key (a ConsulLock): a mutex's one holder,
+            // or none.
+            Err(holder) => found(RecipeKind::Mutex, Vec::from_iter(holder)),
         }
     } else if semaphore::is_layout(&names) {
         found(RecipeKind::Semaphore, semaphore_at(session, path).await?)
@@ -355,26 +357,29 @@ async fn kazoo_semaphore_at(session: &Session, path: &str) -> Result<Vec<Contend
 }
 
 /// What the `.lock` child of `path` is: a KV semaphore's record, in dlock's
-/// or Consul's layout (`Ok`), or — owned by a session — the key of Consul's
-/// `api.Lock` layout, whose holder is returned (`Err`).
+/// or Consul's layout (`Ok`), or the key of Consul's `api.Lock` layout
+/// (`Err`), with its holder if a session owns it.
 async fn dot_lock_at(
     session: &Session,
     path: &str,
-) -> Result<std::result::Result<crate::Layout, Contender>> {
+) -> Result<std::result::Result<crate::Layout, Option<Contender>>> {
     let node = path::join(path, kv_semaphore::RECORD);
-    match session.get_data(&node).await {
-        Ok((data, stat)) if stat.ephemeral_owner != 0 => {
-            let foreign = consul_client(session, &node).await?;
-            Ok(Err(key_contender(Role::Holder, node, data, &stat, foreign)))
-        }
-        Ok((data, _))
-            if kv_semaphore::Record::decode(crate::Layout::Consul, &node, &data).is_ok() =>
-        {
-            Ok(Ok(crate::Layout::Consul))
-        }
-        Ok(_) | Err(Error::NoNode { .. }) => Ok(Ok(crate::Layout::Curator)),
-        Err(e) => Err(e),
+    let Some((data, stat)) = session.get_data(&node).await.found()? else {
+        return Ok(Ok(crate::Layout::Curator));
+    };
+    if stat.ephemeral_owner != 0 {
+        let foreign = consul_client(session, &node).await?;
+        let holder = key_contender(Role::Holder, node, data, &stat, foreign);
+        return Ok(Err(Some(holder)));
     }
+    if kv_semaphore::Record::decode(crate::Layout::Consul, &node, &data).is_ok() {
+        return Ok(Ok(crate::Layout::Consul));
+    }
+    // `api.Lock`'s key, released and not yet destroyed: a free lock.
+    if session.tag(&node).await.found()?.flatten() == Some(CONSUL_LOCK_FLAGS) {
+        return Ok(Err(None));
+    }
+    Ok(Ok(crate::Layout::Curator))
 }
 
 /// [`Foreign::Consul`] if a key of Consul's layouts at `node` is held by
