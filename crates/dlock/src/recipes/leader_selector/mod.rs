@@ -103,7 +103,7 @@ impl LeaderSelector {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidPath`] for a path ZooKeeper would refuse, or the root.
+    /// [`Error::InvalidPath`](crate::Error::InvalidPath) for a path ZooKeeper would refuse, or the root.
     pub fn new<F, Fut>(session: &Session, path: &str, take_leadership: F) -> Result<Self>
     where
         F: Fn(Leadership) -> Fut + Send + Sync + 'static,
@@ -146,7 +146,7 @@ impl LeaderSelector {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for [`Layout::Consul`](crate::Layout::Consul).
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for [`Layout::Consul`](crate::Layout::Consul).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
@@ -195,7 +195,7 @@ impl LeaderSelector {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] if it was started before, or if there is
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if it was started before, or if there is
     /// no tokio runtime to run it on.
     pub fn start(&self) -> Result<()> {
         let worker = Worker {
@@ -220,8 +220,8 @@ impl LeaderSelector {
     ///
     /// # Errors
     ///
-    /// [`Error::Closed`] after [`close`](Self::close);
-    /// [`Error::InvalidArgument`] before [`start`](Self::start).
+    /// [`Error::Closed`](crate::Error::Closed) after [`close`](Self::close);
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) before [`start`](Self::start).
     pub fn requeue(&self) -> Result<bool> {
         self.standing.lifecycle.ensure_started(self.path())?;
         let mut queue = self.shared.queue();
@@ -254,7 +254,7 @@ impl LeaderSelector {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] if it was never started; [`Error::Closed`]
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if it was never started; [`Error::Closed`](crate::Error::Closed)
     /// if it was closed already.
     pub async fn close(&self) -> Result<()> {
         let worker = self.standing.lifecycle.close(self.path())?;
@@ -281,7 +281,7 @@ struct Queue {
     again: bool,
 }
 
-/// What the selector and its task share, beyond its [`Standing`].
+/// What the selector and its task share, beyond its [`Standing`](crate::recipes::election::Standing).
 struct Shared {
     queue: StdMutex<Queue>,
     wake: Notify,
