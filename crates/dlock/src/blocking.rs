@@ -244,6 +244,23 @@ impl Guard {
         self.acquisition().token()
     }
 
+    /// The node that stands for this hold, to name it to
+    /// [`revoke`](crate::revoke) or [`revoke_forced`](crate::revoke_forced).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let session = dlock::blocking::connect("embedded")?;
+    /// let guard = session.mutex("/doc/blocking-node")?.acquire()?;
+    /// assert!(guard.node().starts_with("/doc/blocking-node/"));
+    /// session.block_on(dlock::revoke_forced(session.session(), guard.node()))?;
+    /// assert!(guard.wait_lost(Duration::from_secs(5)));
+    /// # drop(guard);
+    /// # Ok::<(), dlock::Error>(())
+    /// ```
+    pub fn node(&self) -> &str {
+        self.acquisition().node()
+    }
+
     /// Whether the lock is lost (its session is over): stop the protected
     /// work.
     pub fn is_lost(&self) -> bool {
