@@ -160,8 +160,8 @@ impl Server {
             let mut tree = self.lock();
             f(&mut tree, &mut fired)
         };
-        for (watcher, event) in fired {
-            watcher.notify(event);
+        for (tx, event) in fired {
+            let _ = tx.send(event);
         }
         result
     }

@@ -16,26 +16,11 @@ use crate::store::{
 };
 
 /// A watch that fired, and with what.
-pub(super) type Fired = (Watcher, WatchEvent);
+pub(super) type Fired = (oneshot::Sender<WatchEvent>, WatchEvent);
 
-pub(super) struct Watcher {
+struct Watcher {
     session: SessionId,
     tx: oneshot::Sender<WatchEvent>,
-}
-
-impl Watcher {
-    /// Tells the watcher (gone already: nobody to tell).
-    pub(super) fn notify(self, event: WatchEvent) {
-        let _ = self.tx.send(event);
-    }
-}
-
-/// Watches a multi-operation fired, kept until it commits: a failed one
-/// arms them again where they were, as if nothing had happened.
-struct Taken {
-    children: bool,
-    path: String,
-    count: usize,
 }
 
 #[derive(Clone)]
@@ -81,8 +66,9 @@ pub(super) struct Tree {
     reap_candidates: HashSet<String>,
     node_notifications: u64,
     child_notifications: u64,
-    /// While a multi-operation runs: the watches it fired, in order.
-    taken: Option<Vec<Taken>>,
+    /// While a multi-operation runs: the watches it would fire (children's
+    /// or not, path, event), fired only once it commits.
+    deferred: Option<Vec<(bool, String, WatchEvent)>>,
 }
 
 impl Tree {
@@ -109,7 +95,7 @@ impl Tree {
             reap_candidates: HashSet::new(),
             node_notifications: 0,
             child_notifications: 0,
-            taken: None,
+            deferred: None,
         }
     }
 
@@ -152,47 +138,18 @@ impl Tree {
 
     /// Fires the watches on node `path` (armed by `get_data`/`exists`).
     fn fire_node(&mut self, path: &str, event: WatchEvent, fired: &mut Vec<Fired>) {
-        let count = fire(&mut self.node_watches, path, event, fired);
-        self.node_notifications += count as u64;
-        self.note_taken(false, path, count);
+        if let Some(deferred) = self.deferred.as_mut() {
+            return deferred.push((false, path.to_string(), event));
+        }
+        self.node_notifications += fire(&mut self.node_watches, path, event, fired);
     }
 
     /// Fires the watches on the children of `path` (armed by `children`).
     fn fire_children(&mut self, path: &str, event: WatchEvent, fired: &mut Vec<Fired>) {
-        let count = fire(&mut self.child_watches, path, event, fired);
-        self.child_notifications += count as u64;
-        self.note_taken(true, path, count);
-    }
-
-    fn note_taken(&mut self, children: bool, path: &str, count: usize) {
-        if let Some(taken) = self.taken.as_mut().filter(|_| count > 0) {
-            let path = path.to_string();
-            taken.push(Taken {
-                children,
-                path,
-                count,
-            });
+        if let Some(deferred) = self.deferred.as_mut() {
+            return deferred.push((true, path.to_string(), event));
         }
-    }
-
-    /// Arms again the watches a failed multi-operation fired (`pending`,
-    /// in the order `taken` recorded them), as if it never ran.
-    fn rearm(&mut self, taken: Vec<Taken>, pending: Vec<Fired>) {
-        let mut pending = pending.into_iter();
-        for Taken {
-            children,
-            path,
-            count,
-        } in taken
-        {
-            let (map, notified) = match children {
-                false => (&mut self.node_watches, &mut self.node_notifications),
-                true => (&mut self.child_watches, &mut self.child_notifications),
-            };
-            *notified -= count as u64;
-            let list = map.entry(path).or_default();
-            list.extend(pending.by_ref().take(count).map(|(watcher, _)| watcher));
-        }
+        self.child_notifications += fire(&mut self.child_watches, path, event, fired);
     }
 
     fn create(
@@ -437,9 +394,9 @@ impl Tree {
     ) -> Result<Vec<OpResult>> {
         let start_zxid = self.zxid;
         let mut undo = Vec::new();
-        // Watches fire only if the whole transaction commits.
-        let mut pending = Vec::new();
-        self.taken = Some(Vec::new());
+        // Watches fire only if the whole transaction commits: a failed one
+        // leaves them armed, as if it never ran.
+        self.deferred = Some(Vec::new());
         let mut results = Vec::with_capacity(ops.len());
         for (index, op) in ops.iter().enumerate() {
             let result = match op {
@@ -447,25 +404,24 @@ impl Tree {
                     self.versioned(path, *version).map(|_| OpResult::Checked)
                 }
                 Op::Create { path, data, mode } => self
-                    .create(session, path, data, *mode, &mut pending, Some(&mut undo))
+                    .create(session, path, data, *mode, fired, Some(&mut undo))
                     .map(OpResult::Created),
                 Op::SetData {
                     path,
                     data,
                     version,
                 } => self
-                    .set_data(path, data, *version, &mut pending, Some(&mut undo))
+                    .set_data(path, data, *version, fired, Some(&mut undo))
                     .map(OpResult::Set),
                 Op::Delete { path, version } => self
-                    .delete(path, *version, &mut pending, Some(&mut undo))
+                    .delete(path, *version, fired, Some(&mut undo))
                     .map(|()| OpResult::Deleted),
             };
             match result {
                 Ok(r) => results.push(r),
                 Err(e) => {
+                    self.deferred = None;
                     self.rollback(undo, start_zxid);
-                    let taken = self.taken.take().unwrap_or_default();
-                    self.rearm(taken, pending);
                     return Err(Error::MultiFailed {
                         index,
                         source: Box::new(e),
@@ -473,7 +429,6 @@ impl Tree {
                 }
             }
         }
-        self.taken = None;
         // ZooKeeper gives a multi a single transaction id.
         if self.zxid > start_zxid + 1 {
             let zxid = start_zxid + 1;
@@ -493,7 +448,12 @@ impl Tree {
             }
             self.zxid = zxid;
         }
-        fired.extend(pending);
+        for (children, path, event) in self.deferred.take().unwrap_or_default() {
+            match children {
+                false => self.fire_node(&path, event, fired),
+                true => self.fire_children(&path, event, fired),
+            }
+        }
         Ok(results)
     }
 
@@ -587,10 +547,10 @@ fn fire(
     path: &str,
     event: WatchEvent,
     fired: &mut Vec<Fired>,
-) -> usize {
+) -> u64 {
     let list = map.remove(path).unwrap_or_default();
-    let count = list.len();
-    fired.extend(list.into_iter().map(|w| (w, event)));
+    let count = list.len() as u64;
+    fired.extend(list.into_iter().map(|w| (w.tx, event)));
     count
 }
 
