@@ -154,10 +154,10 @@ struct Inner {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Gone(pub bool);
 
-/// A node of the session marked as on its way out, until this is dropped.
 /// The creation a [`Session::departing`] node has when it is not known yet.
 pub(crate) const ANY_CREATION: i64 = -1;
 
+/// A node of the session marked as on its way out, until this is dropped.
 pub(crate) struct Departure {
     session: Session,
     node: (String, i64),

@@ -166,12 +166,6 @@ pub(crate) async fn guarded_by(held: &[&Acquisition], ops: &[Op]) -> Result<Vec<
     if let Some(ended) = held.iter().find(|a| !a.node.is_held()) {
         return Err(ended.lost_error());
     }
-    for a in held {
-        if !a.node.still_ours().await? {
-            a.node.found_gone();
-            return Err(a.lost_error());
-        }
-    }
     if held
         .iter()
         .any(|a| !a.node.session.same_session(&first.node.session))
@@ -180,6 +174,12 @@ pub(crate) async fn guarded_by(held: &[&Acquisition], ops: &[Op]) -> Result<Vec<
             "a guarded write runs in one session: every lock that guards it must be held in the same session"
                 .into(),
         ));
+    }
+    for a in held {
+        if !a.node.still_ours().await? {
+            a.node.found_gone();
+            return Err(a.lost_error());
+        }
     }
     let mut all: Vec<Op> = held.iter().map(|a| a.check()).collect();
     all.extend_from_slice(ops);
