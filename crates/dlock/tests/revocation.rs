@@ -46,6 +46,12 @@ async fn shows_taken_away(held: &Acquisition, resource: &str, session: &Session)
         .await
         .context("the lost signal did not fire within the bound")?;
     ensure!(held.is_lost(), "lost() fired but is_lost() says held");
+    refuses_late_writes(held, resource, session).await
+}
+
+/// A guarded write by `held` is refused and lands nothing; the session
+/// itself is alive.
+async fn refuses_late_writes(held: &Acquisition, resource: &str, session: &Session) -> Result<()> {
     let write = Op::SetData {
         path: resource.to_string(),
         data: b"late".to_vec(),
@@ -292,18 +298,7 @@ async fn an_unwatched_consul_lock_revoked_by_force_writes_nothing(h: &Harness) -
     let next = ConsulLock::new(&next_holder, &path)?
         .acquire_timeout(HANDOVER)
         .await?;
-    let write = Op::SetData {
-        path: resource.clone(),
-        data: b"late".to_vec(),
-        version: None,
-    };
-    let refused = held.guarded(&[write]).await;
-    ensure!(
-        matches!(refused, Err(Error::Lost { .. })),
-        "a guarded write under the next holder's .lock: {refused:?}"
-    );
-    let (data, _) = holder.get_data(&resource).await?;
-    ensure!(data == b"v0", "the refused write landed: {data:?}");
+    refuses_late_writes(held.acquisition(), &resource, &holder).await?;
     next.release().await?;
     let _ = held.release().await;
     holder.delete(&resource, None).await?;
