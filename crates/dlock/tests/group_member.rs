@@ -246,6 +246,36 @@ async fn a_start_cancelled_after_making_the_node_leaves_it_to_nobody(h: &Harness
     Ok(())
 }
 
+/// A member closed (from another task) while its start is making the node
+/// leaves no node behind: before, the close found no node yet to delete,
+/// and the start then made one that stayed, a member of nobody's, until
+/// the session ended.
+async fn a_member_closed_while_it_joins_leaves_no_node(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let dir = h.path("/g/closed-joining");
+    let member = GroupMember::new(&s, &dir, "a")?;
+    let start = member.start();
+    tokio::pin!(start);
+    // One poll begins the start and sends its create (a store that answers
+    // at once may finish it).
+    let first = futures::poll!(&mut start);
+    member.close().await?;
+    let started = match first {
+        std::task::Poll::Ready(started) => started,
+        std::task::Poll::Pending => start.await,
+    };
+    ensure!(
+        matches!(started, Ok(()) | Err(Error::Closed)),
+        "the start answered {started:?}"
+    );
+    let node = format!("{dir}/a");
+    ensure!(
+        s.exists(&node).await?.is_none(),
+        "{node} outlived the member's close"
+    );
+    Ok(())
+}
+
 /// The member makes its deleted node again, but the reply is lost: the
 /// node it then finds is its own, and its close deletes it (a store that
 /// fences deletes must not take our unacknowledged node for someone
@@ -527,6 +557,7 @@ per_backend!(every_backend {
     a_deleted_member_node_comes_back,
     a_second_member_with_one_id_waits_for_the_name,
     a_start_cancelled_after_making_the_node_leaves_it_to_nobody,
+    a_member_closed_while_it_joins_leaves_no_node,
     a_member_node_made_again_unanswered_is_deleted_on_close,
     the_cache_follows_a_directory_that_comes_and_goes,
     dropping_a_member_leaves,

@@ -150,11 +150,12 @@ impl Lifecycle {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
             Error::InvalidArgument(format!("a {} runs on a tokio runtime", self.what))
         })?;
+        // Begun and kept under the task's lock: a close from another thread
+        // between the two would find no task to stop and wait for, and
+        // return while the task still made its node.
+        let mut slot = lock(&self.task);
         self.begin(path)?;
-        // Not kept if closed already: by a close that told the task to stop,
-        // or by the task itself (its session was closed) — either way it
-        // ends by itself, and the start did happen.
-        let _ = self.attach(runtime.spawn(task));
+        *slot = Some(runtime.spawn(task));
         Ok(())
     }
 

@@ -260,11 +260,12 @@ impl GroupMember {
             Ok::<_, Error>(watch)
         }
         .await;
-        let join_failed = joined.is_err();
         let (session, node) = (inner.session.clone(), inner.node.clone());
         let payload = inner.payload.clone();
         let started = begun.launch(joined, |watch| keep_node(session, node, payload, watch));
-        if join_failed && inner.session.state() != SessionState::Closed {
+        // Failed, or closed while joining (the close found no node yet to
+        // delete): the node made goes, not to be a member after the close.
+        if started.is_err() && inner.session.state() != SessionState::Closed {
             let _ = delete_if_ours(&self.inner.session, &self.inner.node).await;
         }
         started
