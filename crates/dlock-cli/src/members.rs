@@ -11,7 +11,7 @@ use dlock::{GroupMember, LeaderParticipant, MemberEvent, Session};
 use futures::StreamExt;
 
 use crate::exit::Exit;
-use crate::run::Signals;
+use crate::run::{pass_on, Signals};
 use crate::Global;
 
 /// `dlock members ...`: a group's membership (Curator's GroupMember).
@@ -119,10 +119,12 @@ async fn join(global: &Global, session: &Session, args: JoinArgs) -> Result<u8> 
                         status = child.wait() => status?,
                         signal = stop.next() => {
                             // Pass it on, and leave once the command is done.
-                            if let Some(pid) = child.id() {
-                                // SAFETY: signalling our own child by its pid.
-                                unsafe { libc::kill(pid as libc::pid_t, signal) };
-                            }
+                            pass_on(signal, false, |signal| {
+                                if let Some(pid) = child.id() {
+                                    // SAFETY: signalling our own child by its pid.
+                                    unsafe { libc::kill(pid as libc::pid_t, signal) };
+                                }
+                            });
                             child.wait().await?
                         }
                     };

@@ -351,7 +351,7 @@ impl<'a> Runner<'a> {
                     if forwarded {
                         break Outcome::Signalled(signal);
                     }
-                    cmd.signal(signal);
+                    pass_on(signal, cmd.group, |signal| cmd.signal(signal));
                     forwarded = true;
                 }
             }
@@ -523,6 +523,36 @@ pub async fn lost(
     }
 }
 
+/// Passes `signal`, which dlock caught, on to CMD with `send` — unless
+/// the terminal sent it (Ctrl-C, Ctrl-\\, a hang-up) and CMD is in dlock's
+/// process group (`!own_group`): the terminal signals its whole foreground
+/// group, so CMD has it already, and a second copy is what many programs
+/// take for "stop now, skip the clean-up".
+pub(crate) fn pass_on(signal: libc::c_int, own_group: bool, send: impl FnOnce(libc::c_int)) {
+    let name = signal_name(signal);
+    if !own_group && Signals::sent_by_the_kernel(signal) {
+        eprintln!("dlock: the command got {name} from the terminal — waiting for it to end (a second signal stops it now)");
+    } else {
+        send(signal);
+        eprintln!("dlock: passed {name} on to the command — waiting for it to end (a second signal stops it now)");
+    }
+}
+
+fn signal_name(signal: libc::c_int) -> &'static str {
+    match signal {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGQUIT => "SIGQUIT",
+        _ => "a signal",
+    }
+}
+
+/// The `si_code` of the last delivery of each signal, by number: who sent
+/// it (the kernel, for a terminal's signals; a process, for `kill`).
+static LAST_SENDER: [std::sync::atomic::AtomicI32; 32] =
+    [const { std::sync::atomic::AtomicI32::new(libc::SI_USER) }; 32];
+
 /// SIGINT and SIGTERM sent to dlock (to pass on to a command, or to stop):
 /// [`next`](Signals::next) is whichever comes first.
 pub(crate) struct Signals {
@@ -535,12 +565,34 @@ pub(crate) struct Signals {
 impl Signals {
     pub(crate) fn new() -> Result<Self> {
         use tokio::signal::unix::{signal, SignalKind};
+        // Before tokio's handlers, which run in the order registered: the
+        // sender is noted by the time a signal is received.
+        static NOTE_SENDERS: std::sync::Once = std::sync::Once::new();
+        NOTE_SENDERS.call_once(|| {
+            for number in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+                let note = move |info: &libc::siginfo_t| {
+                    LAST_SENDER[number as usize]
+                        .store(info.si_code, std::sync::atomic::Ordering::Relaxed);
+                };
+                // SAFETY: the action only stores into an atomic, which is
+                // async-signal-safe. Failing, the sender stays unknown and
+                // every signal is passed on, as before.
+                let _ = unsafe { signal_hook_registry::register_sigaction(number, note) };
+            }
+        });
         Ok(Signals {
             int: signal(SignalKind::interrupt())?,
             term: signal(SignalKind::terminate())?,
             hangup: signal(SignalKind::hangup())?,
             quit: signal(SignalKind::quit())?,
         })
+    }
+
+    /// Whether the last `signal` came from the kernel, as a terminal's
+    /// signals do (`si_code` `SI_KERNEL`), rather than from `kill`.
+    pub(crate) fn sent_by_the_kernel(signal: libc::c_int) -> bool {
+        let noted = LAST_SENDER.get(signal as usize);
+        noted.is_some_and(|n| n.load(std::sync::atomic::Ordering::Relaxed) == libc::SI_KERNEL)
     }
 
     pub(crate) async fn next(&mut self) -> libc::c_int {

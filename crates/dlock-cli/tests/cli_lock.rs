@@ -3,6 +3,7 @@
 //! Consul too (`etcd::*`, `consul::*`).
 
 use std::io::BufRead;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -469,6 +470,64 @@ fn on_a_terminal_the_command_reads_it_as_the_foreground_job() {
     tmux(&socket, &["kill-server"]);
     assert!(cmd_read, "CMD never read the terminal");
     assert!(shell_read, "the shell never had the terminal back");
+}
+
+/// On a terminal, Ctrl-C reaches CMD once: the terminal signals its whole
+/// foreground group, CMD with dlock, and dlock does not pass a second copy
+/// on (before, CMD got SIGINT twice, which many programs take for "stop
+/// now, skip the clean-up").
+#[test]
+fn on_a_terminal_ctrl_c_reaches_the_command_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str| dir.path().join(name).display().to_string();
+    let (ready, fifo, seen, said) = (file("ready"), file("fifo"), file("seen"), file("said"));
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success(), "mkfifo {fifo}");
+    // CMD takes each SIGINT as it comes: the terminal's, then, once dlock
+    // said what it did with it, whatever else is pending.
+    let cmd = format!(
+        "import signal\n\
+         signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGINT}})\n\
+         open('{ready}', 'w').write('ready\\n')\n\
+         first = signal.sigwaitinfo({{signal.SIGINT}})\n\
+         open('{fifo}').read()\n\
+         second = signal.sigtimedwait({{signal.SIGINT}}, 0)\n\
+         open('{seen}', 'w').write(f'first={{first.si_code}} second={{second and second.si_pid}}\\n')\n"
+    );
+    let script_file = file("cmd.py");
+    std::fs::write(&script_file, cmd).unwrap();
+    let socket = format!("dlock-ctrl-c-{}", uuid::Uuid::new_v4().simple());
+    let script = format!(
+        "'{}' --endpoint '{}' lock '{}' -- python3 '{script_file}' 2> '{said}'",
+        env!("CARGO_BIN_EXE_dlock"),
+        endpoint(),
+        unique("ctrl-c"),
+    );
+    let started = tmux(
+        &socket,
+        &["new-session", "-d", "-s", "t", "sh", "-c", &script],
+    );
+    assert!(started.status.success(), "{started:?}");
+    let within = Duration::from_secs(20);
+    let cmd_ready = await_line(Path::new(&ready), "ready", within);
+    let sent = tmux(&socket, &["send-keys", "-t", "t", "C-c"]);
+    let dlock_said = cmd_ready && await_line(Path::new(&said), "SIGINT", within);
+    if dlock_said {
+        std::fs::write(&fifo, "go").unwrap();
+    }
+    let cmd_saw = dlock_said && await_line(Path::new(&seen), "first=", within);
+    tmux(&socket, &["kill-server"]);
+    assert!(cmd_ready, "CMD never started");
+    assert!(sent.status.success(), "{sent:?}");
+    let said = std::fs::read_to_string(&said).unwrap_or_default();
+    assert!(dlock_said, "dlock said nothing of the SIGINT: {said}");
+    assert!(cmd_saw, "CMD never reported");
+    let seen = std::fs::read_to_string(&seen).unwrap();
+    assert_eq!(
+        seen.trim(),
+        format!("first={} second=None", libc::SI_KERNEL),
+        "dlock said: {said}"
+    );
 }
 
 /// A running `dlock lock --metrics-addr` serves Prometheus text with the
