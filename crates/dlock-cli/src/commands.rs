@@ -852,7 +852,13 @@ async fn counter_in(session: Session, command: CounterCommand) -> Result<u8> {
             atomic_counter(&session, &path, &tries)?
                 .force_set(value)
                 .await?;
-            println!("{value}");
+            match tries.json {
+                true => println!(
+                    "{}",
+                    serde_json::json!({ "path": path, "succeeded": true, "post_value": value })
+                ),
+                false => println!("{value}"),
+            }
             0
         }
         CounterCommand::Set {

@@ -44,6 +44,8 @@ pub struct Global {
     #[arg(
         long,
         env = "DLOCK_ENDPOINT",
+        // `--help` would print the variable's value, credentials and all.
+        hide_env_values = true,
         default_value = "embedded",
         global = true
     )]

@@ -74,6 +74,12 @@ fn gets_adds_sets_and_compares(endpoint: &str) {
     assert_eq!(facts["post_value"], 15, "{facts}");
     assert_eq!(facts["optimistic_tries"], 1, "{facts}");
     assert_eq!(facts["promoted_lock_tries"], 0, "{facts}");
+    // A forced set has no tries to tell, but --json still answers JSON.
+    let out = counter(endpoint, &["set", &path, "15", "--force", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let facts: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(facts["succeeded"], true, "{facts}");
+    assert_eq!(facts["post_value"], 15, "{facts}");
 
     // Bad paths and bad numbers: usage errors naming the problem.
     for args in [

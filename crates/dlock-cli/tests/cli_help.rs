@@ -6,12 +6,18 @@ use std::process::Command;
 
 /// `dlock ARGS... --help`, which must succeed; its text.
 fn help(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
-        .args(args)
-        .arg("--help")
-        .env_remove("DLOCK_ENDPOINT")
-        .output()
-        .expect("run dlock");
+    help_with(args, None)
+}
+
+/// [`help`], with `DLOCK_ENDPOINT` set to `endpoint` if given.
+fn help_with(args: &[&str], endpoint: Option<&str>) -> String {
+    let mut dlock = Command::new(env!("CARGO_BIN_EXE_dlock"));
+    dlock.args(args).arg("--help");
+    match endpoint {
+        Some(endpoint) => dlock.env("DLOCK_ENDPOINT", endpoint),
+        None => dlock.env_remove("DLOCK_ENDPOINT"),
+    };
+    let out = dlock.output().expect("run dlock");
     assert!(out.status.success(), "dlock {args:?} --help failed");
     assert!(
         out.stderr.is_empty(),
@@ -37,14 +43,44 @@ fn subcommands(help: &str) -> Vec<String> {
 
 /// Walks every subcommand, depth first, from `path`.
 fn walk(path: Vec<String>, seen: &mut Vec<(Vec<String>, String)>) {
+    walk_with(path, None, seen)
+}
+
+/// [`walk`], with `DLOCK_ENDPOINT` set to `endpoint` if given.
+fn walk_with(path: Vec<String>, endpoint: Option<&str>, seen: &mut Vec<(Vec<String>, String)>) {
     let args: Vec<&str> = path.iter().map(String::as_str).collect();
-    let text = help(&args);
+    let text = help_with(&args, endpoint);
     for sub in subcommands(&text) {
         let mut deeper = path.clone();
         deeper.push(sub);
-        walk(deeper, seen);
+        walk_with(deeper, endpoint, seen);
     }
     seen.push((path, text));
+}
+
+/// An endpoint exported as `DLOCK_ENDPOINT`, as the README suggests, never
+/// shows in any `--help`: before, clap printed the variable's value, a
+/// password or a Consul token with it.
+#[test]
+fn no_help_shows_the_endpoints_credentials() {
+    let endpoints = [
+        "etcd://root:hunter2secret@127.0.0.1:2379",
+        "consul://127.0.0.1:8500?token=tok3n5ecret",
+    ];
+    for endpoint in endpoints {
+        let mut seen = Vec::new();
+        walk_with(Vec::new(), Some(endpoint), &mut seen);
+        assert!(seen.len() > 10, "the walk found {} helps", seen.len());
+        for (path, text) in seen {
+            for secret in ["hunter2secret", "tok3n5ecret"] {
+                assert!(
+                    !text.contains(secret),
+                    "dlock {} --help shows {secret}",
+                    path.join(" ")
+                );
+            }
+        }
+    }
 }
 
 /// Each subcommand's `--help` (and every nested one's, such as `count get`

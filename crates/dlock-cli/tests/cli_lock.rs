@@ -313,6 +313,11 @@ fn bad_usage_is_named_with_its_exit_code() {
             "--seconds must be a positive",
         ),
         (
+            "bench mutex --seconds 1e19",
+            64,
+            "--seconds must be a positive",
+        ),
+        (
             "bench double-barrier --clients 2 --members 3",
             64,
             "--members 3 cannot open with only --clients 2",
