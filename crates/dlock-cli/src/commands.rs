@@ -197,6 +197,15 @@ pub struct RevokeArgs {
 pub async fn revoke(global: &Global, args: RevokeArgs) -> Result<u8> {
     dlock::path::validate(&args.node)?;
     in_session(global, |session| async move {
+        // Named by an operator: a node that is not there is news (a typo,
+        // or released already), not a success.
+        if session.exists(&args.node).await?.is_none() {
+            eprintln!(
+                "dlock: there is no node {}: nothing to revoke (released already?)",
+                args.node
+            );
+            return Ok(1);
+        }
         if args.force {
             dlock::revoke_forced(&session, &args.node).await?;
             println!("revoked by force: {}", args.node);

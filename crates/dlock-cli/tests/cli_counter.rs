@@ -5,7 +5,7 @@
 use std::process::Output;
 
 mod common;
-use common::{dlock_on as dlock, unique};
+use common::{dlock_on as dlock, remove, unique};
 
 fn counter(endpoint: &str, args: &[&str]) -> Output {
     dlock(endpoint)
@@ -21,27 +21,6 @@ fn stdout(out: &Output) -> String {
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).to_string()
-}
-
-/// Deletes what a test made (the counter node holds data) through the
-/// library, so that nothing is left under the test's root.
-fn remove(endpoint: &str, paths: &[&str]) {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        let session = dlock::connect(endpoint).await.expect("connect");
-        for path in paths {
-            match session.delete(path, None).await {
-                Ok(()) | Err(dlock::Error::NoNode { .. }) => {}
-                Err(e) => panic!("delete {path}: {e}"),
-            }
-        }
-        let root = dlock::path::parent(paths[0]).to_string();
-        if let Ok(children) = session.children(&root).await {
-            assert!(children.is_empty(), "left under {root}: {children:?}");
-            let _ = session.delete(&root, None).await;
-        }
-        session.close().await;
-    });
 }
 
 /// get / add / set / cas, their exit codes and output, the node's bytes

@@ -204,6 +204,49 @@ fn a_revocation_asked_while_waiting_runs_no_command() {
     case.assert_nothing_left();
 }
 
+/// An operator's `revoke` of a node that is not there says so (exit 1),
+/// and of a node no session owns — the lock's directory, a count — is a
+/// usage error that leaves it as it was; before, both printed success,
+/// and a count was overwritten.
+#[test]
+fn revoke_names_what_it_could_not_revoke() {
+    let endpoint = zk();
+    let path = unique("revoke-nothing");
+    let count = format!("{path}-count");
+    let set = dlock_on(&endpoint)
+        .args(["count", "set", &count, "7"])
+        .output()
+        .unwrap();
+    assert!(set.status.success(), "{set:?}");
+    for force in [&[][..], &["--force"]] {
+        let missing = format!("{path}/_c_0-lock-0000000042");
+        let out = dlock_on(&endpoint)
+            .arg("revoke")
+            .args(force)
+            .arg(&missing)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{force:?} {missing}: {stderr}");
+        assert!(stderr.contains("nothing to revoke"), "{stderr}");
+        let out = dlock_on(&endpoint)
+            .arg("revoke")
+            .args(force)
+            .arg(&count)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{force:?} {count}: {stderr}");
+        assert!(stderr.contains("no holder's or waiter's node"), "{stderr}");
+    }
+    let got = dlock_on(&endpoint)
+        .args(["count", "get", &count])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "7", "{got:?}");
+    common::remove(&endpoint, &[&count]);
+}
+
 /// Without `--revocable`, a revocation request is not listened to: the
 /// command runs to its end.
 #[test]

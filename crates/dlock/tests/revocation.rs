@@ -491,7 +491,41 @@ async fn revocation_requests_reach_semaphore_holders(h: &Harness) -> Result<()> 
     Ok(())
 }
 
+/// Only a participant's node is revoked: a node no session owns (a
+/// lock's directory, a shared count) is refused both ways and left as it
+/// was (before, a request overwrote a count's bytes, and by force deleted
+/// it); a node already gone is fine.
+async fn only_a_participants_node_is_revoked(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let path = h.path("/revoke/ownerless");
+    let guard = Mutex::new(&s, &path)?.acquire().await?;
+    let count = h.path("/revoke/ownerless-count");
+    let persistent = CreateOptions::new(CreateMode::Persistent).with_parents();
+    s.create(&count, b"7", persistent).await?;
+    for node in [path.as_str(), count.as_str()] {
+        let asked = dlock::revoke(&s, node).await;
+        ensure!(
+            matches!(asked, Err(Error::InvalidArgument(_))),
+            "revoke {node}: {asked:?}"
+        );
+        let forced = dlock::revoke_forced(&s, node).await;
+        ensure!(
+            matches!(forced, Err(Error::InvalidArgument(_))),
+            "revoke_forced {node}: {forced:?}"
+        );
+    }
+    ensure!(s.get_data(&count).await?.0 == b"7", "the count was touched");
+    ensure!(!guard.is_lost(), "the holder lost its lock");
+    let node = guard.node().to_string();
+    guard.release().await?;
+    dlock::revoke(&s, &node).await?;
+    dlock::revoke_forced(&s, &node).await?;
+    s.delete(&count, None).await?;
+    Ok(())
+}
+
 per_backend!(every_backend {
+    only_a_participants_node_is_revoked,
     a_mutex_holder_revoked_by_force,
     a_writer_revoked_by_force,
     a_semaphore_lease_revoked_by_force,

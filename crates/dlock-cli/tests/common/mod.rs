@@ -536,3 +536,24 @@ macro_rules! on_every_server {
         }
     };
 }
+
+/// Deletes what a test made (a node holding data, such as a counter)
+/// through the library, so that nothing is left under the test's root.
+pub fn remove(endpoint: &str, paths: &[&str]) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let session = dlock::connect(endpoint).await.expect("connect");
+        for path in paths {
+            match session.delete(path, None).await {
+                Ok(()) | Err(dlock::Error::NoNode { .. }) => {}
+                Err(e) => panic!("delete {path}: {e}"),
+            }
+        }
+        let root = dlock::path::parent(paths[0]).to_string();
+        if let Ok(children) = session.children(&root).await {
+            assert!(children.is_empty(), "left under {root}: {children:?}");
+            let _ = session.delete(&root, None).await;
+        }
+        session.close().await;
+    });
+}

@@ -55,7 +55,9 @@ impl std::fmt::Debug for Listener {
 
 /// Asks the owner of lock node `node` to release it (Curator's
 /// `Revoker.attemptRevoke`). Cooperative: nothing is deleted; a node that is
-/// already gone is fine.
+/// already gone is fine. A node no session owns (a lock's directory, a
+/// count, a record) is no participant's: [`Error::InvalidArgument`], and
+/// its data is left as it was.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
@@ -67,12 +69,39 @@ impl std::fmt::Debug for Listener {
 /// # Ok(()) }
 /// ```
 pub async fn revoke(session: &Session, node: &str) -> Result<()> {
-    match session
-        .retrying(|| session.set_data(node, REVOKE_MESSAGE, None))
-        .await
-    {
-        Ok(_) | Err(Error::NoNode { .. }) => Ok(()),
-        Err(e) => Err(e),
+    loop {
+        let read = session.retrying(|| session.get_data(node)).await;
+        let (data, stat) = match read {
+            Ok(read) => read,
+            Err(Error::NoNode { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        refuse_ownerless(node, stat.ephemeral_owner, "asked to give way")?;
+        // Asked already (our own write, whose reply was lost): done.
+        if data == REVOKE_MESSAGE {
+            return Ok(());
+        }
+        // On the version read: never over a node made since, or a write
+        // that made the node someone else's.
+        let written =
+            session.retrying(|| session.set_data(node, REVOKE_MESSAGE, Some(stat.version)));
+        match written.await {
+            Ok(_) | Err(Error::NoNode { .. }) => return Ok(()),
+            Err(Error::BadVersion { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// A node no session owns is no holder's or waiter's: nothing of it is
+/// ours to revoke.
+fn refuse_ownerless(node: &str, owner: crate::store::SessionId, how: &str) -> Result<()> {
+    match owner {
+        0 => Err(Error::InvalidArgument(format!(
+            "{node} is no holder's or waiter's node (no session owns it), so it cannot be {how}: \
+             name a participant's node, as `dlock inspect` lists them"
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -89,7 +118,8 @@ pub async fn revoke(session: &Session, node: &str) -> Result<()> {
 /// whose contender key is deleted this way notices at once too: Consul's
 /// `api.Semaphore` monitors the whole prefix and judges holders alive by
 /// their keys' sessions, so it finds itself dead and stops its command. A
-/// node that is already gone is fine.
+/// node that is already gone is fine; a node no session owns (a lock's
+/// directory, a count) is [`Error::InvalidArgument`], and left.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
@@ -102,9 +132,19 @@ pub async fn revoke(session: &Session, node: &str) -> Result<()> {
 /// # Ok(()) }
 /// ```
 pub async fn revoke_forced(session: &Session, node: &str) -> Result<()> {
-    match session.retrying(|| session.delete(node, None)).await {
-        Ok(()) | Err(Error::NoNode { .. }) => Ok(()),
-        Err(e) => Err(e),
+    loop {
+        let stat = match session.retrying(|| session.exists(node)).await? {
+            Some(stat) => stat,
+            None => return Ok(()),
+        };
+        refuse_ownerless(node, stat.ephemeral_owner, "revoked")?;
+        let deleted = session.retrying(|| session.delete(node, Some(stat.version)));
+        match deleted.await {
+            Ok(()) | Err(Error::NoNode { .. }) => return Ok(()),
+            // Changed since the look (a revocation request, say): look again.
+            Err(Error::BadVersion { .. }) => {}
+            Err(e) => return Err(e),
+        }
     }
 }
 
