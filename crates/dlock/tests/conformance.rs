@@ -371,6 +371,73 @@ async fn multi_is_all_or_nothing(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// A multi's results describe the nodes it wrote, as a read after it does:
+/// a set's version and mzxid are the new ones, and a node made again in
+/// the multi that deleted it has the czxid and owner a read finds (before,
+/// on Consul, each result was that of the first entry of its key: the
+/// check's or the deleted node's, so a takeover handed out the old
+/// holder's fence and owner). ZooKeeper's multi tells no created node's
+/// stat (czxid -1).
+async fn multi_results_describe_the_written_nodes(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let base = h.path("/mr");
+    let node = format!("{base}/n");
+    let old = s.create(&node, b"old", ephemeral()).await?;
+    let results = s
+        .multi(&[
+            Op::Check {
+                path: node.clone(),
+                version: Some(0),
+            },
+            Op::SetData {
+                path: node.clone(),
+                data: b"new".to_vec(),
+                version: Some(0),
+            },
+        ])
+        .await?;
+    let (_, read) = s.get_data(&node).await?;
+    let [OpResult::Checked, OpResult::Set(set)] = &results[..] else {
+        bail!("{results:?}");
+    };
+    ensure!(
+        (set.version, set.mzxid) == (read.version, read.mzxid) && set.version == 1,
+        "the set's result {set:?}, a read after it {read:?}"
+    );
+    let results = s
+        .multi(&[
+            Op::Delete {
+                path: node.clone(),
+                version: Some(1),
+            },
+            Op::Create {
+                path: node.clone(),
+                data: b"again".to_vec(),
+                mode: CreateMode::Persistent,
+            },
+        ])
+        .await?;
+    let (_, read) = s.get_data(&node).await?;
+    let [OpResult::Deleted, OpResult::Created(made)] = &results[..] else {
+        bail!("{results:?}");
+    };
+    let told = made.stat.czxid != -1;
+    ensure!(
+        !told || made.stat.czxid == read.czxid,
+        "the create's czxid {}, the old node's {}, a read's {}",
+        made.stat.czxid,
+        old.stat.czxid,
+        read.czxid
+    );
+    ensure!(
+        made.stat.ephemeral_owner == 0 && read.ephemeral_owner == 0,
+        "a persistent node made again has an owner: {:?}",
+        made.stat
+    );
+    s.delete(&node, None).await?;
+    Ok(())
+}
+
 async fn parents_are_created_as_containers_and_reaped(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let dir = h.path("/c/d");
@@ -994,6 +1061,7 @@ macro_rules! the_contract_on {
     versions_guard_writes,
     watches_fire_once_on_node_events,
     multi_is_all_or_nothing,
+    multi_results_describe_the_written_nodes,
     parents_are_created_as_containers_and_reaped,
     create_and_list_sees_its_own_node,
     children_sort_by_sequence_like_curator,

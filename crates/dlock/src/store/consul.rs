@@ -338,6 +338,17 @@ fn first_entry<'e>(entries: &'e [Entry], key: &str) -> Option<&'e Entry> {
     entries.iter().find(|e| e.key == key)
 }
 
+/// Whether a transaction operation answers with an entry: Consul's writes,
+/// checks of an index or session and `get` do (a check with the entry as
+/// it was before any later write); deletes and `check-not-exists` do not.
+fn answers_with_an_entry(op: &Value) -> bool {
+    let verb = op["KV"]["Verb"].as_str().unwrap_or_default();
+    matches!(
+        verb,
+        "set" | "cas" | "lock" | "unlock" | "check-session" | "check-index" | "get"
+    )
+}
+
 impl ConsulStore {
     fn op_timeout(&self) -> Duration {
         self.keeper.op_timeout()
@@ -1226,14 +1237,22 @@ impl ConsulStore {
                 return Ok(Err(None));
             }
         };
+        // Each operation's own entry: the last its transaction operations
+        // answered with. Not the first entry of its key: an earlier
+        // operation's check, or the node a delete before it removed, has
+        // that key too (a takeover's create would carry the old fence).
+        let mut own_entry: Vec<Option<&Entry>> = vec![None; ops.len()];
+        let answering = txn
+            .iter()
+            .zip(&owner_of)
+            .filter(|(t, _)| answers_with_an_entry(t));
+        for ((_, &owner), entry) in answering.zip(&entries) {
+            own_entry[owner] = Some(entry);
+        }
         let mut results = Vec::with_capacity(ops.len());
-        for (op, full) in ops.iter().zip(&fulls) {
-            let key = self.layout.key(full);
-            let stat = || {
-                first_entry(&entries, &key)
-                    .map(|e| keys::stat(e, 0))
-                    .unwrap_or_default()
-            };
+        for (i, (op, full)) in ops.iter().zip(&fulls).enumerate() {
+            let entry = own_entry[i].filter(|e| e.key == self.layout.key(full));
+            let stat = || entry.map(|e| keys::stat(e, 0)).unwrap_or_default();
             results.push(match op {
                 Op::Check { .. } => OpResult::Checked,
                 Op::Create { mode, data, .. } => {
@@ -1241,7 +1260,7 @@ impl ConsulStore {
                     stat.data_length = data.len().min(i32::MAX as usize) as i32;
                     if mode.is_ephemeral() {
                         stat.ephemeral_owner = session;
-                        if let Some(e) = first_entry(&entries, &key) {
+                        if let Some(e) = entry {
                             let suffix = mode
                                 .is_sequential()
                                 .then(|| keys::sequence_suffix(path::node_name(full)))

@@ -701,6 +701,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Applies all operations atomically, or none; the error names the first
     /// failing operation ([`Error::MultiFailed`](crate::Error::MultiFailed)).
+    /// Each result describes the node as its operation left it; ZooKeeper's
+    /// tells no created node's stat (czxid -1). A node deleted and made
+    /// again in one multi keeps the deleted node's czxid on etcd (the key's
+    /// create revision survives a delete and put in one transaction), so
+    /// such a create is no new fence there.
     async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>>;
 
     /// Test and chaos hooks, for backends that can inject faults.
