@@ -887,6 +887,63 @@ async fn an_etcd_session_outlives_a_frozen_member() -> Result<()> {
     finish(&root, &checker, &[&session]).await
 }
 
+/// A session keeps its lock and its use when the Consul agent it talks to
+/// freezes (`SIGSTOP`: connections are accepted and nothing is answered):
+/// the renewal that goes unanswered moves the client to the next agent, in
+/// time to renew before the TTL runs out. Before, every request stayed on
+/// the silent agent and the session was lost while the others were well.
+/// The frozen one is a follower, listed first: a frozen leader would also
+/// stall the cluster until it elects another, which is no client's doing.
+/// Autopilot's clean-up of dead servers is off: it would remove the frozen
+/// server, and Consul invalidates the sessions of a node that is removed
+/// (a session lives on the agent that made it) — Consul's rule, not a
+/// client's failure. A store opened with that agent first in its endpoint
+/// opens on the next.
+#[cfg(feature = "consul")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consul_session_outlives_a_frozen_agent() -> Result<()> {
+    let keep_dead_servers = ["-hcl", "autopilot { cleanup_dead_servers = false }"];
+    let options = dlock_testkit::ConsulOptions {
+        extra_args: keep_dead_servers.map(String::from).to_vec(),
+        ..Default::default()
+    };
+    let cluster = ConsulCluster::start_with(3, options)?;
+    let leader = cluster.leader_index().context("the cluster has a leader")?;
+    let frozen = (leader + 1) % 3;
+    let mut agents = cluster.endpoints();
+    agents.rotate_left(frozen);
+    let hosts = agents.join(",");
+    let root = root();
+    // Consul's shortest TTL.
+    let ttl = Duration::from_secs(10);
+    let session = Backend::Consul.connect(&hosts, ttl).await?;
+    let checker = Backend::Consul.connect(&agents[1], ttl).await?;
+    let guard = Mutex::new(&session, &format!("{root}/held"))?
+        .acquire()
+        .await?;
+    cluster.pause(frozen);
+    // Past a TTL: without a renewal the client counts its session lost by
+    // then.
+    let lost = tokio::time::timeout(ttl + Duration::from_secs(2), guard.lost()).await;
+    let still_usable = Mutex::new(&session, &format!("{root}/after"))?
+        .acquire_timeout(WITHIN)
+        .await;
+    let taken = Mutex::new(&checker, &format!("{root}/held"))?
+        .try_acquire()
+        .await;
+    let opened = Backend::Consul.connect(&hosts, ttl).await;
+    cluster.resume(frozen);
+    ensure!(lost.is_err(), "the lock was lost while an agent was frozen");
+    still_usable
+        .context("the session could not lock with an agent frozen")?
+        .release()
+        .await?;
+    ensure!(taken?.is_none(), "another session took the held lock");
+    let opened = opened.context("no store opened with the first agent frozen")?;
+    guard.release().await?;
+    finish(&root, &checker, &[&session, &opened]).await
+}
+
 /// One test: `name` runs `scenario(args)`.
 macro_rules! test {
     ($(#[$attr:meta])* $name:ident => $scenario:ident($($arg:expr),*)) => {

@@ -73,6 +73,17 @@
 //! session. Opening a store while the servers elect a leader (they answer
 //! a session create with 500 meanwhile) tries again for up to 15 s.
 //!
+//! **Agents:** requests go to the endpoint's first agent, and to the next
+//! one when an agent refuses the connection or leaves a request
+//! unanswered (an agent that hangs still accepts connections): the
+//! session's renewals carry on through the others, and a store opens on
+//! the next agent when the first is silent (`tests/faults.rs`,
+//! `a_consul_session_outlives_a_frozen_agent`). A Consul session lives on
+//! the node of the agent that made it, though: if that node leaves the
+//! cluster (a client agent stopped for good, a dead server removed by
+//! autopilot), Consul invalidates the session, and the holds in it are
+//! lost whichever agent renews it.
+//!
 //! **A holder that dies without closing** (killed, partitioned) keeps its
 //! keys until Consul invalidates the session: Consul waits twice the TTL
 //! before it does, so the next acquirer gets in after about 2 × TTL —

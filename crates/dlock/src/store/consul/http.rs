@@ -129,16 +129,33 @@ impl Http {
                 // Sent: it may have been applied, so it is not sent again.
                 Ok(Err(Failed::Exchange(why))) => {
                     tracing::debug!(endpoint = %self.endpoint, "Consul request failed: {why}");
+                    self.move_on_from(host);
                     return Err(Error::ConnectionLoss);
                 }
                 Err(_) => {
                     tracing::debug!(endpoint = %self.endpoint, "no answer from Consul within {timeout:?}");
+                    self.move_on_from(host);
                     return Err(Error::ConnectionLoss);
                 }
             }
         }
         tracing::debug!(endpoint = %self.endpoint, "no Consul agent reachable: {last}");
         Err(Error::ConnectionLoss)
+    }
+
+    /// The agent `host` failed a request sent to it: the next request goes
+    /// to the next agent. An agent that hangs (stopped, overloaded) still
+    /// accepts connections, so only its silence tells; kept as the current
+    /// one, it would get every request — the session's renewals too — and
+    /// lose the session while the other agents are well.
+    fn move_on_from(&self, host: usize) {
+        let next = (host + 1) % self.hosts.len();
+        let _ = (self.current).compare_exchange(host, next, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// How many agents the endpoint names.
+    pub fn agents(&self) -> usize {
+        self.hosts.len()
     }
 
     /// What [`send`](Self::send) failing with `e` means when opening a

@@ -185,20 +185,33 @@ const CREATE_TIMEOUT: Duration = Duration::from_secs(10);
 /// a leader (its leader just died) answers 500 ("No cluster leader", or the
 /// forwarded call's broken pipe) for a second or two: such an answer is
 /// tried again, with a growing pause, for up to [`FIRST_SESSION_WITHIN`]
-/// (an agent that is down is skipped by [`Http::send`] already). No agent
-/// answering at all is [`Error::Unreachable`] at once.
+/// (an agent that is down is skipped by [`Http::send`] already). An agent
+/// that accepts the connection but does not answer is left for the next
+/// one, each given an equal share of the time; no agent answering at all
+/// is [`Error::Unreachable`].
 async fn create_first(http: &Http, ttl: Duration, lock_delay: Duration) -> Result<String> {
     let deadline = Instant::now() + FIRST_SESSION_WITHIN;
+    let share = FIRST_SESSION_WITHIN / http.agents().max(1) as u32;
+    let mut silent = 0;
     let mut pause = Duration::from_millis(50);
     loop {
         let timeout = deadline
             .saturating_duration_since(Instant::now())
-            .min(CREATE_TIMEOUT);
+            .min(CREATE_TIMEOUT)
+            .min(share);
         let body = Some(create_body(ttl, lock_delay));
-        let resp = http
+        let sent = http
             .send(Method::PUT, "/v1/session/create", body, timeout)
-            .await
-            .map_err(|e| http.unreachable(e, timeout))?;
+            .await;
+        let resp = match sent {
+            // A session that this create made, unanswered, expires by its
+            // TTL unused.
+            Err(Error::ConnectionLoss) if silent + 1 < http.agents() => {
+                silent += 1;
+                continue;
+            }
+            sent => sent.map_err(|e| http.unreachable(e, timeout))?,
+        };
         match created(http, resp) {
             Err(Created::ServerError(why)) if Instant::now() + pause < deadline => {
                 tracing::debug!(endpoint = %http.endpoint, %why, "no Consul session yet; trying again");
