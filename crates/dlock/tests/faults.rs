@@ -754,6 +754,41 @@ async fn a_long_cut_loses_the_lock_without_a_double_holder(backend: Backend) -> 
     finish(&root, &other, &[&holder]).await
 }
 
+/// The server out of reach past the session's timeout: the session is
+/// lost, and the new one its next operation makes cannot be made either.
+/// A timed acquire still ends with `Timeout`, and a non-blocking one with
+/// `ConnectionLoss`, while the server is still out of reach (before, only
+/// a suspended session cut a wait off at its deadline: a lost one held
+/// it until the server was back). Nothing is left once it is.
+async fn timed_acquires_end_while_a_lost_session_cannot_reconnect(backend: Backend) -> Result<()> {
+    let (proxy, behind, direct, root) = one_behind_a_proxy(backend, SHORT).await?;
+    let m = Mutex::new(&behind, &format!("{root}/lock"))?;
+    let mut status = behind.watch_status();
+    proxy.cut();
+    let lost = status.wait_for(|s| s.state == SessionState::Lost);
+    tokio::time::timeout(WITHIN, lost)
+        .await
+        .context("the session was not lost")??;
+    let timeout = Duration::from_millis(100);
+    let timed = tokio::time::timeout(WITHIN, m.acquire_timeout(timeout)).await;
+    let now = tokio::time::timeout(WITHIN, m.try_acquire()).await;
+    let state = behind.state();
+    proxy.restore();
+    let timed = timed.context("acquire_timeout waited for the server")?;
+    ensure!(
+        matches!(timed, Err(Error::Timeout(t)) if t == timeout),
+        "{timed:?}"
+    );
+    let now = now.context("try_acquire waited for the server")?;
+    ensure!(matches!(now, Err(Error::ConnectionLoss)), "{now:?}");
+    ensure!(
+        !state.is_connected(),
+        "both answered only once the session was back ({state:?})"
+    );
+    m.acquire_timeout(WITHIN).await?.release().await?;
+    finish(&root, &direct, &[&behind]).await
+}
+
 /// Kleppmann's scenario: a holder stalls (its traffic frozen) past its
 /// session between reading and writing; another client takes the lock and
 /// writes. The stalled holder's write is rejected with fencing, and shown to
@@ -971,6 +1006,8 @@ macro_rules! scenarios {
             test!(new_sessions_connect_while_a_member_is_down =>
                 new_sessions_connect_while_a_member_is_down($backend));
             test!(a_short_cut_keeps_the_lock => a_short_cut_keeps_the_lock($backend));
+            test!(timed_acquires_end_while_a_lost_session_cannot_reconnect =>
+                timed_acquires_end_while_a_lost_session_cannot_reconnect($backend));
             test!(a_long_cut_loses_the_lock_without_a_double_holder =>
                 a_long_cut_loses_the_lock_without_a_double_holder($backend));
             test!(a_paused_holder_is_fenced_and_unfenced_writes_are_unsafe =>

@@ -132,20 +132,21 @@ impl Deadline {
     }
 
     /// Resolves once the deadline is [`CLEANUP_GRACE`] past while
-    /// `session`'s connection is down: a wait's store calls would wait for
-    /// it to come back (or for the session's loss), which its caller did
-    /// not agree to. A wait on a live connection keeps its own deadline,
-    /// however many round trips it takes.
+    /// `session`'s connection is down — suspended, or lost and not yet
+    /// replaced: a wait's store calls would wait for it to come back (a
+    /// lost session's next call makes a new one, through the same
+    /// connection), which its caller did not agree to. A wait on a live
+    /// connection keeps its own deadline, however many round trips it
+    /// takes.
     async fn cut_off(&self, session: &Session) {
         let Deadline::At { at, .. } = *self else {
             return std::future::pending().await;
         };
         tokio::time::sleep_until(instant_after(at, CLEANUP_GRACE)).await;
         let mut status = session.watch_status();
+        let down = |state| matches!(state, SessionState::Suspended | SessionState::Lost);
         // A session gone with its channel cuts off too.
-        let _ = status
-            .wait_for(|s| s.state == SessionState::Suspended)
-            .await;
+        let _ = status.wait_for(|s| down(s.state)).await;
     }
 }
 
