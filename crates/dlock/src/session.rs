@@ -6,7 +6,7 @@
 //! each backend's `open` turns an endpoint into an `Arc<dyn Store>` and
 //! knows no session; this module picks the backend and wraps its store.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -145,8 +145,10 @@ struct Inner {
     recycled: StdMutex<Vec<String>>,
     /// Nodes of this session being removed in the background (a dropped
     /// lease leaving): a recipe that finds one in its way waits for it to
-    /// go, rather than take it for a live one.
-    departing: StdMutex<HashSet<(String, i64)>>,
+    /// go, rather than take it for a live one. Counted: two removals may
+    /// mark one node (a cancelled acquire's and a retry's), and the first
+    /// to finish must not clear the other's mark.
+    departing: StdMutex<HashMap<(String, i64), usize>>,
 }
 
 /// Whether the node a delete was for had gone before the delete got there:
@@ -167,7 +169,12 @@ impl Drop for Departure {
     fn drop(&mut self) {
         let mut departing = self.session.inner.departing.lock();
         let departing = departing.as_mut().unwrap_or_else(|e| e.get_mut());
-        departing.remove(&self.node);
+        if let Some(marks) = departing.get_mut(&self.node) {
+            *marks -= 1;
+            if *marks == 0 {
+                departing.remove(&self.node);
+            }
+        }
     }
 }
 
@@ -196,7 +203,7 @@ impl Session {
                 background: watch::channel(0).0,
                 retried: AtomicUsize::new(0),
                 recycled: StdMutex::new(Vec::new()),
-                departing: StdMutex::new(HashSet::new()),
+                departing: StdMutex::new(HashMap::new()),
             }),
         }
     }
@@ -510,7 +517,7 @@ impl Session {
         let node = (path.to_string(), czxid);
         let mut departing = self.inner.departing.lock();
         let departing = departing.as_mut().unwrap_or_else(|e| e.get_mut());
-        departing.insert(node.clone());
+        *departing.entry(node.clone()).or_default() += 1;
         Departure {
             session: self.clone(),
             node,
@@ -524,7 +531,7 @@ impl Session {
         let departing = departing.unwrap_or_else(|e| e.into_inner());
         [czxid, ANY_CREATION]
             .into_iter()
-            .any(|czxid| departing.contains(&(path.to_string(), czxid)))
+            .any(|czxid| departing.contains_key(&(path.to_string(), czxid)))
     }
 
     /// Returns the protection prefix of `node` (a protected node of this
@@ -899,5 +906,24 @@ impl Drop for ProtectedCreate {
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two removals mark one node (a cancelled acquire's and its retry's):
+    /// the first to finish leaves the other's mark.
+    #[tokio::test]
+    async fn a_node_marked_twice_departs_until_both_marks_go() {
+        let session = crate::connect("embedded").await.unwrap();
+        let first = session.departing("/a", ANY_CREATION);
+        let second = session.departing("/a", ANY_CREATION);
+        drop(first);
+        assert!(session.is_departing("/a", 7));
+        drop(second);
+        assert!(!session.is_departing("/a", 7));
+        session.close().await;
     }
 }
