@@ -735,13 +735,41 @@ impl Session {
     /// Deletes the node at `path` only if it is the one created at `czxid`;
     /// [`Gone`] if someone else removed it first (then the node there, if
     /// any, is another). One round trip where the store fences its
-    /// session's deletes, two elsewhere.
+    /// session's deletes, two elsewhere. Guaranteed, as
+    /// [`delete_guaranteed`](Self::delete_guaranteed) is: if the
+    /// connection fails through every retry, the delete goes on in the
+    /// background (a hold that ran out would otherwise keep its node, and
+    /// its waiters, until the session ends).
     async fn delete_created(&self, path: &str, czxid: i64) -> Result<Gone> {
         match self.inner.store.deletes_only_created(path, czxid) {
             Some(true) => return self.delete_guaranteed_or_gone(path).await,
             Some(false) => return Ok(Gone(true)),
             None => {}
         }
+        let deleted = self.delete_created_by_reading(path, czxid).await;
+        if let Err(e) = &deleted {
+            if e.is_retryable() {
+                let (session, path) = (self.clone(), path.to_string());
+                self.spawn_background(async move {
+                    let mut retry = 0;
+                    loop {
+                        let pause = session.inner.options.retry.sleep_for(retry.min(8));
+                        tokio::time::sleep(pause).await;
+                        match session.delete_created_by_reading(&path, czxid).await {
+                            Err(e) if e.is_retryable() => retry += 1,
+                            _ => return,
+                        }
+                    }
+                });
+            }
+        }
+        deleted
+    }
+
+    /// [`delete_created`](Self::delete_created) on a store that does not
+    /// fence deletes by creation: reads the node's, then deletes on its
+    /// version.
+    async fn delete_created_by_reading(&self, path: &str, czxid: i64) -> Result<Gone> {
         loop {
             let found = self
                 .retrying(|| self.inner.store.exists(path, false))

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::recipes::deadline::instant_after;
+use crate::recipes::lifecycle::Backoff;
 use crate::session::{Gone, Session};
 use crate::store::{Created, SessionId, SessionState, WatchEvent};
 
@@ -281,6 +282,7 @@ impl HeldNode {
     async fn watch_removal(&self) {
         let store = self.session.store();
         let path = &self.created.path;
+        let mut backoff = Backoff::default();
         loop {
             if self.fate() != Fate::Held || self.session_over() {
                 return;
@@ -293,8 +295,19 @@ impl HeldNode {
                     return;
                 }
                 Ok((_, Some(watch))) => watch,
+                // Requests failing on a live session (timing out, say):
+                // look again after a pause. Given up, nothing would tell
+                // the holder of a forced removal for the rest of its hold.
+                Err(e) if e.is_retryable() => {
+                    let done = self.fate_settles(|f| f != Fate::Held);
+                    match backoff.pause(&self.session, done).await {
+                        true => continue,
+                        false => return,
+                    }
+                }
                 Ok((_, None)) | Err(_) => return,
             };
+            backoff.reset();
             tokio::select! {
                 event = watch.changed() => {
                     if event == WatchEvent::NodeDeleted {
