@@ -678,26 +678,37 @@ async fn once(session: &Session, args: &TopArgs, limits: Limits) -> Result<u8> {
     if args.json {
         println!("{}", view.to_json());
     } else {
-        let area = Rect::new(0, 0, 120, 1 + view.table_height() as u16);
+        // A screen buffer has at most u16::MAX lines: the rest are cut,
+        // and said to be.
+        let rows = view.table_height();
+        let shown = rows.min(usize::from(u16::MAX - 1));
+        let area = Rect::new(0, 0, 120, 1 + shown as u16);
         let mut buf = Buffer::empty(area);
         render(&view, "", area, &mut buf);
         for line in buffer_lines(&buf) {
             println!("{line}");
         }
+        if shown < rows {
+            eprintln!("dlock: showed {shown} of {rows} rows; --json lists them all");
+        }
     }
     Ok(0)
 }
 
-/// The live view, until `q`, Esc or Ctrl-C.
+/// The live view, until `q`, Esc or Ctrl-C — or SIGTERM, SIGHUP, SIGQUIT
+/// or a SIGINT from `kill`, which would otherwise end dlock with the
+/// terminal left raw, on the alternate screen, its cursor hidden.
 async fn live(session: &Session, prefix: &str, limits: Limits) -> Result<u8> {
+    let signals = crate::run::Signals::new()?;
     let mut terminal = ratatui::try_init()?;
-    let result = live_loop(&mut terminal, session, prefix, limits).await;
+    let result = live_loop(&mut terminal, signals, session, prefix, limits).await;
     ratatui::restore();
     result
 }
 
 async fn live_loop(
     terminal: &mut ratatui::DefaultTerminal,
+    mut signals: crate::run::Signals,
     session: &Session,
     prefix: &str,
     limits: Limits,
@@ -739,6 +750,7 @@ async fn live_loop(
                     break;
                 }
                 _ = clock.tick() => {}
+                signal = signals.next() => return Ok(128u8.saturating_add(signal as u8)),
                 event = keys.next() => match event {
                     Some(Ok(Event::Key(key))) if key.kind == KeyEventKind::Press => {
                         let ctrl_c = key.code == KeyCode::Char('c')

@@ -230,6 +230,69 @@ fn live_view_in_tmux_shows_a_new_holder_and_quits_on_q(endpoint: &str) {
     await_nothing_under(&endpoint, &root);
 }
 
+/// `top` stopped by a signal (here SIGTERM, as `timeout` or a service
+/// manager sends) gives the terminal back as it found it — cooked, echoing
+/// — and exits 128 + the signal; before, the signal killed it with the
+/// terminal left raw on the alternate screen.
+#[test]
+fn a_signalled_top_gives_the_terminal_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str| dir.path().join(name);
+    let (pid, status, stty) = (file("pid"), file("status"), file("stty"));
+    let socket = format!("dlock-top-sig-{}", uuid::Uuid::new_v4().simple());
+    let root = unique_root();
+    let script = format!(
+        "sh -c 'echo $$ > {}; exec \"$0\" --endpoint {} top {root}' '{}'; echo $? > '{}'; stty -a > '{}'",
+        pid.display(),
+        common::zk_endpoint(),
+        env!("CARGO_BIN_EXE_dlock"),
+        status.display(),
+        stty.display(),
+    );
+    let started = tmux(
+        &socket,
+        &[
+            "new-session",
+            "-d",
+            "-s",
+            "top",
+            "-x",
+            "120",
+            "-y",
+            "30",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    assert!(started.status.success(), "{started:?}");
+    await_pane(&socket, "top's title", |s| {
+        s.contains(&format!("dlock top {root}"))
+    });
+    let pid: i32 = std::fs::read_to_string(&pid)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: kill(2) on the process this test started (through tmux).
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let ended = await_line(&stty, "icanon");
+    let (code, modes) = (
+        std::fs::read_to_string(&status).unwrap_or_default(),
+        std::fs::read_to_string(&stty).unwrap_or_default(),
+    );
+    tmux(&socket, &["kill-server"]);
+    assert!(ended, "top did not end on SIGTERM");
+    assert_eq!(code.trim(), "143", "top's exit status");
+    let flags: Vec<&str> = modes.split_whitespace().collect();
+    for mode in ["icanon", "echo", "isig"] {
+        assert!(
+            flags.contains(&mode),
+            "the terminal was left without {mode}: {modes}"
+        );
+    }
+}
+
 /// A foreign holder is named as such: while `etcdctl lock` (etcd's Go
 /// `concurrency.Mutex`) holds a path and a `dlock lock` waits behind it,
 /// `--once --json` lists the Go key as the holder with `"foreign":
