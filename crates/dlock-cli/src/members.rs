@@ -3,6 +3,7 @@
 //! the library's `GroupMember`, children cache and leader observer.
 
 use std::os::unix::process::ExitStatusExt;
+use std::time::Duration;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
@@ -11,7 +12,7 @@ use dlock::{GroupMember, LeaderParticipant, MemberEvent, Session};
 use futures::StreamExt;
 
 use crate::exit::Exit;
-use crate::run::{pass_on, Signals};
+use crate::run::{self, has_terminal, pass_on, prepare, Signals, Target};
 use crate::Global;
 
 /// `dlock members ...`: a group's membership (Curator's GroupMember).
@@ -107,25 +108,37 @@ async fn join(global: &Global, session: &Session, args: JoinArgs) -> Result<u8> 
         }
         Some((program, rest)) => {
             let endpoint = global.endpoint()?.without_credentials().to_string();
-            let spawned = tokio::process::Command::new(program)
+            // As `dlock lock` runs its CMD: a group of its own without a
+            // terminal, and SIGTERM if dlock dies (a member that is gone
+            // must not go on serving).
+            let group = !has_terminal();
+            let parent = std::process::id() as libc::pid_t;
+            let mut command = tokio::process::Command::new(program);
+            command
                 .args(rest)
                 .env("DLOCK_MEMBER", member.node())
                 .env("DLOCK_ENDPOINT", endpoint)
-                .kill_on_drop(true)
-                .spawn();
-            match spawned {
+                .kill_on_drop(true);
+            // SAFETY: `prepare` makes only async-signal-safe calls.
+            unsafe { command.pre_exec(move || prepare(parent, group)) };
+            match command.spawn() {
                 Ok(mut child) => {
+                    let pid = child.id().map_or(0, |pid| pid as libc::pid_t);
+                    let cmd = Target { pid, group };
                     let status = tokio::select! {
                         status = child.wait() => status?,
                         signal = stop.next() => {
-                            // Pass it on, and leave once the command is done.
-                            pass_on(signal, false, |signal| {
-                                if let Some(pid) = child.id() {
-                                    // SAFETY: signalling our own child by its pid.
-                                    unsafe { libc::kill(pid as libc::pid_t, signal) };
+                            // Pass it on, and leave once the command is
+                            // done; a second signal stops it at once.
+                            pass_on(signal, group, |signal| cmd.signal(signal));
+                            tokio::select! {
+                                status = child.wait() => status?,
+                                _ = stop.next() => {
+                                    eprintln!("dlock: a second signal — stopping the command now");
+                                    run::stop(&mut child, cmd, Duration::ZERO).await;
+                                    child.wait().await?
                                 }
-                            });
-                            child.wait().await?
+                            }
                         }
                     };
                     status

@@ -408,13 +408,13 @@ async fn give_back(release: Release, nodes: &str) {
 /// reads of the terminal — works on dlock and CMD together, as on any
 /// job: there only CMD itself is signalled.
 #[derive(Clone, Copy)]
-struct Target {
-    pid: libc::pid_t,
-    group: bool,
+pub(crate) struct Target {
+    pub(crate) pid: libc::pid_t,
+    pub(crate) group: bool,
 }
 
 impl Target {
-    fn signal(self, signal: libc::c_int) {
+    pub(crate) fn signal(self, signal: libc::c_int) {
         let whom = if self.group { -self.pid } else { self.pid };
         // SAFETY: kill(2) on our child, or on the group it leads, which
         // lives while any of its processes does (so its id is not reused).
@@ -429,7 +429,7 @@ impl Target {
 }
 
 /// Whether dlock has a controlling terminal.
-fn has_terminal() -> bool {
+pub(crate) fn has_terminal() -> bool {
     std::fs::File::open("/dev/tty").is_ok()
 }
 
@@ -437,7 +437,7 @@ fn has_terminal() -> bool {
 /// and SIGTERM if dlock dies without stopping it (`kill -9`): a lock's
 /// session outlives dlock by up to its timeout, and CMD must not run on
 /// past it.
-fn prepare(parent: libc::pid_t, group: bool) -> std::io::Result<()> {
+pub(crate) fn prepare(parent: libc::pid_t, group: bool) -> std::io::Result<()> {
     let failed = |done: libc::c_int| match done {
         -1 => Err(std::io::Error::last_os_error()),
         _ => Ok(()),
@@ -477,7 +477,7 @@ fn exit_code(status: ExitStatus) -> u8 {
 /// SIGTERM to CMD (its group), then SIGKILL after `grace` (at once if
 /// none) to whatever of it is left: CMD gone first, what it started still
 /// gets the rest of the grace, then SIGKILL.
-async fn stop(child: &mut tokio::process::Child, cmd: Target, grace: Duration) {
+pub(crate) async fn stop(child: &mut tokio::process::Child, cmd: Target, grace: Duration) {
     if !grace.is_zero() {
         let deadline = tokio::time::Instant::now() + grace;
         cmd.signal(libc::SIGTERM);

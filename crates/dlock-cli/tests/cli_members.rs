@@ -3,8 +3,18 @@
 //! embedded store refused (it lives inside one process, so no other
 //! process could see a member or a leader).
 
+use std::path::Path;
+use std::time::Duration;
+
 mod common;
-use common::{dlock_on, unique, zk_endpoint, Running};
+use common::{dlock_on, exit_within, unique, zk_endpoint, Running};
+
+/// How long a process may take to answer a signal.
+const BOUND: Duration = Duration::from_secs(15);
+
+fn await_line(path: &Path, needle: &str, within: Duration) -> bool {
+    common::await_line(path, needle, within)
+}
 
 fn run(endpoint: &str, args: &[&str]) -> std::process::Output {
     dlock_on(endpoint).args(args).output().expect("run dlock")
@@ -136,6 +146,90 @@ fn members_join_list_watch(endpoint: &str) {
         w.signal(libc::SIGINT);
         assert_eq!(w.exit_code(), Some(0));
     }
+}
+
+/// Whether process `pid` has ended (gone, or a zombie nobody reaped yet).
+fn ended(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|s| s.trim_start().starts_with('Z'))
+    })
+}
+
+/// Kills a process left running when dropped.
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if !ended(self.0) {
+            // SAFETY: kill(2) on a process this test started.
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+}
+
+/// `members join -- CMD` stops its command as `lock` does: a second signal
+/// stops one that ignores the first at once, and a dlock killed with -9
+/// takes its command with it (before, the first signal was all, and a
+/// command outlived its member, serving while the group said it had left).
+#[test]
+fn a_members_command_is_stopped_with_it() {
+    let endpoint = zk_endpoint();
+    let dir = tempfile::tempdir().unwrap();
+    let (pid_file, said) = (dir.path().join("pid"), dir.path().join("said"));
+    let path = unique("members-stopped");
+    let join = |script: &str| {
+        dlock_on(&endpoint)
+            .args(["members", "join", &path, "a", "--", "sh", "-c", script])
+            .stderr(std::fs::File::create(&said).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let pid_of_cmd = || {
+        assert!(
+            await_line(&pid_file, "", BOUND),
+            "the command never started"
+        );
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        std::fs::remove_file(&pid_file).unwrap();
+        pid
+    };
+    let stubborn = format!(
+        "trap '' TERM; echo $$ > {}; while :; do sleep 0.1; done",
+        pid_file.display()
+    );
+    let member = join(&stubborn);
+    let cmd = pid_of_cmd();
+    // Whatever the test finds, the stubborn command does not outlive it
+    // (it would hold the test harness's output open).
+    let _reaper = KillOnDrop(cmd);
+    // SAFETY: signalling the dlock this test started.
+    unsafe { libc::kill(member.id() as i32, libc::SIGTERM) };
+    assert!(
+        await_line(&said, "passed SIGTERM on", BOUND),
+        "dlock said nothing"
+    );
+    assert!(!ended(cmd), "the command ignores SIGTERM");
+    // SAFETY: as above.
+    unsafe { libc::kill(member.id() as i32, libc::SIGTERM) };
+    assert_eq!(exit_within(member, BOUND), Some(128 + libc::SIGKILL));
+    assert!(ended(cmd), "the command outlived a second signal");
+
+    let member = join(&format!("echo $$ > {}; exec sleep 300", pid_file.display()));
+    let cmd = pid_of_cmd();
+    // SAFETY: as above.
+    unsafe { libc::kill(member.id() as i32, libc::SIGKILL) };
+    assert_eq!(exit_within(member, BOUND), None, "killed");
+    let deadline = std::time::Instant::now() + BOUND;
+    while !ended(cmd) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(ended(cmd), "the command outlived its dlock");
 }
 
 /// `observe` prints nobody, then each leader of an election run by
