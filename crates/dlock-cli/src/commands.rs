@@ -553,8 +553,26 @@ pub enum CountCommand {
     },
 }
 
+/// Refuses bad recipe paths before connecting: a usage error at once, not
+/// after waiting out a server that cannot be reached.
+pub(crate) fn refuse_bad_paths<'a>(
+    what: &str,
+    paths: impl IntoIterator<Item = &'a str>,
+) -> Result<()> {
+    for path in paths {
+        dlock::path::validate_recipe(path, what)?;
+    }
+    Ok(())
+}
+
 /// Runs a `count` command.
 pub async fn count(global: &Global, command: CountCommand) -> Result<u8> {
+    let path = match &command {
+        CountCommand::Get { path }
+        | CountCommand::Set { path, .. }
+        | CountCommand::Cas { path, .. } => path,
+    };
+    refuse_bad_paths("a count", [path.as_str()])?;
     in_session(global, |session| count_in(session, command)).await
 }
 
@@ -638,6 +656,12 @@ pub enum BarrierCommand {
 
 /// Runs a `barrier` command.
 pub async fn barrier(global: &Global, command: BarrierCommand) -> Result<u8> {
+    let path = match &command {
+        BarrierCommand::Set { path }
+        | BarrierCommand::Remove { path }
+        | BarrierCommand::Wait { path, .. } => path,
+    };
+    refuse_bad_paths("a barrier", [path.as_str()])?;
     in_session(global, |session| async move {
         match command {
             BarrierCommand::Set { path } => {
@@ -786,6 +810,14 @@ pub enum CounterCommand {
 
 /// Runs a `counter` command.
 pub async fn counter(global: &Global, command: CounterCommand) -> Result<u8> {
+    let (path, tries) = match &command {
+        CounterCommand::Get { path } | CounterCommand::Cas { path, .. } => (path, None),
+        CounterCommand::Add { path, tries, .. } | CounterCommand::Set { path, tries, .. } => {
+            (path, Some(tries))
+        }
+    };
+    let lock_path = tries.and_then(|t| t.lock_path.as_deref());
+    refuse_bad_paths("a counter", [path.as_str()].into_iter().chain(lock_path))?;
     in_session(global, |session| counter_in(session, command)).await
 }
 

@@ -79,6 +79,11 @@ pub struct ObserveArgs {
 
 /// Runs a `members` command.
 pub async fn members(global: &Global, command: MembersCommand) -> Result<u8> {
+    let path = match &command {
+        MembersCommand::Join(args) => &args.path,
+        MembersCommand::List { path, .. } | MembersCommand::Watch { path, .. } => path,
+    };
+    crate::commands::refuse_bad_paths("a group", [path.as_str()])?;
     let session = global.connect_remote().await?;
     let result = match command {
         MembersCommand::Join(args) => join(global, &session, args).await,
@@ -242,6 +247,7 @@ fn print_leader(leader: &Option<LeaderParticipant>, json: bool) {
 /// `dlock observe PATH`: the leader now, then every new leader, until
 /// stopped.
 pub async fn observe(global: &Global, args: ObserveArgs) -> Result<u8> {
+    crate::commands::refuse_bad_paths("an election", [args.path.as_str()])?;
     let session = global.connect_remote().await?;
     let result = async {
         let mut stop = Signals::new()?;

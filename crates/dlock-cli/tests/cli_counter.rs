@@ -23,6 +23,32 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).to_string()
 }
 
+/// A bad path is a usage error (64) even when no server answers: it is
+/// refused before connecting (before, these commands connected first, and
+/// exited 67 after waiting out the unreachable server).
+#[test]
+fn bad_paths_are_refused_before_connecting() {
+    let nobody = format!("zk://127.0.0.1:{}", dlock_testkit::free_port());
+    for args in [
+        &["counter", "get", "relative"][..],
+        &["counter", "add", "/", "1"],
+        &["counter", "add", "/c", "1", "--lock-path", "nope"],
+        &["count", "get", "relative"],
+        &["barrier", "set", "relative"],
+        &["members", "list", "relative"],
+        &["observe", "relative"],
+    ] {
+        let out = dlock(&nobody).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        assert!(
+            stderr(&out).contains("relative")
+                || stderr(&out).contains("root")
+                || stderr(&out).contains("nope"),
+            "{args:?}: {out:?}"
+        );
+    }
+}
+
 /// get / add / set / cas, their exit codes and output, the node's bytes
 /// (Curator's 8-byte big-endian i64), and bad input.
 fn gets_adds_sets_and_compares(endpoint: &str) {

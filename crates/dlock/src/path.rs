@@ -64,8 +64,16 @@ pub fn validate(path: &str) -> Result<()> {
 
 /// Checks the path of a recipe (`what`, as in "a semaphore"): a valid
 /// path other than the root, where the recipe's nodes would mix with every
-/// other node of the store.
-pub(crate) fn validate_recipe(path: &str, what: &str) -> Result<()> {
+/// other node of the store. What each recipe's `new` checks first, for a
+/// caller that wants to refuse a bad path before connecting.
+///
+/// ```
+/// use dlock::path::validate_recipe;
+/// assert!(validate_recipe("/locks/nightly", "a lock").is_ok());
+/// assert!(validate_recipe("/", "a lock").is_err());
+/// assert!(validate_recipe("relative", "a lock").is_err());
+/// ```
+pub fn validate_recipe(path: &str, what: &str) -> Result<()> {
     validate(path)?;
     if path == "/" {
         return Err(Error::InvalidPath {
