@@ -438,6 +438,32 @@ async fn multi_results_describe_the_written_nodes(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// The root is never deleted and has no data of its own here: watches of
+/// it fire no node event while nodes come and go below it (before, on
+/// Consul its first look fired `NodeDeleted` at once, and on etcd an
+/// emptied namespace did).
+async fn a_root_watch_fires_no_node_event(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let (_, _, root_data) = s.get_data_watch("/").await?;
+    let (_, root_exists) = s.exists_watch("/").await?;
+    let node = h.path("/root-watch/n");
+    let (_, appeared) = s.exists_watch(&node).await?;
+    s.create(&node, b"", ephemeral()).await?;
+    let event = appeared.changed().await;
+    ensure!(event == WatchEvent::NodeCreated, "{event:?}");
+    let (_, _, gone) = s.get_data_watch(&node).await?;
+    s.delete(&node, None).await?;
+    let event = gone.changed().await;
+    ensure!(event == WatchEvent::NodeDeleted, "{event:?}");
+    // Later events came; a root event, had one been on its way, too.
+    let quiet = Duration::from_millis(500);
+    for (what, watch) in [("data", root_data), ("exists", root_exists)] {
+        let fired = tokio::time::timeout(quiet, watch.changed()).await;
+        ensure!(fired.is_err(), "the root's {what} watch fired: {fired:?}");
+    }
+    Ok(())
+}
+
 async fn parents_are_created_as_containers_and_reaped(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let dir = h.path("/c/d");
@@ -1062,6 +1088,7 @@ macro_rules! the_contract_on {
     watches_fire_once_on_node_events,
     multi_is_all_or_nothing,
     multi_results_describe_the_written_nodes,
+    a_root_watch_fires_no_node_event,
     parents_are_created_as_containers_and_reaped,
     create_and_list_sees_its_own_node,
     children_sort_by_sequence_like_curator,

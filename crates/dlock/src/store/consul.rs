@@ -868,7 +868,12 @@ impl Store for ConsulStore {
                 });
                 Ok((e.data(), keys::stat(&e, below), w))
             }
-            None if below > 0 || path == "/" => {
+            // The root, which has no key, is never deleted.
+            None if path == "/" => {
+                let w = watch.then(|| Watch::session_only(self.keeper.machine.subscribe()));
+                Ok((Vec::new(), keys::implicit_stat(below), w))
+            }
+            None if below > 0 => {
                 let w = watch.then(|| self.arm(Kind::Implicit { key }));
                 Ok((Vec::new(), keys::implicit_stat(below), w))
             }
@@ -891,9 +896,12 @@ impl Store for ConsulStore {
                     modified: e.modify_index,
                 },
             ),
-            None if below > 0 || path == "/" => {
-                (Some(keys::implicit_stat(below)), Kind::Implicit { key })
+            // The root, which has no key, is never deleted.
+            None if path == "/" => {
+                let root = watch.then(|| Watch::session_only(self.keeper.machine.subscribe()));
+                return Ok((Some(keys::implicit_stat(below)), root));
             }
+            None if below > 0 => (Some(keys::implicit_stat(below)), Kind::Implicit { key }),
             None => (None, Kind::Absent { key }),
         };
         Ok((stat, watch.then(|| self.arm(kind))))

@@ -941,7 +941,12 @@ impl Store for EtcdStore {
                 });
                 Ok((kv.value().to_vec(), keys::stat(&kv, below), w))
             }
-            None if below > 0 || path == self.root => {
+            // The root, which has no key, is never deleted.
+            None if path == self.root => {
+                let w = status.map(Watch::session_only);
+                Ok((Vec::new(), keys::implicit_stat(below), w))
+            }
+            None if below > 0 => {
                 let w =
                     status.map(|status| self.arm(path, Kind::Implicit, (rev, status), 0, 0, false));
                 Ok((Vec::new(), keys::implicit_stat(below), w))
@@ -958,9 +963,14 @@ impl Store for EtcdStore {
         let (key, below, rev) = self.read(path, lease).await?;
         let (stat, kind, mod_revision) = match key {
             Some(kv) => (Some(keys::stat(&kv, below)), Kind::Data, kv.mod_revision()),
-            None if below > 0 || path == self.root => {
-                (Some(keys::implicit_stat(below)), Kind::Implicit, 0)
+            // The root, which has no key, is never deleted.
+            None if path == self.root => {
+                return Ok((
+                    Some(keys::implicit_stat(below)),
+                    status.map(Watch::session_only),
+                ));
             }
+            None if below > 0 => (Some(keys::implicit_stat(below)), Kind::Implicit, 0),
             None => (None, Kind::Absent, 0),
         };
         Ok((

@@ -394,6 +394,9 @@ pub enum WatchEvent {
 pub struct Watch {
     node: oneshot::Receiver<WatchEvent>,
     session: watch::Receiver<SessionStatus>,
+    /// The sender of a node event that never comes, kept so that `node`
+    /// stays open ([`session_only`](Self::session_only)).
+    _never: Option<oneshot::Sender<WatchEvent>>,
 }
 
 impl Watch {
@@ -414,7 +417,22 @@ impl Watch {
         node: oneshot::Receiver<WatchEvent>,
         session: watch::Receiver<SessionStatus>,
     ) -> Self {
-        Watch { node, session }
+        Watch {
+            node,
+            session,
+            _never: None,
+        }
+    }
+
+    /// A watch no node event ever fires, only a session's change: the
+    /// root's on a store where the root has no key of its own (etcd,
+    /// Consul), which has no data to change and is never deleted.
+    pub fn session_only(session: watch::Receiver<SessionStatus>) -> Self {
+        let (never, node) = oneshot::channel();
+        Watch {
+            _never: Some(never),
+            ..Watch::since_read(node, session)
+        }
     }
 
     /// Waits for the event.
