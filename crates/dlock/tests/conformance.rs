@@ -435,6 +435,18 @@ async fn multi_results_describe_the_written_nodes(h: &Harness) -> Result<()> {
         made.stat
     );
     s.delete(&node, None).await?;
+    // A directory made for a child, at the version a look tells.
+    let child = format!("{base}/dir/c");
+    s.create(&child, b"", ephemeral()).await?;
+    let dir = format!("{base}/dir");
+    let version = s.exists(&dir).await?.context("the directory")?.version;
+    s.multi(&[Op::Check {
+        path: dir,
+        version: Some(version),
+    }])
+    .await
+    .context("a check on the version exists told")?;
+    s.delete(&child, None).await?;
     Ok(())
 }
 

@@ -1086,9 +1086,12 @@ impl ConsulStore {
                         pinned: Some(e.modify_index),
                         touched: false,
                     },
+                    // An implicit directory (or the root) is at version
+                    // 0, as `exists` tells it.
                     None => Planned {
                         exists: below > 0,
                         below,
+                        version: (below > 0 || p == "/").then_some(0),
                         ..Planned::default()
                     },
                 };
