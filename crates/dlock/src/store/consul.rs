@@ -140,6 +140,14 @@
 //!   ours does, so a guarded write or delete that waited out the renewal
 //!   fails the same way.
 //! - `num_children` counts every key below a node; `cversion` is 0.
+//! - **A delete does not fence against a child created at that moment**:
+//!   Consul's transactions cannot check that a prefix is empty, so the
+//!   delete reads the node's children first and pins only the node's own
+//!   key. A child created between the two survives the delete (the node
+//!   is then an implicit directory, without its data) rather than making
+//!   it fail with `NotEmpty`. No recipe deletes a node that may get a
+//!   child meanwhile but through the container reaper, whose directories
+//!   hold no data.
 //! - Multi is one `/v1/txn` after reading the paths it touches:
 //!   preconditions are checked on the reads and pinned in the transaction
 //!   by `check-index`/`check-not-exists`; if the store moved meanwhile it
@@ -564,11 +572,22 @@ impl ConsulStore {
         self.sequence.next_suffix()
     }
 
-    fn arm(&self, kind: Kind) -> Watch {
-        Watch::new(
-            watch::spawn(self.http.clone(), kind),
-            self.keeper.machine.subscribe(),
-        )
+    /// The session's status channel, subscribed before a read that arms a
+    /// watch: a change while the read is in flight (the session lost
+    /// meanwhile: a Consul read does not need it) still fires the watch.
+    fn status_before_read(
+        &self,
+        watch: bool,
+    ) -> Option<tokio::sync::watch::Receiver<crate::store::SessionStatus>> {
+        watch.then(|| self.keeper.machine.subscribe())
+    }
+
+    fn arm(
+        &self,
+        kind: Kind,
+        status: tokio::sync::watch::Receiver<crate::store::SessionStatus>,
+    ) -> Watch {
+        Watch::since_read(watch::spawn(self.http.clone(), kind), status)
     }
 
     /// Deletes one of this session's ephemeral nodes in one transaction,
@@ -855,26 +874,31 @@ impl Store for ConsulStore {
 
     async fn get_data(&self, path: &str, watch: bool) -> Result<(Vec<u8>, Stat, Option<Watch>)> {
         self.keeper.current().await?;
+        let status = self.status_before_read(watch);
         let (own, below) = self.read(path).await?;
         let key = self.layout.key(path);
         match own {
             Some(e) => {
-                let w = watch.then(|| {
-                    self.arm(Kind::Data {
-                        key,
-                        created: e.create_index,
-                        modified: e.modify_index,
-                    })
+                let w = status.map(|status| {
+                    let (created, modified) = (e.create_index, e.modify_index);
+                    self.arm(
+                        Kind::Data {
+                            key,
+                            created,
+                            modified,
+                        },
+                        status,
+                    )
                 });
                 Ok((e.data(), keys::stat(&e, below), w))
             }
             // The root, which has no key, is never deleted.
             None if path == "/" => {
-                let w = watch.then(|| Watch::session_only(self.keeper.machine.subscribe()));
+                let w = status.map(Watch::session_only);
                 Ok((Vec::new(), keys::implicit_stat(below), w))
             }
             None if below > 0 => {
-                let w = watch.then(|| self.arm(Kind::Implicit { key }));
+                let w = status.map(|status| self.arm(Kind::Implicit { key }, status));
                 Ok((Vec::new(), keys::implicit_stat(below), w))
             }
             None => Err(Error::NoNode {
@@ -885,6 +909,7 @@ impl Store for ConsulStore {
 
     async fn exists(&self, path: &str, watch: bool) -> Result<(Option<Stat>, Option<Watch>)> {
         self.keeper.current().await?;
+        let status = self.status_before_read(watch);
         let (own, below) = self.read(path).await?;
         let key = self.layout.key(path);
         let (stat, kind) = match own {
@@ -898,17 +923,20 @@ impl Store for ConsulStore {
             ),
             // The root, which has no key, is never deleted.
             None if path == "/" => {
-                let root = watch.then(|| Watch::session_only(self.keeper.machine.subscribe()));
-                return Ok((Some(keys::implicit_stat(below)), root));
+                return Ok((
+                    Some(keys::implicit_stat(below)),
+                    status.map(Watch::session_only),
+                ));
             }
             None if below > 0 => (Some(keys::implicit_stat(below)), Kind::Implicit { key }),
             None => (None, Kind::Absent { key }),
         };
-        Ok((stat, watch.then(|| self.arm(kind))))
+        Ok((stat, status.map(|status| self.arm(kind, status))))
     }
 
     async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
         self.keeper.current().await?;
+        let status = self.status_before_read(watch);
         let below = self.layout.below(path);
         let entries = self.recurse(&below, path).await?;
         let children = keys::children(&below, &entries);
@@ -917,12 +945,10 @@ impl Store for ConsulStore {
                 path: path.to_string(),
             });
         }
-        let w = watch.then(|| {
-            self.arm(Kind::Children {
-                key: (path != "/").then(|| self.layout.key(path)),
-                below,
-                digest: keys::digest(&children),
-            })
+        let w = status.map(|status| {
+            let key = (path != "/").then(|| self.layout.key(path));
+            let digest = keys::digest(&children);
+            self.arm(Kind::Children { key, below, digest }, status)
         });
         Ok((children, w))
     }

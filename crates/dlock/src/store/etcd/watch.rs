@@ -316,9 +316,7 @@ async fn look(
             None => Some(WatchEvent::NodeDeleted),
             // Made again since the read: the node read was deleted (as
             // ZooKeeper tells it), not changed.
-            Some(kv) if kv.create_revision() > armed.read_revision => {
-                Some(WatchEvent::NodeDeleted)
-            }
+            Some(kv) if kv.create_revision() > armed.read_revision => Some(WatchEvent::NodeDeleted),
             Some(kv) if kv.mod_revision() != armed.revision => Some(WatchEvent::DataChanged),
             Some(_) => None,
         },
