@@ -740,7 +740,7 @@ impl Session {
     /// connection fails through every retry, the delete goes on in the
     /// background (a hold that ran out would otherwise keep its node, and
     /// its waiters, until the session ends).
-    async fn delete_created(&self, path: &str, czxid: i64) -> Result<Gone> {
+    pub(crate) async fn delete_created(&self, path: &str, czxid: i64) -> Result<Gone> {
         match self.inner.store.deletes_only_created(path, czxid) {
             Some(true) => return self.delete_guaranteed_or_gone(path).await,
             Some(false) => return Ok(Gone(true)),

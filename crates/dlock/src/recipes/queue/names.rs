@@ -75,6 +75,13 @@ fn kazoo_prefix() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
 
+/// The part of a node's `name` that its creation chose at random — the
+/// protection prefix, Curator's `_c_<uuid>-` or kazoo's 32 hex digits —
+/// which every try of that one create shares, and nothing else.
+pub(crate) fn creation_prefix(name: &str) -> Option<&str> {
+    crate::path::protection_prefix(name).or_else(|| is_kazoo_node(name).then(|| &name[..32]))
+}
+
 /// Whether `name` is a kazoo lock contender's node,
 /// `<32 hex digits>__lock__<seq>` or `<32 hex digits>__rlock__<seq>`
 /// (`<seq>`: 10 digits, perhaps after a minus sign) — as kazoo writes it,

@@ -49,6 +49,17 @@ impl WaitQueue {
             if let Some(stop) = session_gone() {
                 return Err(stop);
             }
+            if self
+                .delete_twins(&children, name)
+                .await
+                .map_err(Stop::Failed)?
+            {
+                children = self
+                    .sorted_children_seen(since)
+                    .await
+                    .map_err(Stop::Failed)?;
+                continue;
+            }
             let watch = match predicate.check(&children, name).map_err(Stop::Failed)? {
                 Verdict::Acquired => return Ok(()),
                 Verdict::WatchNode(sibling) => {
@@ -109,6 +120,37 @@ impl WaitQueue {
         self.session
             .retrying(|| store.watch_child(&self.dir, sibling))
             .await
+    }
+
+    /// Deletes the twins of our node `name` among `children`: nodes of our
+    /// session with its protection prefix, made by an earlier try of the
+    /// create whose reply was lost and which landed late (etcd and Consul
+    /// do not order one client's requests; such a try's node is found by
+    /// no look made before it lands). Nobody else would ever delete one: a
+    /// twin before us, we would wait behind for good; after us, whoever
+    /// comes next. Whether any was deleted.
+    async fn delete_twins(&self, children: &[Child], name: &str) -> Result<bool> {
+        let Some(prefix) = super::names::creation_prefix(name) else {
+            return Ok(false);
+        };
+        let mut deleted = false;
+        let twins = children
+            .iter()
+            .filter(|c| c.name != name && c.name.starts_with(prefix));
+        for twin in twins {
+            let path = self.node_path(&twin.name);
+            let session = &self.session;
+            let Some(stat) = session.retrying(|| session.exists(&path)).await? else {
+                continue;
+            };
+            // (One of an earlier session goes with that session.)
+            if stat.ephemeral_owner == session.session_id() {
+                tracing::debug!(%path, "deleting a late twin of our node");
+                session.delete_created(&path, stat.czxid).await?;
+                deleted = true;
+            }
+        }
+        Ok(deleted)
     }
 
     /// Whether `owner` is the session's current, live session.
