@@ -435,6 +435,47 @@ async fn multi_results_describe_the_written_nodes(h: &Harness) -> Result<()> {
         made.stat
     );
     s.delete(&node, None).await?;
+    // A set after another write of the multi, of another node and of the
+    // node it made: its result is what a read finds, and the next write
+    // moves the node's mzxid on (one multi, one transaction id).
+    let (n, made) = (format!("{base}/n2"), format!("{base}/made"));
+    s.create(&n, b"", ephemeral()).await?;
+    for (create, set) in [
+        (format!("{base}/a"), n.clone()),
+        (made.clone(), made.clone()),
+    ] {
+        let results = s
+            .multi(&[
+                Op::Create {
+                    path: create.clone(),
+                    data: b"".to_vec(),
+                    mode: CreateMode::Ephemeral,
+                },
+                Op::SetData {
+                    path: set.clone(),
+                    data: b"set".to_vec(),
+                    version: None,
+                },
+            ])
+            .await?;
+        let (_, read) = s.get_data(&set).await?;
+        let [OpResult::Created(_), OpResult::Set(told)] = &results[..] else {
+            bail!("{results:?}");
+        };
+        ensure!(
+            (told.version, told.mzxid) == (read.version, read.mzxid),
+            "a set after a create: told {told:?}, read {read:?}"
+        );
+        let after = s.set_data(&set, b"again", None).await?;
+        ensure!(
+            after.mzxid > read.mzxid,
+            "the next write's mzxid {} is not past the multi's {}",
+            after.mzxid,
+            read.mzxid
+        );
+        s.delete(&create, None).await?;
+    }
+    s.delete(&n, None).await?;
     // A directory made for a child, at the version a look tells.
     let child = format!("{base}/dir/c");
     s.create(&child, b"", ephemeral()).await?;

@@ -429,21 +429,33 @@ impl Tree {
                 }
             }
         }
-        // ZooKeeper gives a multi a single transaction id.
+        // ZooKeeper gives a multi a single transaction id: every node it
+        // made or wrote, and every result, carries it (a write's id left
+        // ahead of the counter would be handed out again).
         if self.zxid > start_zxid + 1 {
             let zxid = start_zxid + 1;
-            for r in &mut results {
-                match r {
-                    OpResult::Created(c) => {
-                        c.stat.czxid = zxid;
-                        c.stat.mzxid = zxid;
-                        if let Some(n) = self.nodes.get_mut(&c.path) {
-                            n.stat.czxid = zxid;
-                            n.stat.mzxid = zxid;
-                        }
+            let stamp = |stat: &mut Stat| {
+                if stat.czxid > start_zxid {
+                    stat.czxid = zxid;
+                }
+                if stat.mzxid > start_zxid {
+                    stat.mzxid = zxid;
+                }
+            };
+            for (op, r) in ops.iter().zip(&mut results) {
+                let path = match (op, r) {
+                    (_, OpResult::Created(c)) => {
+                        stamp(&mut c.stat);
+                        c.path.clone()
                     }
-                    OpResult::Set(_) => {}
-                    _ => {}
+                    (Op::SetData { path, .. }, OpResult::Set(stat)) => {
+                        stamp(stat);
+                        path.clone()
+                    }
+                    _ => continue,
+                };
+                if let Some(n) = self.nodes.get_mut(&path) {
+                    stamp(&mut n.stat);
                 }
             }
             self.zxid = zxid;
