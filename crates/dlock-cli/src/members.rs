@@ -138,10 +138,12 @@ async fn join(global: &Global, session: &Session, args: JoinArgs) -> Result<u8> 
                             pass_on(signal, group, |signal| cmd.signal(signal));
                             tokio::select! {
                                 status = child.wait() => status?,
-                                _ = stop.next() => {
+                                second = stop.next() => {
                                     eprintln!("dlock: a second signal — stopping the command now");
                                     run::stop(&mut child, cmd, Duration::ZERO).await;
-                                    child.wait().await?
+                                    // As `lock` ends: 128 + that signal.
+                                    member.close().await?;
+                                    return Ok(128u8.saturating_add(second as u8));
                                 }
                             }
                         }

@@ -524,13 +524,16 @@ pub async fn lost(
 }
 
 /// Passes `signal`, which dlock caught, on to CMD with `send` — unless
-/// the terminal sent it (Ctrl-C, Ctrl-\\, a hang-up) and CMD is in dlock's
-/// process group (`!own_group`): the terminal signals its whole foreground
-/// group, so CMD has it already, and a second copy is what many programs
-/// take for "stop now, skip the clean-up".
+/// the terminal sent it (Ctrl-C's SIGINT, Ctrl-\\'s SIGQUIT) and CMD is in
+/// dlock's process group (`!own_group`): the terminal signals its whole
+/// foreground group, so CMD has it already, and a second copy is what many
+/// programs take for "stop now, skip the clean-up". A hang-up is always
+/// passed on: the terminal sends it to the session's leader alone, which
+/// dlock is when a shell `exec`s it (`ssh -t host dlock ...`).
 pub(crate) fn pass_on(signal: libc::c_int, own_group: bool, send: impl FnOnce(libc::c_int)) {
     let name = signal_name(signal);
-    if !own_group && Signals::sent_by_the_kernel(signal) {
+    let typed = matches!(signal, libc::SIGINT | libc::SIGQUIT);
+    if !own_group && typed && Signals::sent_by_the_kernel(signal) {
         eprintln!("dlock: the command got {name} from the terminal — waiting for it to end (a second signal stops it now)");
     } else {
         send(signal);
@@ -550,6 +553,9 @@ fn signal_name(signal: libc::c_int) -> &'static str {
 
 /// The `si_code` of the last delivery of each signal, by number: who sent
 /// it (the kernel, for a terminal's signals; a process, for `kill`).
+/// Linux's codes; elsewhere nothing is noted, and every signal is passed
+/// on.
+#[cfg(any(target_os = "linux", target_os = "android"))]
 static LAST_SENDER: [std::sync::atomic::AtomicI32; 32] =
     [const { std::sync::atomic::AtomicI32::new(libc::SI_USER) }; 32];
 
@@ -567,7 +573,9 @@ impl Signals {
         use tokio::signal::unix::{signal, SignalKind};
         // Before tokio's handlers, which run in the order registered: the
         // sender is noted by the time a signal is received.
+        #[cfg(any(target_os = "linux", target_os = "android"))]
         static NOTE_SENDERS: std::sync::Once = std::sync::Once::new();
+        #[cfg(any(target_os = "linux", target_os = "android"))]
         NOTE_SENDERS.call_once(|| {
             for number in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
                 let note = move |info: &libc::siginfo_t| {
@@ -590,9 +598,16 @@ impl Signals {
 
     /// Whether the last `signal` came from the kernel, as a terminal's
     /// signals do (`si_code` `SI_KERNEL`), rather than from `kill`.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
     pub(crate) fn sent_by_the_kernel(signal: libc::c_int) -> bool {
         let noted = LAST_SENDER.get(signal as usize);
         noted.is_some_and(|n| n.load(std::sync::atomic::Ordering::Relaxed) == libc::SI_KERNEL)
+    }
+
+    /// Not known here: every signal is passed on.
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    pub(crate) fn sent_by_the_kernel(_signal: libc::c_int) -> bool {
+        false
     }
 
     pub(crate) async fn next(&mut self) -> libc::c_int {

@@ -217,7 +217,7 @@ fn a_members_command_is_stopped_with_it() {
     assert!(!ended(cmd), "the command ignores SIGTERM");
     // SAFETY: as above.
     unsafe { libc::kill(member.id() as i32, libc::SIGTERM) };
-    assert_eq!(exit_within(member, BOUND), Some(128 + libc::SIGKILL));
+    assert_eq!(exit_within(member, BOUND), Some(128 + libc::SIGTERM));
     assert!(ended(cmd), "the command outlived a second signal");
 
     let member = join(&format!("echo $$ > {}; exec sleep 300", pid_file.display()));

@@ -57,7 +57,11 @@ impl std::fmt::Debug for Listener {
 /// `Revoker.attemptRevoke`). Cooperative: nothing is deleted; a node that is
 /// already gone is fine. A node no session owns (a lock's directory, a
 /// count, a record) is no participant's: [`Error::InvalidArgument`], and
-/// its data is left as it was.
+/// its data is left as it was. Each request is written and told, also
+/// one over an earlier request — except on Consul for a
+/// [`ConsulLock`](crate::ConsulLock)'s or a
+/// [`KvSemaphore`](crate::KvSemaphore)'s key, whose tag keeps its flags:
+/// Consul records no write that changes nothing.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
@@ -69,6 +73,10 @@ impl std::fmt::Debug for Listener {
 /// # Ok(()) }
 /// ```
 pub async fn revoke(session: &Session, node: &str) -> Result<()> {
+    // Each request is written, even over an earlier one: the holder is
+    // told of every write. Only our own, whose reply was lost, is not
+    // written again.
+    let mut written = false;
     loop {
         let read = session.retrying(|| session.get_data(node)).await;
         let (data, stat) = match read {
@@ -77,15 +85,15 @@ pub async fn revoke(session: &Session, node: &str) -> Result<()> {
             Err(e) => return Err(e),
         };
         refuse_ownerless(node, stat.ephemeral_owner, "asked to give way")?;
-        // Asked already (our own write, whose reply was lost): done.
-        if data == REVOKE_MESSAGE {
+        if written && data == REVOKE_MESSAGE {
             return Ok(());
         }
+        written = true;
         // On the version read: never over a node made since, or a write
         // that made the node someone else's.
-        let written =
+        let request =
             session.retrying(|| session.set_data(node, REVOKE_MESSAGE, Some(stat.version)));
-        match written.await {
+        match request.await {
             Ok(_) | Err(Error::NoNode { .. }) => return Ok(()),
             Err(Error::BadVersion { .. }) => {}
             Err(e) => return Err(e),
