@@ -50,7 +50,26 @@ mod keepalive;
 // The nodes a session of etcd or Consul holds.
 #[cfg(any(feature = "etcd", feature = "consul"))]
 mod owned;
-pub(crate) use self::owned::sequence_suffix;
+/// How many digits a sequence suffix has (as ZooKeeper's `%010d`).
+///
+/// ```
+/// assert_eq!(dlock::store::SEQUENCE_DIGITS, 10);
+/// ```
+pub const SEQUENCE_DIGITS: usize = 10;
+
+/// The trailing [`SEQUENCE_DIGITS`] digits of a node name, if it ends with
+/// at least that many (the shape of every backend's sequence suffixes).
+///
+/// ```
+/// use dlock::store::sequence_suffix;
+/// assert_eq!(sequence_suffix("_c_x-lock-0000000042"), Some("0000000042"));
+/// assert_eq!(sequence_suffix("lock-42"), None);
+/// ```
+pub fn sequence_suffix(name: &str) -> Option<&str> {
+    let digits = name.bytes().rev().take_while(u8::is_ascii_digit).count();
+    (digits >= SEQUENCE_DIGITS).then(|| &name[name.len() - SEQUENCE_DIGITS..])
+}
+
 // Used by the etcd backend (namespaces); ZooKeeper chroots are native.
 #[cfg(any(feature = "etcd", test))]
 mod namespace;
@@ -281,6 +300,7 @@ impl Child {
 /// again under its name counts as a change, by its [`Child::czxid`], and
 /// so does a child whose [`Child::owner`] changed (on Consul, a holder's
 /// session that ended: who waits on a semaphore's entries must wake).
+#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
 pub(crate) fn listing_digest(children: &[Child]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut names: Vec<(&str, Option<i64>, Option<SessionId>)> = children
@@ -745,6 +765,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 /// `created` is its marker's index if it has one, else its own key's, or
 /// for an implicit directory the smallest below it; `czxid` and `owner`
 /// are its own key's.
+#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
 pub(crate) fn children_from_keys<'k>(
     prefix: &[u8],
     marker: &[u8],

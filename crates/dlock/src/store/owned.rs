@@ -10,15 +10,7 @@ use std::sync::{Mutex as StdMutex, MutexGuard};
 use super::{CreateRequest, Created, SessionId};
 use crate::path;
 
-/// How many digits a sequence suffix has (as ZooKeeper's `%010d`).
-pub const SEQUENCE_DIGITS: usize = 10;
-
-/// The trailing [`SEQUENCE_DIGITS`] digits of a node name, if it ends with
-/// at least that many (the shape of these backends' sequence suffixes).
-pub fn sequence_suffix(name: &str) -> Option<&str> {
-    let digits = name.bytes().rev().take_while(u8::is_ascii_digit).count();
-    (digits >= SEQUENCE_DIGITS).then(|| &name[name.len() - SEQUENCE_DIGITS..])
-}
+pub use super::{sequence_suffix, SEQUENCE_DIGITS};
 
 /// How many distinct sequence suffixes there are ([`SEQUENCE_DIGITS`]
 /// digits).
@@ -130,6 +122,7 @@ impl<F> Owned<F> {
 
     /// Forgets the gone node at `path`, made in `made_in`, deleted by an
     /// operation of `session`.
+    #[cfg_attr(not(feature = "consul"), allow(dead_code))]
     pub fn forget_gone(&mut self, session: SessionId, path: &str, made_in: SessionId) {
         let ours = self.gone.get(path).is_some_and(|g| g.session == made_in);
         if self.is_of(session) && ours {

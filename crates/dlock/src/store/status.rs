@@ -90,6 +90,10 @@ pub(crate) enum Renewal<S> {
     /// someone else: nothing to do.
     NotNeeded,
     /// The new session is installed: the backend starts keeping it alive.
+    #[cfg_attr(
+        not(any(feature = "zookeeper", feature = "etcd", feature = "consul")),
+        allow(dead_code)
+    )]
     Installed(SessionId),
     /// The store closed while the new session was opened: the backend ends
     /// it.
@@ -115,6 +119,10 @@ impl<S> std::fmt::Debug for StatusMachine<S> {
 impl<S> StatusMachine<S> {
     /// How a store of a server shows itself in `{:?}`: as `name`, with its
     /// `endpoint` and its status.
+    #[cfg_attr(
+        not(any(feature = "zookeeper", feature = "etcd", feature = "consul")),
+        allow(dead_code)
+    )]
     pub fn fmt_store(
         &self,
         f: &mut std::fmt::Formatter<'_>,
@@ -170,6 +178,7 @@ impl<S> StatusMachine<S> {
     }
 
     /// Whether a `Faults::suspend` is in effect.
+    #[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
     pub fn fault_suspended(&self) -> bool {
         self.lock().fault_suspended
     }
@@ -322,6 +331,10 @@ impl<S> StatusMachine<S> {
     /// The connection of `session` dropped (or its keep-alive failed):
     /// `Suspended`, unless it is being ended on purpose. Returns whether
     /// `session` is still the current one.
+    #[cfg_attr(
+        not(any(feature = "zookeeper", feature = "etcd", feature = "consul")),
+        allow(dead_code)
+    )]
     pub fn disconnected(&self, session: SessionId) -> bool {
         let slot = self.lock();
         if slot.expiring != Some(session) {
@@ -434,6 +447,10 @@ impl<S> StatusMachine<S> {
 
     /// `Faults::expire`: fails once closed, does nothing once lost, else
     /// ends the current session by `end` (which declares it lost).
+    #[cfg_attr(
+        not(any(feature = "zookeeper", feature = "etcd", feature = "consul")),
+        allow(dead_code)
+    )]
     pub async fn expire_with<Fut>(&self, end: impl FnOnce(SessionId) -> Fut) -> Result<()>
     where
         Fut: Future<Output = Result<()>>,
