@@ -214,9 +214,15 @@ impl ZooKeeperStore {
     ) -> Result<(T, Option<Watch>)> {
         let client = self.inner.client().await?;
         let result = match watch {
-            true => watched(&client)
-                .await
-                .map(|(found, w)| (found, Some(self.inner.arm(w)))),
+            true => {
+                // Subscribed before the read: a suspension while it runs
+                // (its reply in, the connection gone before we resume)
+                // fires the watch.
+                let status = self.inner.machine.subscribe();
+                watched(&client)
+                    .await
+                    .map(|(found, w)| (found, Some(self.inner.arm(w, status))))
+            }
             false => plain(&client).await.map(|found| (found, None)),
         };
         result.map_err(|e| self.inner.error(&client, e, path))

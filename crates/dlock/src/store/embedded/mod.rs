@@ -251,11 +251,26 @@ impl EmbeddedStore {
         &self,
         op: impl FnOnce(&mut Tree, SessionId, &mut Vec<Fired>) -> Result<T>,
     ) -> Result<T> {
+        self.run_watched(false, op).await.map(|(done, _)| done)
+    }
+
+    /// [`run`](Self::run), for a read that arms a watch if `watch`: with
+    /// the session's status channel, subscribed before the read, so that a
+    /// change while it runs (a suspension from another thread) fires it.
+    async fn run_watched<T>(
+        &self,
+        watch: bool,
+        op: impl FnOnce(&mut Tree, SessionId, &mut Vec<Fired>) -> Result<T>,
+    ) -> Result<(
+        T,
+        Option<tokio::sync::watch::Receiver<crate::store::SessionStatus>>,
+    )> {
         // Every operation spends the task's cooperative budget, as network
         // I/O would: a loop of operations that never waits must still let
         // other tasks run (on a current-thread runtime it would starve them).
         tokio::task::consume_budget().await;
         let session = self.session().await?;
+        let status = watch.then(|| self.machine.subscribe());
         let result = self.server.apply(|tree, fired| {
             tree.check_session(session)?;
             op(tree, session, fired)
@@ -263,11 +278,15 @@ impl EmbeddedStore {
         if matches!(result, Err(Error::SessionExpired)) {
             self.machine.lose(session);
         }
-        result
+        result.map(|done| (done, status))
     }
 
-    fn watch(&self, rx: oneshot::Receiver<WatchEvent>) -> Watch {
-        Watch::new(rx, self.machine.subscribe())
+    /// The watch of a read that [`run_watched`](Self::run_watched).
+    fn watch(
+        rx: Option<oneshot::Receiver<WatchEvent>>,
+        status: Option<tokio::sync::watch::Receiver<crate::store::SessionStatus>>,
+    ) -> Option<Watch> {
+        Some(Watch::since_read(rx?, status?))
     }
 }
 
@@ -308,24 +327,24 @@ impl Store for EmbeddedStore {
     }
 
     async fn get_data(&self, path: &str, watch: bool) -> Result<(Vec<u8>, Stat, Option<Watch>)> {
-        let (data, stat, rx) = self
-            .run(|t, s, _| t.get_data(path, watch.then_some(s)))
+        let ((data, stat, rx), status) = self
+            .run_watched(watch, |t, s, _| t.get_data(path, watch.then_some(s)))
             .await?;
-        Ok((data, stat, rx.map(|rx| self.watch(rx))))
+        Ok((data, stat, Self::watch(rx, status)))
     }
 
     async fn exists(&self, path: &str, watch: bool) -> Result<(Option<Stat>, Option<Watch>)> {
-        let (stat, rx) = self
-            .run(|t, s, _| Ok(t.exists(path, watch.then_some(s))))
+        let ((stat, rx), status) = self
+            .run_watched(watch, |t, s, _| Ok(t.exists(path, watch.then_some(s))))
             .await?;
-        Ok((stat, rx.map(|rx| self.watch(rx))))
+        Ok((stat, Self::watch(rx, status)))
     }
 
     async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
-        let (children, rx) = self
-            .run(|t, s, _| t.children(path, watch.then_some(s)))
+        let ((children, rx), status) = self
+            .run_watched(watch, |t, s, _| t.children(path, watch.then_some(s)))
             .await?;
-        Ok((children, rx.map(|rx| self.watch(rx))))
+        Ok((children, Self::watch(rx, status)))
     }
 
     async fn multi(&self, ops: &[Op]) -> Result<Vec<OpResult>> {

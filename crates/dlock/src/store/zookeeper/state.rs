@@ -385,13 +385,17 @@ impl Inner {
         }
     }
 
-    /// Turns the client's one-shot watcher into a [`Watch`]. A small task
-    /// forwards the event; it ends when the event comes or the `Watch` is
-    /// dropped (then the client's watcher is dropped too).
-    pub fn arm(&self, watcher: zk::OneshotWatcher) -> Watch {
+    /// Turns the client's one-shot watcher into a [`Watch`], with the
+    /// session's `status` as subscribed before the read that armed it. A
+    /// small task forwards the event; it ends when the event comes or the
+    /// `Watch` is dropped (then the client's watcher is dropped too).
+    pub fn arm(
+        &self,
+        watcher: zk::OneshotWatcher,
+        status: tokio::sync::watch::Receiver<crate::store::SessionStatus>,
+    ) -> Watch {
         let (mut tx, rx) = oneshot::channel();
-        let status = self.machine.subscribe();
-        let watch = Watch::new(rx, status.clone());
+        let watch = Watch::since_read(rx, status.clone());
         self.runtime.spawn(async move {
             let changed = watcher.changed();
             tokio::pin!(changed);
