@@ -116,6 +116,13 @@ async fn open_unbounded(config: &Config) -> Result<zk::Client> {
     // persistent node: a container could be reaped under our feet).
     let chroot_error = |e: zk::Error| match e {
         zk::Error::NoAuth => Error::NoAuth { path: root.clone() },
+        // The server just reached went away: as any server that cannot be
+        // reached (after a loss, the next operation tries again).
+        zk::Error::ConnectionLoss
+        | zk::Error::Timeout
+        | zk::Error::SessionExpired
+        | zk::Error::ClientClosed
+        | zk::Error::Custom(_) => config.unreachable(format!("the chroot {root}: {e}")),
         e => Error::Backend(format!("cannot create the chroot {root}: {e}")),
     };
     if client
