@@ -362,6 +362,33 @@ async fn a_release_wakes_exactly_one_waiter(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// A dropped watch is no watch: the store counts none, and a change
+/// notifies only the watches still awaited (before, the embedded store
+/// kept every watch dropped unfired — a timed-out wait's — on a node that
+/// never changed, and counted and notified them).
+async fn dropped_watches_are_not_kept(h: &Harness) -> Result<()> {
+    let common::Backend::Embedded(server) = &h.backend else {
+        anyhow::bail!("embedded only")
+    };
+    let s = h.session().await;
+    let node = h.path("/dropped-watches");
+    s.create(&node, b"", persistent()).await?;
+    let before = server.watch_stats();
+    for _ in 0..100 {
+        let (_, _, dropped) = s.get_data_watch(&node).await?;
+        drop(dropped);
+    }
+    let (_, _, kept) = s.get_data_watch(&node).await?;
+    let armed = server.watch_stats().node_watches - before.node_watches;
+    ensure!(armed == 1, "{armed} watches on the node, one awaited");
+    s.set_data(&node, b"x", None).await?;
+    kept.changed().await;
+    let told = server.watch_stats().node_notifications - before.node_notifications;
+    ensure!(told == 1, "one change notified {told} watches");
+    s.delete(&node, None).await?;
+    Ok(())
+}
+
 /// Guarded writes land only while the lock is held.
 async fn guarded_writes_need_the_lock(h: &Harness) -> Result<()> {
     let s = h.session().await;
@@ -461,4 +488,5 @@ per_backend!({
 // predecessor.)
 per_backend!(embedded_watches => crate::common::embedded();
     a_release_wakes_exactly_one_waiter,
+    dropped_watches_are_not_kept,
 );

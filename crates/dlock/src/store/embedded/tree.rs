@@ -543,7 +543,9 @@ impl Tree {
     }
 
     pub(super) fn watch_stats(&self) -> WatchStats {
-        let count = |m: &HashMap<String, Vec<Watcher>>| m.values().map(Vec::len).sum::<usize>();
+        // A dropped watch is gone, whether or not it was pruned yet.
+        let live = |list: &Vec<Watcher>| list.iter().filter(|w| !w.tx.is_closed()).count();
+        let count = |m: &HashMap<String, Vec<Watcher>>| m.values().map(live).sum::<usize>();
         WatchStats {
             node_watches: count(&self.node_watches),
             child_watches: count(&self.child_watches),
@@ -561,8 +563,9 @@ fn fire(
     fired: &mut Vec<Fired>,
 ) -> u64 {
     let list = map.remove(path).unwrap_or_default();
-    let count = list.len() as u64;
-    fired.extend(list.into_iter().map(|w| (w.tx, event)));
+    let live: Vec<Watcher> = list.into_iter().filter(|w| !w.tx.is_closed()).collect();
+    let count = live.len() as u64;
+    fired.extend(live.into_iter().map(|w| (w.tx, event)));
     count
 }
 
@@ -572,8 +575,10 @@ fn arm(
     session: SessionId,
 ) -> oneshot::Receiver<WatchEvent> {
     let (tx, rx) = oneshot::channel();
-    map.entry(path.to_string())
-        .or_default()
-        .push(Watcher { session, tx });
+    let list = map.entry(path.to_string()).or_default();
+    // Watches dropped unfired (a wait that timed out) go as the next one
+    // comes, or a node that never changes would gather them for ever.
+    list.retain(|w| !w.tx.is_closed());
+    list.push(Watcher { session, tx });
     rx
 }
