@@ -329,15 +329,18 @@ impl Session {
         Ok(create::run(&*self.inner.store, request).await?.0)
     }
 
-    /// Deletes a node, if its version matches.
+    /// Deletes a node, if its version matches (`None`: any version).
     pub async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
         path::validate(path)?;
+        check_version(path, version)?;
         self.inner.store.delete(path, version).await
     }
 
-    /// Replaces a node's data, if its version matches.
+    /// Replaces a node's data, if its version matches (`None`: any
+    /// version).
     pub async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
         path::validate(path)?;
+        check_version(path, version)?;
         self.inner.store.set_data(path, data, version).await
     }
 
@@ -429,8 +432,11 @@ impl Session {
         for op in ops {
             match op {
                 Op::Create { path, mode, .. } => check_create_path(path, *mode)?,
-                Op::Check { path, .. } | Op::SetData { path, .. } | Op::Delete { path, .. } => {
-                    path::validate(path)?
+                Op::Check { path, version }
+                | Op::SetData { path, version, .. }
+                | Op::Delete { path, version } => {
+                    path::validate(path)?;
+                    check_version(path, *version)?;
                 }
             }
         }
@@ -887,6 +893,18 @@ fn count_state_changes(store: &dyn Store) {
 /// The watch a read was asked to arm (the contract says it always is).
 fn armed(watch: Option<Watch>) -> Watch {
     watch.expect("the store armed the requested watch")
+}
+
+/// A version no node has is refused: ZooKeeper would take -1 for "any
+/// version", the other stores for none, and a compare-and-set must not
+/// mean one thing on one store and another on the next (`None` is "any").
+fn check_version(path: &str, version: Option<i32>) -> Result<()> {
+    match version {
+        Some(v) if v < 0 => Err(Error::InvalidArgument(format!(
+            "version {v} of {path}: versions are 0 or more (None matches any version)"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn check_create_path(path: &str, mode: CreateMode) -> Result<()> {

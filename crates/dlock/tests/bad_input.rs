@@ -1426,7 +1426,37 @@ async fn releasing_twice_and_closing_twice(h: &Harness) -> Result<()> {
 }
 
 // Every case on every backend.
+/// A negative version is refused alike everywhere, and nothing is written:
+/// ZooKeeper took -1 for "any version" (an unconditional write), the other
+/// stores for a version no node has.
+async fn negative_versions_are_refused(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let node = h.path("/versions/n");
+    s.create(&node, b"kept", persistent()).await?;
+    let refused = |r: dlock::Result<()>, what: &str| match r {
+        Err(Error::InvalidArgument(m)) if m.contains("-1") => Ok(()),
+        other => Err(anyhow::anyhow!("{what}: {other:?}")),
+    };
+    refused(
+        s.set_data(&node, b"x", Some(-1)).await.map(drop),
+        "set_data",
+    )?;
+    refused(s.delete(&node, Some(-1)).await, "delete")?;
+    let check = Op::Check {
+        path: node.clone(),
+        version: Some(-1),
+    };
+    refused(s.multi(&[check]).await.map(drop), "multi")?;
+    ensure!(
+        s.get_data(&node).await?.0 == b"kept",
+        "the node was written"
+    );
+    s.delete(&node, None).await?;
+    Ok(())
+}
+
 per_backend!(every_backend {
+    negative_versions_are_refused,
     paths_dlock_accepts_every_backend_holds,
     recipes_refuse_bad_paths,
     malformed_shared_counts_are_typed_errors,
