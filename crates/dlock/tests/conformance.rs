@@ -1027,6 +1027,10 @@ async fn expiry_fires_watches_and_renews_the_session(h: &Harness) -> Result<()> 
     let again = s.create(&node.path, b"", ephemeral()).await?;
     ensure!(again.stat.ephemeral_owner != id && again.stat.ephemeral_owner == s.session_id());
     s.delete(&again.path, None).await?;
+    // A closed session has nothing left to expire.
+    s.close().await;
+    let expired = s.faults().expect("faults").expire().await;
+    ensure!(expired == Err(dlock::Error::Closed), "{expired:?}");
     Ok(())
 }
 

@@ -447,10 +447,6 @@ impl<S> StatusMachine<S> {
 
     /// `Faults::expire`: fails once closed, does nothing once lost, else
     /// ends the current session by `end` (which declares it lost).
-    #[cfg_attr(
-        not(any(feature = "zookeeper", feature = "etcd", feature = "consul")),
-        allow(dead_code)
-    )]
     pub async fn expire_with<Fut>(&self, end: impl FnOnce(SessionId) -> Fut) -> Result<()>
     where
         Fut: Future<Output = Result<()>>,

@@ -405,10 +405,14 @@ impl Faults for EmbeddedStore {
     }
 
     async fn expire(&self) -> Result<()> {
-        let session = self.machine.snapshot().session_id;
-        self.server.apply(|t, f| t.end_session(session, f));
-        self.machine.lose(session);
-        Ok(())
+        // Closed: `Closed`, as the other stores answer.
+        self.machine
+            .expire_with(|session| async move {
+                self.server.apply(|t, f| t.end_session(session, f));
+                self.machine.lose(session);
+                Ok(())
+            })
+            .await
     }
 
     fn lose_next_create_reply(&self) {
