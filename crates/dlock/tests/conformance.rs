@@ -523,6 +523,19 @@ async fn parents_are_created_as_containers_and_reaped(h: &Harness) -> Result<()>
     let node = s.create(&format!("{dir}/leaf"), b"", ephemeral()).await?;
     ensure!(s.exists(&dir).await?.is_some());
     s.delete(&node.path, None).await?;
+    // A multi that would have deleted the emptied container, rolled back,
+    // leaves it to be reaped all the same.
+    let failing = [
+        Op::Delete {
+            path: dir.clone(),
+            version: None,
+        },
+        Op::Check {
+            path: format!("{dir}-absent"),
+            version: None,
+        },
+    ];
+    ensure!(s.multi(&failing).await.is_err(), "the multi failed");
     // The emptied containers go, deepest first, without anyone deleting them.
     await_gone(&s, &dir, WITHIN).await?;
     await_gone(&s, &h.path("/c"), WITHIN).await?;

@@ -374,6 +374,10 @@ impl Tree {
                         .expect("parent exists");
                     parent.children.insert(path::node_name(&path).to_string());
                     parent.stat = parent_stat;
+                    // An emptied container waiting to be reaped waits again.
+                    if node.mode == CreateMode::Container && node.children.is_empty() {
+                        self.reap_candidates.insert(path.clone());
+                    }
                     self.nodes.insert(path, node);
                 }
                 Undo::DataSet { path, data, stat } => {
