@@ -370,6 +370,61 @@ async fn a_mutex_hold_past_its_maximum(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// A session whose retries end soon: a read that fails twice is given up.
+async fn giving_up_soon(h: &Harness) -> Session {
+    let retry = dlock::RetryPolicy {
+        base_sleep: Duration::from_millis(1),
+        max_sleep: Duration::from_millis(5),
+        max_retries: 1,
+    };
+    h.session_with(dlock::SessionOptions::default().with_retry(retry))
+        .await
+}
+
+/// A holder whose first look at its node for a forced removal fails
+/// through every retry (requests timing out on a live connection) looks
+/// again: the removal is still told (before, that watch gave up for good,
+/// and `lost()` never fired).
+async fn a_forced_removal_is_told_after_failed_reads(h: &Harness) -> Result<()> {
+    let (holder, other) = (giving_up_soon(h).await, h.session().await);
+    let path = h.path("/locks/failed-reads");
+    let guard = Mutex::new(&holder, &path)?.acquire().await?;
+    holder.faults().context("faults")?.fail_next_reads(2);
+    {
+        let lost = guard.lost();
+        tokio::pin!(lost);
+        ensure!(futures::poll!(&mut lost).is_pending(), "lost at once");
+        dlock::revoke_forced(&other, guard.node()).await?;
+        within("the forced removal being told", lost).await?;
+    }
+    let released = guard.release().await;
+    ensure!(matches!(released, Err(Error::Lost { .. })), "{released:?}");
+    Ok(())
+}
+
+/// A hold past its maximum whose node's deletion fails through every
+/// retry (its read first, where the store cannot fence a delete by its
+/// creation) is deleted all the same, in the background: the waiter gets
+/// in (before, the node stayed until the session ended).
+async fn an_expired_hold_whose_delete_failed_is_deleted_later(h: &Harness) -> Result<()> {
+    let (holder, waiter) = (giving_up_soon(h).await, h.session().await);
+    let path = h.path("/locks/limited-failing");
+    let guard = Mutex::new(&holder, &path)?
+        .with_max_hold(MAX_HOLD)
+        .acquire()
+        .await?;
+    holder.faults().context("faults")?.fail_next_reads(2);
+    let next = within(
+        "the waiter getting in",
+        Mutex::new(&waiter, &path)?.acquire(),
+    )
+    .await??;
+    ensure!(guard.is_lost(), "the first hold ended at its maximum");
+    next.release().await?;
+    let _ = guard.release().await;
+    Ok(())
+}
+
 /// A hold given back before its maximum is not touched by the limit —
 /// not even when the same client holds the same lock again (on etcd, under
 /// the same key name).
@@ -541,6 +596,8 @@ per_backend!(every_backend {
     an_unwatched_consul_lock_revoked_by_force_writes_nothing,
     an_unwatched_hold_revoked_by_force_reports_the_loss,
     a_mutex_hold_past_its_maximum,
+    a_forced_removal_is_told_after_failed_reads,
+    an_expired_hold_whose_delete_failed_is_deleted_later,
     a_hold_released_in_time_stands_the_limit_down,
     an_expired_semaphore_permit,
     an_expired_kv_permit,

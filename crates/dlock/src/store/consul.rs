@@ -873,6 +873,7 @@ impl Store for ConsulStore {
     }
 
     async fn get_data(&self, path: &str, watch: bool) -> Result<(Vec<u8>, Stat, Option<Watch>)> {
+        self.keeper.machine.lost_replies.failing_read()?;
         self.keeper.current().await?;
         let status = self.status_before_read(watch);
         let (own, below) = self.read(path).await?;
@@ -908,6 +909,7 @@ impl Store for ConsulStore {
     }
 
     async fn exists(&self, path: &str, watch: bool) -> Result<(Option<Stat>, Option<Watch>)> {
+        self.keeper.machine.lost_replies.failing_read()?;
         self.keeper.current().await?;
         let status = self.status_before_read(watch);
         let (own, below) = self.read(path).await?;
@@ -935,6 +937,7 @@ impl Store for ConsulStore {
     }
 
     async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
+        self.keeper.machine.lost_replies.failing_read()?;
         self.keeper.current().await?;
         let status = self.status_before_read(watch);
         let below = self.layout.below(path);

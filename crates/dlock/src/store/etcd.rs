@@ -931,6 +931,7 @@ impl Store for EtcdStore {
     }
 
     async fn get_data(&self, path: &str, watch: bool) -> Result<(Vec<u8>, Stat, Option<Watch>)> {
+        self.lease.machine.lost_replies.failing_read()?;
         let lease = self.lease.current().await?;
         let status = watch.then(|| self.lease.machine.subscribe());
         let (key, below, rev) = self.read(path, lease).await?;
@@ -958,6 +959,7 @@ impl Store for EtcdStore {
     }
 
     async fn exists(&self, path: &str, watch: bool) -> Result<(Option<Stat>, Option<Watch>)> {
+        self.lease.machine.lost_replies.failing_read()?;
         let lease = self.lease.current().await?;
         let status = watch.then(|| self.lease.machine.subscribe());
         let (key, below, rev) = self.read(path, lease).await?;
@@ -980,6 +982,7 @@ impl Store for EtcdStore {
     }
 
     async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
+        self.lease.machine.lost_replies.failing_read()?;
         let lease = self.lease.current().await?;
         let status = watch.then(|| self.lease.machine.subscribe());
         let txn = Txn::new().and_then([self.count_own(path), keys_range(keys::below(path))]);

@@ -246,6 +246,14 @@ impl<R: Renewer> Faults for Kept<R> {
     fn lose_next_delete_reply(&self) {
         self.0.machine().lost_replies.delete.arm();
     }
+
+    fn fail_next_reads(&self, n: u32) {
+        self.0
+            .machine()
+            .lost_replies
+            .reads
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Keeps session `id` alive until it is lost, replaced or closed, or the

@@ -841,6 +841,20 @@ pub(crate) async fn read_and_watch_child<S: Store + ?Sized>(
 pub(crate) struct LostReplies {
     pub create: ArmedFault,
     pub delete: ArmedFault,
+    /// How many reads are still to fail ([`Faults::fail_next_reads`]).
+    pub reads: std::sync::atomic::AtomicU32,
+}
+
+impl LostReplies {
+    /// `ConnectionLoss` if a read is still to fail (one fewer then).
+    pub fn failing_read(&self) -> Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let take = |n: u32| n.checked_sub(1);
+        match self.reads.fetch_update(SeqCst, SeqCst, take) {
+            Ok(_) => Err(crate::Error::ConnectionLoss),
+            Err(_) => Ok(()),
+        }
+    }
 }
 
 /// A one-shot fault: armed once, taken once.
@@ -883,4 +897,12 @@ pub trait Faults: Send + Sync {
     /// uniquely, so such a retry can never remove a newer holder's node
     /// (etcd#22082).
     fn lose_next_delete_reply(&self);
+
+    /// The next `n` reads (`get_data`, `exists`, `children`, of any path)
+    /// fail with [`Error::ConnectionLoss`](crate::Error::ConnectionLoss)
+    /// without reaching the server, while the connection stays up: as
+    /// requests that time out on a live connection (an overloaded server,
+    /// a lost packet). The session's retries take them as any such
+    /// failure.
+    fn fail_next_reads(&self, n: u32);
 }

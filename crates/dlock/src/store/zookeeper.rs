@@ -318,6 +318,7 @@ impl Store for ZooKeeperStore {
     }
 
     async fn get_data(&self, path: &str, watch: bool) -> Result<(Vec<u8>, Stat, Option<Watch>)> {
+        self.inner.machine.lost_replies.failing_read()?;
         let plain = async |client: &zk::Client| client.get_data(path).await;
         let watched = async |client: &zk::Client| {
             let (data, s, w) = client.get_and_watch_data(path).await?;
@@ -328,6 +329,7 @@ impl Store for ZooKeeperStore {
     }
 
     async fn exists(&self, path: &str, watch: bool) -> Result<(Option<Stat>, Option<Watch>)> {
+        self.inner.machine.lost_replies.failing_read()?;
         let plain = async |client: &zk::Client| client.check_stat(path).await;
         let watched = async |client: &zk::Client| client.check_and_watch_stat(path).await;
         let (s, w) = self.read(path, watch, plain, watched).await?;
@@ -335,6 +337,7 @@ impl Store for ZooKeeperStore {
     }
 
     async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
+        self.inner.machine.lost_replies.failing_read()?;
         let plain = async |client: &zk::Client| client.list_children(path).await;
         let watched = async |client: &zk::Client| client.list_and_watch_children(path).await;
         let (names, w) = self.read(path, watch, plain, watched).await?;
@@ -464,5 +467,13 @@ impl Faults for ZooKeeperStore {
     /// `Suspended` → `Reconnected` (same session).
     fn lose_next_delete_reply(&self) {
         self.inner.machine.lost_replies.delete.arm();
+    }
+
+    fn fail_next_reads(&self, n: u32) {
+        self.inner
+            .machine
+            .lost_replies
+            .reads
+            .store(n, std::sync::atomic::Ordering::SeqCst);
     }
 }

@@ -327,6 +327,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn get_data(&self, path: &str, watch: bool) -> Result<(Vec<u8>, Stat, Option<Watch>)> {
+        self.machine.lost_replies.failing_read()?;
         let ((data, stat, rx), status) = self
             .run_watched(watch, |t, s, _| t.get_data(path, watch.then_some(s)))
             .await?;
@@ -334,6 +335,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn exists(&self, path: &str, watch: bool) -> Result<(Option<Stat>, Option<Watch>)> {
+        self.machine.lost_replies.failing_read()?;
         let ((stat, rx), status) = self
             .run_watched(watch, |t, s, _| Ok(t.exists(path, watch.then_some(s))))
             .await?;
@@ -341,6 +343,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn children(&self, path: &str, watch: bool) -> Result<(Vec<Child>, Option<Watch>)> {
+        self.machine.lost_replies.failing_read()?;
         let ((children, rx), status) = self
             .run_watched(watch, |t, s, _| t.children(path, watch.then_some(s)))
             .await?;
@@ -421,5 +424,12 @@ impl Faults for EmbeddedStore {
 
     fn lose_next_delete_reply(&self) {
         self.machine.lost_replies.delete.arm();
+    }
+
+    fn fail_next_reads(&self, n: u32) {
+        self.machine
+            .lost_replies
+            .reads
+            .store(n, std::sync::atomic::Ordering::SeqCst);
     }
 }
