@@ -491,6 +491,29 @@ async fn multi_results_describe_the_written_nodes(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// `fail_next_reads(n)`: the next `n` reads fail with `ConnectionLoss`,
+/// the connection staying up; then reads pass again.
+async fn failing_reads_fail_while_connected(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let store = s.store();
+    s.faults().context("faults")?.fail_next_reads(3);
+    let (exists, data, children) = (
+        store.exists("/", false).await.map(drop),
+        store.get_data("/", false).await.map(drop),
+        store.children("/", false).await.map(drop),
+    );
+    for (what, read) in [
+        ("exists", exists),
+        ("get_data", data),
+        ("children", children),
+    ] {
+        ensure!(read == Err(Error::ConnectionLoss), "{what}: {read:?}");
+    }
+    ensure!(s.state().is_connected(), "{:?}", s.state());
+    store.exists("/", false).await?;
+    Ok(())
+}
+
 /// The root is never deleted and has no data of its own here: watches of
 /// it fire no node event while nodes come and go below it (before, on
 /// Consul its first look fired `NodeDeleted` at once, and on etcd an
@@ -1159,6 +1182,7 @@ macro_rules! the_contract_on {
     multi_is_all_or_nothing,
     multi_results_describe_the_written_nodes,
     a_root_watch_fires_no_node_event,
+    failing_reads_fail_while_connected,
     parents_are_created_as_containers_and_reaped,
     create_and_list_sees_its_own_node,
     children_sort_by_sequence_like_curator,
