@@ -110,7 +110,7 @@ pub const OWN_CODES: [(&str, &str); 3] = [
     ),
     (
         "1",
-        "`count cas`, `counter add`, `set`, `cas`: the update did not take effect; `revoke`: no such node",
+        "`count cas`, `counter add`, `set`, `cas`: no effect; `revoke`: no such node",
     ),
 ];
 
