@@ -152,6 +152,20 @@ fn await_pane(socket: &str, what: &str, done: impl Fn(&str) -> bool) -> String {
     )
 }
 
+/// Runs `sh -c SCRIPT`, which starts `dlock top ROOT`, in a detached tmux
+/// session of its own (120×30) on `socket`, and waits for top's title.
+fn top_in_tmux(socket: &str, script: &str, root: &str) {
+    let size = ["-x", "120", "-y", "30"];
+    let mut args = vec!["new-session", "-d", "-s", "top"];
+    args.extend(size);
+    args.extend(["sh", "-c", script]);
+    let started = tmux(socket, &args);
+    assert!(started.status.success(), "{started:?}");
+    await_pane(socket, "top's title", |s| {
+        s.contains(&format!("dlock top {root}"))
+    });
+}
+
 /// The live view in a real terminal (a detached tmux session, 120×30):
 /// a lock taken by another process appears as a holder line with its
 /// fencing token, without any key pressed (the store's watches tell top),
@@ -170,26 +184,7 @@ fn live_view_in_tmux_shows_a_new_holder_and_quits_on_q(endpoint: &str) {
         env!("CARGO_BIN_EXE_dlock"),
         status.display()
     );
-    let started = tmux(
-        &socket,
-        &[
-            "new-session",
-            "-d",
-            "-s",
-            "top",
-            "-x",
-            "120",
-            "-y",
-            "30",
-            "sh",
-            "-c",
-            &script,
-        ],
-    );
-    assert!(started.status.success(), "{started:?}");
-    await_pane(&socket, "top's title", |s| {
-        s.contains(&format!("dlock top {root}"))
-    });
+    top_in_tmux(&socket, &script, &root);
 
     let holder = Holder::start(&endpoint, &["lock", &path], &log, "held");
     assert!(await_line(&log, "held "), "the holder never ran");
@@ -249,26 +244,7 @@ fn a_signalled_top_gives_the_terminal_back() {
         status.display(),
         stty.display(),
     );
-    let started = tmux(
-        &socket,
-        &[
-            "new-session",
-            "-d",
-            "-s",
-            "top",
-            "-x",
-            "120",
-            "-y",
-            "30",
-            "sh",
-            "-c",
-            &script,
-        ],
-    );
-    assert!(started.status.success(), "{started:?}");
-    await_pane(&socket, "top's title", |s| {
-        s.contains(&format!("dlock top {root}"))
-    });
+    top_in_tmux(&socket, &script, &root);
     let pid: i32 = std::fs::read_to_string(&pid)
         .unwrap()
         .trim()

@@ -899,27 +899,63 @@ async fn an_etcd_session_outlives_a_frozen_member() -> Result<()> {
         .cloned()
         .context("three members")?;
     let checker = Backend::Etcd.connect(&last, ttl).await?;
-    let guard = Mutex::new(&session, &format!("{root}/held"))?
+    // Two TTLs: the lease would be gone by then without a renewal.
+    let held = hold_through_a_freeze(&session, &checker, &root, ttl * 2, || cluster.pause(0)).await;
+    cluster.resume(0);
+    held?.held_on("a member").await?;
+    finish(&root, &checker, &[&session]).await
+}
+
+/// What a session showed while a server it talks to was frozen.
+struct Frozen {
+    guard: LockGuard,
+    lost: bool,
+    after: dlock::Result<LockGuard>,
+    taken: dlock::Result<Option<LockGuard>>,
+}
+
+/// Holds `{root}/held` through `session`, runs `freeze`, then looks,
+/// before anything is resumed: whether the hold was lost within `within`,
+/// a lock taken through `session` meanwhile, and `checker`'s try at the
+/// held lock.
+async fn hold_through_a_freeze(
+    session: &Session,
+    checker: &Session,
+    root: &str,
+    within: Duration,
+    freeze: impl FnOnce(),
+) -> Result<Frozen> {
+    let guard = Mutex::new(session, &format!("{root}/held"))?
         .acquire()
         .await?;
-    cluster.pause(0);
-    // Two TTLs: the lease would be gone by then without a renewal.
-    let lost = tokio::time::timeout(ttl * 2, guard.lost()).await;
-    let still_usable = Mutex::new(&session, &format!("{root}/after"))?
+    freeze();
+    let lost = tokio::time::timeout(within, guard.lost()).await.is_ok();
+    let after = Mutex::new(session, &format!("{root}/after"))?
         .acquire_timeout(WITHIN)
         .await;
-    let taken = Mutex::new(&checker, &format!("{root}/held"))?
+    let taken = Mutex::new(checker, &format!("{root}/held"))?
         .try_acquire()
         .await;
-    cluster.resume(0);
-    ensure!(lost.is_err(), "the lock was lost while a member was frozen");
-    still_usable
-        .context("the session could not lock with a member frozen")?
-        .release()
-        .await?;
-    ensure!(taken?.is_none(), "another session took the held lock");
-    guard.release().await?;
-    finish(&root, &checker, &[&session]).await
+    Ok(Frozen {
+        guard,
+        lost,
+        after,
+        taken,
+    })
+}
+
+impl Frozen {
+    /// The hold lasted through the freeze of `what`, the session stayed
+    /// usable, and nobody else took the lock; both holds go.
+    async fn held_on(self, what: &str) -> Result<()> {
+        ensure!(!self.lost, "the lock was lost while {what} was frozen");
+        self.after
+            .with_context(|| format!("the session could not lock with {what} frozen"))?
+            .release()
+            .await?;
+        ensure!(self.taken?.is_none(), "another session took the held lock");
+        Ok(self.guard.release().await?)
+    }
 }
 
 /// A session keeps its lock and its use when the Consul agent it talks to
@@ -953,29 +989,15 @@ async fn a_consul_session_outlives_a_frozen_agent() -> Result<()> {
     let ttl = Duration::from_secs(10);
     let session = Backend::Consul.connect(&hosts, ttl).await?;
     let checker = Backend::Consul.connect(&agents[1], ttl).await?;
-    let guard = Mutex::new(&session, &format!("{root}/held"))?
-        .acquire()
-        .await?;
-    cluster.pause(frozen);
     // Past a TTL: without a renewal the client counts its session lost by
     // then.
-    let lost = tokio::time::timeout(ttl + Duration::from_secs(2), guard.lost()).await;
-    let still_usable = Mutex::new(&session, &format!("{root}/after"))?
-        .acquire_timeout(WITHIN)
-        .await;
-    let taken = Mutex::new(&checker, &format!("{root}/held"))?
-        .try_acquire()
-        .await;
+    let within = ttl + Duration::from_secs(2);
+    let freeze = || cluster.pause(frozen);
+    let held = hold_through_a_freeze(&session, &checker, &root, within, freeze).await;
     let opened = Backend::Consul.connect(&hosts, ttl).await;
     cluster.resume(frozen);
-    ensure!(lost.is_err(), "the lock was lost while an agent was frozen");
-    still_usable
-        .context("the session could not lock with an agent frozen")?
-        .release()
-        .await?;
-    ensure!(taken?.is_none(), "another session took the held lock");
+    held?.held_on("an agent").await?;
     let opened = opened.context("no store opened with the first agent frozen")?;
-    guard.release().await?;
     finish(&root, &checker, &[&session, &opened]).await
 }
 
