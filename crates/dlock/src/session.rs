@@ -753,21 +753,17 @@ impl Session {
             None => {}
         }
         let deleted = self.delete_created_by_reading(path, czxid).await;
-        if let Err(e) = &deleted {
-            if e.is_retryable() {
-                let (session, path) = (self.clone(), path.to_string());
-                self.spawn_background(async move {
-                    let mut retry = 0;
-                    loop {
-                        let pause = session.inner.options.retry.sleep_for(retry.min(8));
-                        tokio::time::sleep(pause).await;
-                        match session.delete_created_by_reading(&path, czxid).await {
-                            Err(e) if e.is_retryable() => retry += 1,
-                            _ => return,
-                        }
-                    }
-                });
-            }
+        if deleted.as_ref().is_err_and(Error::is_retryable) {
+            let path = path.to_string();
+            self.retry_in_background(move |session| {
+                let path = path.clone();
+                async move {
+                    session
+                        .delete_created_by_reading(&path, czxid)
+                        .await
+                        .map(drop)
+                }
+            });
         }
         deleted
     }
@@ -801,21 +797,16 @@ impl Session {
     /// Deletes a node in the background, retrying until it is gone or the
     /// session is closed.
     pub(crate) fn delete_in_background(&self, path: String) {
-        let session = self.clone();
-        self.spawn_background(async move {
-            let mut retry = 0;
-            loop {
+        self.retry_in_background(move |session| {
+            let path = path.clone();
+            async move {
                 match session.inner.store.delete(&path, None).await {
-                    Err(e) if e.is_retryable() => {
-                        tokio::time::sleep(session.inner.options.retry.sleep_for(retry.min(8)))
-                            .await;
-                        retry += 1;
-                    }
-                    Err(Error::NoNode { .. }) | Ok(()) | Err(Error::Closed) => return,
-                    Err(e) => {
+                    Err(Error::NoNode { .. }) | Err(Error::Closed) => Ok(()),
+                    Err(e) if !e.is_retryable() => {
                         tracing::warn!(%path, error = %e, "background delete failed");
-                        return;
+                        Ok(())
                     }
+                    deleted => deleted,
                 }
             }
         });
@@ -824,27 +815,38 @@ impl Session {
     /// Finds the node a protected create may have made and deletes it, in
     /// the background (Curator's `FindAndDeleteProtectedNodeInBackground`).
     pub(crate) fn find_and_delete_in_background(&self, parent: &str, prefix: String) {
-        let session = self.clone();
         let parent = parent.to_string();
+        self.retry_in_background(move |session| {
+            let (parent, prefix) = (parent.clone(), prefix.clone());
+            async move {
+                let (children, _) = session.inner.store.children(&parent, false).await?;
+                for c in children.iter().filter(|c| c.name.starts_with(&prefix)) {
+                    let _ = session
+                        .delete_guaranteed(&path::join(&parent, &c.name))
+                        .await;
+                }
+                Ok(())
+            }
+        });
+    }
+
+    /// Runs `attempt` in the background until it ends other than with a
+    /// retryable error, pausing between tries as the retry policy says
+    /// (the session's retries were spent in the foreground already).
+    fn retry_in_background<F, Fut>(&self, mut attempt: F)
+    where
+        F: FnMut(Session) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<()>> + Send,
+    {
+        let session = self.clone();
         self.spawn_background(async move {
             let mut retry = 0;
-            loop {
-                match session.inner.store.children(&parent, false).await {
-                    Ok((children, _)) => {
-                        for c in children.iter().filter(|c| c.name.starts_with(&prefix)) {
-                            let _ = session
-                                .delete_guaranteed(&path::join(&parent, &c.name))
-                                .await;
-                        }
-                        return;
-                    }
-                    Err(e) if e.is_retryable() => {
-                        tokio::time::sleep(session.inner.options.retry.sleep_for(retry.min(8)))
-                            .await;
-                        retry += 1;
-                    }
-                    Err(_) => return,
-                }
+            while attempt(session.clone())
+                .await
+                .is_err_and(|e| e.is_retryable())
+            {
+                tokio::time::sleep(session.inner.options.retry.sleep_for(retry.min(8))).await;
+                retry += 1;
             }
         });
     }

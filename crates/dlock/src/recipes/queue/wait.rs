@@ -43,17 +43,16 @@ impl WaitQueue {
             })
         };
         let name = ours.name();
+        // Worked out once: every listing of the wait is checked for twins.
+        let prefix = super::names::creation_prefix(name);
         let since = ours.stat.czxid;
         let mut children_watch: Option<Watch> = None;
         loop {
             if let Some(stop) = session_gone() {
                 return Err(stop);
             }
-            if self
-                .delete_twins(&children, name)
-                .await
-                .map_err(Stop::Failed)?
-            {
+            let twins = self.delete_twins(&children, name, prefix);
+            if twins.await.map_err(Stop::Failed)? {
                 children = self
                     .sorted_children_seen(since)
                     .await
@@ -123,14 +122,19 @@ impl WaitQueue {
     }
 
     /// Deletes the twins of our node `name` among `children`: nodes of our
-    /// session with its protection prefix, made by an earlier try of the
+    /// session with its protection prefix (`prefix`, if it has one), made by an earlier try of the
     /// create whose reply was lost and which landed late (etcd and Consul
     /// do not order one client's requests; such a try's node is found by
     /// no look made before it lands). Nobody else would ever delete one: a
     /// twin before us, we would wait behind for good; after us, whoever
     /// comes next. Whether any was deleted.
-    async fn delete_twins(&self, children: &[Child], name: &str) -> Result<bool> {
-        let Some(prefix) = super::names::creation_prefix(name) else {
+    async fn delete_twins(
+        &self,
+        children: &[Child],
+        name: &str,
+        prefix: Option<&str>,
+    ) -> Result<bool> {
+        let Some(prefix) = prefix else {
             return Ok(false);
         };
         let mut deleted = false;
