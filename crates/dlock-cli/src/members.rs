@@ -2,7 +2,6 @@
 //! `dlock observe` (an election's leader, without taking part): printers of
 //! the library's `GroupMember`, children cache and leader observer.
 
-use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -11,8 +10,7 @@ use dlock::recipes::group_member::{member_events, members_of, watch_group};
 use dlock::{GroupMember, LeaderParticipant, MemberEvent, Session};
 use futures::StreamExt;
 
-use crate::exit::Exit;
-use crate::run::{self, has_terminal, pass_on, prepare, Signals, Target};
+use crate::run::{self, pass_on, Signals};
 use crate::Global;
 
 /// `dlock members ...`: a group's membership (Curator's GroupMember).
@@ -113,55 +111,34 @@ async fn join(global: &Global, session: &Session, args: JoinArgs) -> Result<u8> 
         }
         Some((program, rest)) => {
             let endpoint = global.endpoint()?.without_credentials().to_string();
-            // As `dlock lock` runs its CMD: a group of its own without a
-            // terminal, and SIGTERM if dlock dies (a member that is gone
-            // must not go on serving).
-            let group = !has_terminal();
-            let parent = std::process::id() as libc::pid_t;
-            let mut command = tokio::process::Command::new(program);
-            command
-                .args(rest)
-                .env("DLOCK_MEMBER", member.node())
-                .env("DLOCK_ENDPOINT", endpoint)
-                .kill_on_drop(true);
-            // SAFETY: `prepare` makes only async-signal-safe calls.
-            unsafe { command.pre_exec(move || prepare(parent, group)) };
-            match command.spawn() {
-                Ok(mut child) => {
-                    let pid = child.id().map_or(0, |pid| pid as libc::pid_t);
-                    let cmd = Target { pid, group };
-                    let status = tokio::select! {
-                        status = child.wait() => status?,
-                        signal = stop.next() => {
-                            // Pass it on, and leave once the command is
-                            // done; a second signal stops it at once.
-                            pass_on(signal, group, |signal| cmd.signal(signal));
-                            tokio::select! {
-                                status = child.wait() => status?,
-                                second = stop.next() => {
-                                    eprintln!("dlock: a second signal — stopping the command now");
-                                    run::stop(&mut child, cmd, Duration::ZERO).await;
-                                    // As `lock` ends: 128 + that signal.
-                                    member.close().await?;
-                                    return Ok(128u8.saturating_add(second as u8));
-                                }
-                            }
-                        }
-                    };
-                    status
-                        .code()
-                        .map(|c| c as u8)
-                        .or_else(|| status.signal().map(|s| 128u8.saturating_add(s as u8)))
-                        .unwrap_or(Exit::Internal as u8)
-                }
+            // As `dlock lock` runs its CMD (a member that is gone must not
+            // go on serving).
+            let env = [
+                ("DLOCK_MEMBER", member.node()),
+                ("DLOCK_ENDPOINT", &endpoint),
+            ];
+            let (mut child, cmd) = match run::spawn_cmd(program, rest, &env) {
+                Ok(spawned) => spawned,
                 Err(e) => {
                     member.close().await?;
-                    let code = if e.kind() == std::io::ErrorKind::NotFound {
-                        Exit::NotFound
-                    } else {
-                        Exit::CannotRun
-                    };
-                    return Err(code.with(format!("cannot run {program}: {e}")).into());
+                    return Err(e);
+                }
+            };
+            tokio::select! {
+                status = child.wait() => run::exit_code(status?),
+                signal = stop.next() => {
+                    // Pass it on, and leave once the command is done; a
+                    // second signal stops it at once (128 + that signal,
+                    // as `lock` ends).
+                    pass_on(signal, cmd.group, |signal| cmd.signal(signal));
+                    tokio::select! {
+                        status = child.wait() => run::exit_code(status?),
+                        second = stop.next() => {
+                            eprintln!("dlock: a second signal — stopping the command now");
+                            run::stop(&mut child, cmd, Duration::ZERO).await;
+                            128u8.saturating_add(second as u8)
+                        }
+                    }
                 }
             }
         }

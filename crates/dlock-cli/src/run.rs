@@ -294,27 +294,13 @@ impl<'a> Runner<'a> {
                 last: true,
             });
         }
-        let group = !has_terminal();
-        let mut command = Command::new(program);
-        command
-            .args(args)
-            .env("DLOCK_FENCE", holding.token().to_string())
-            .env("DLOCK_NODE", &nodes)
-            .env("DLOCK_ENDPOINT", &self.endpoint)
-            .kill_on_drop(true);
-        let parent = std::process::id() as libc::pid_t;
-        // SAFETY: `prepare` makes only async-signal-safe calls.
-        unsafe { command.pre_exec(move || prepare(parent, group)) };
-        let mut child = command.spawn().map_err(|e| {
-            let code = if e.kind() == std::io::ErrorKind::NotFound {
-                Exit::NotFound
-            } else {
-                Exit::CannotRun
-            };
-            anyhow::Error::new(code.with(format!("cannot run {program}: {e}")))
-        })?;
-        let pid = child.id().context("the command has no pid")? as libc::pid_t;
-        let cmd = Target { pid, group };
+        let token = holding.token().to_string();
+        let env = [
+            ("DLOCK_FENCE", token.as_str()),
+            ("DLOCK_NODE", &nodes),
+            ("DLOCK_ENDPOINT", &self.endpoint),
+        ];
+        let (mut child, cmd) = spawn_cmd(program, args, &env)?;
         let ended = async {
             match holding.ended {
                 Some(ended) => ended.await,
@@ -428,8 +414,37 @@ impl Target {
     }
 }
 
+/// Starts CMD (`program` with `args`, `env` added): in a process group of
+/// its own when dlock has no terminal (see [`Target`]), and told SIGTERM
+/// if dlock dies. A program that cannot be run is its exit code's error.
+pub(crate) fn spawn_cmd(
+    program: &str,
+    args: &[String],
+    env: &[(&str, &str)],
+) -> Result<(tokio::process::Child, Target)> {
+    let group = !has_terminal();
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .envs(env.iter().copied())
+        .kill_on_drop(true);
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: `prepare` makes only async-signal-safe calls.
+    unsafe { command.pre_exec(move || prepare(parent, group)) };
+    let child = command.spawn().map_err(|e| {
+        let code = if e.kind() == std::io::ErrorKind::NotFound {
+            Exit::NotFound
+        } else {
+            Exit::CannotRun
+        };
+        anyhow::Error::new(code.with(format!("cannot run {program}: {e}")))
+    })?;
+    let pid = child.id().context("the command has no pid")? as libc::pid_t;
+    Ok((child, Target { pid, group }))
+}
+
 /// Whether dlock has a controlling terminal.
-pub(crate) fn has_terminal() -> bool {
+fn has_terminal() -> bool {
     std::fs::File::open("/dev/tty").is_ok()
 }
 
@@ -437,7 +452,7 @@ pub(crate) fn has_terminal() -> bool {
 /// and SIGTERM if dlock dies without stopping it (`kill -9`): a lock's
 /// session outlives dlock by up to its timeout, and CMD must not run on
 /// past it.
-pub(crate) fn prepare(parent: libc::pid_t, group: bool) -> std::io::Result<()> {
+fn prepare(parent: libc::pid_t, group: bool) -> std::io::Result<()> {
     let failed = |done: libc::c_int| match done {
         -1 => Err(std::io::Error::last_os_error()),
         _ => Ok(()),
@@ -465,7 +480,7 @@ enum Outcome {
 }
 
 /// The shell's convention: the exit code, or 128 + the signal that ended it.
-fn exit_code(status: ExitStatus) -> u8 {
+pub(crate) fn exit_code(status: ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => code as u8,
