@@ -579,7 +579,6 @@ pub async fn count(global: &Global, command: CountCommand) -> Result<u8> {
 async fn count_in(session: Session, command: CountCommand) -> Result<u8> {
     let code = match command {
         CountCommand::Get { path } => {
-            dlock::path::validate(&path)?;
             let (data, _) = session.get_data(&path).await?;
             println!("{}", dlock::recipes::shared_count::decode(&path, &data)?);
             0
@@ -597,7 +596,6 @@ async fn count_in(session: Session, command: CountCommand) -> Result<u8> {
             expected,
             value,
         } => {
-            dlock::path::validate(&path)?;
             let (data, stat) = session.get_data(&path).await?;
             let now = dlock::recipes::shared_count::decode(&path, &data)?;
             let swapped = now == expected
@@ -816,8 +814,9 @@ pub async fn counter(global: &Global, command: CounterCommand) -> Result<u8> {
             (path, Some(tries))
         }
     };
+    refuse_bad_paths("a counter", [path.as_str()])?;
     let lock_path = tries.and_then(|t| t.lock_path.as_deref());
-    refuse_bad_paths("a counter", [path.as_str()].into_iter().chain(lock_path))?;
+    refuse_bad_paths("a counter's lock", lock_path)?;
     in_session(global, |session| counter_in(session, command)).await
 }
 

@@ -12,8 +12,8 @@ use dlock_testkit::{shared_zk, CuratorProbe};
 
 mod common;
 use common::{
-    await_line, concurrency, dlock_on, exit_within, json_of, log_lines, logged, look_until,
-    spawn_sh, tmux, unique, wait_all, zk_endpoint as endpoint, Holder,
+    await_gone, await_line, concurrency, dlock_on, exit_within, json_of, log_lines, logged,
+    look_until, spawn_sh, tmux, unique, wait_all, zk_endpoint as endpoint, Holder,
 };
 
 /// How long the server of `endpoint` may keep the session of a holder that
@@ -375,28 +375,6 @@ fn a_killed_holder_hands_over_within_the_session_timeout(endpoint: &str) {
         handover <= bound,
         "handed over after {handover:?} (bound {bound:?})"
     );
-}
-
-/// Whether process `pid` is gone (or a zombie nobody reaped yet) within
-/// `within`. Polled: another process's end tells nobody else.
-fn await_gone(pid: i32, within: Duration) -> bool {
-    let gone = || {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
-            stat.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-    };
-    let deadline = Instant::now() + within;
-    while !gone() {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    true
 }
 
 /// A hold lost while CMD runs stops what CMD started too: without a

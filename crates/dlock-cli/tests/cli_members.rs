@@ -3,18 +3,13 @@
 //! embedded store refused (it lives inside one process, so no other
 //! process could see a member or a leader).
 
-use std::path::Path;
 use std::time::Duration;
 
 mod common;
-use common::{dlock_on, exit_within, unique, zk_endpoint, Running};
+use common::{await_gone, await_line, dlock_on, exit_within, unique, zk_endpoint, Running};
 
 /// How long a process may take to answer a signal.
 const BOUND: Duration = Duration::from_secs(15);
-
-fn await_line(path: &Path, needle: &str, within: Duration) -> bool {
-    common::await_line(path, needle, within)
-}
 
 fn run(endpoint: &str, args: &[&str]) -> std::process::Output {
     dlock_on(endpoint).args(args).output().expect("run dlock")
@@ -148,21 +143,12 @@ fn members_join_list_watch(endpoint: &str) {
     }
 }
 
-/// Whether process `pid` has ended (gone, or a zombie nobody reaped yet).
-fn ended(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
-        stat.rsplit(')')
-            .next()
-            .is_some_and(|s| s.trim_start().starts_with('Z'))
-    })
-}
-
 /// Kills a process left running when dropped.
 struct KillOnDrop(i32);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        if !ended(self.0) {
+        if !await_gone(self.0, Duration::ZERO) {
             // SAFETY: kill(2) on a process this test started.
             unsafe { libc::kill(self.0, libc::SIGKILL) };
         }
@@ -214,22 +200,24 @@ fn a_members_command_is_stopped_with_it() {
         await_line(&said, "passed SIGTERM on", BOUND),
         "dlock said nothing"
     );
-    assert!(!ended(cmd), "the command ignores SIGTERM");
+    assert!(
+        !await_gone(cmd, Duration::ZERO),
+        "the command ignores SIGTERM"
+    );
     // SAFETY: as above.
     unsafe { libc::kill(member.id() as i32, libc::SIGTERM) };
     assert_eq!(exit_within(member, BOUND), Some(128 + libc::SIGTERM));
-    assert!(ended(cmd), "the command outlived a second signal");
+    assert!(
+        await_gone(cmd, Duration::ZERO),
+        "the command outlived a second signal"
+    );
 
     let member = join(&format!("echo $$ > {}; exec sleep 300", pid_file.display()));
     let cmd = pid_of_cmd();
     // SAFETY: as above.
     unsafe { libc::kill(member.id() as i32, libc::SIGKILL) };
     assert_eq!(exit_within(member, BOUND), None, "killed");
-    let deadline = std::time::Instant::now() + BOUND;
-    while !ended(cmd) && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    assert!(ended(cmd), "the command outlived its dlock");
+    assert!(await_gone(cmd, BOUND), "the command outlived its dlock");
 }
 
 /// `observe` prints nobody, then each leader of an election run by

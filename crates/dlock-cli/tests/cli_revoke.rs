@@ -218,26 +218,23 @@ fn revoke_names_what_it_could_not_revoke() {
         .output()
         .unwrap();
     assert!(set.status.success(), "{set:?}");
+    let missing = format!("{path}/_c_0-lock-0000000042");
+    let cases = [
+        (&missing, 1, "nothing to revoke"),
+        (&count, 64, "no holder's or waiter's node"),
+    ];
     for force in [&[][..], &["--force"]] {
-        let missing = format!("{path}/_c_0-lock-0000000042");
-        let out = dlock_on(&endpoint)
-            .arg("revoke")
-            .args(force)
-            .arg(&missing)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{force:?} {missing}: {stderr}");
-        assert!(stderr.contains("nothing to revoke"), "{stderr}");
-        let out = dlock_on(&endpoint)
-            .arg("revoke")
-            .args(force)
-            .arg(&count)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(64), "{force:?} {count}: {stderr}");
-        assert!(stderr.contains("no holder's or waiter's node"), "{stderr}");
+        for (node, code, said) in cases {
+            let out = dlock_on(&endpoint)
+                .arg("revoke")
+                .args(force)
+                .arg(node)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(code), "{force:?} {node}: {stderr}");
+            assert!(stderr.contains(said), "{stderr}");
+        }
     }
     let got = dlock_on(&endpoint)
         .args(["count", "get", &count])

@@ -8,7 +8,6 @@ use std::time::Duration;
 use anyhow::{ensure, Result};
 use common::tests2::release_then_waiters;
 use common::{await_children, persistent, queued, Harness};
-use dlock::store::{CreateMode, CreateOptions};
 use dlock::{inspect, Access, Contender, Inspection, RecipeKind, Role};
 
 const WITHIN: Duration = Duration::from_secs(20);
@@ -146,8 +145,7 @@ async fn kazoo_readers_hold_together(h: &Harness) -> Result<()> {
     let mut nodes = Vec::new();
     for kind in ["__rlock__", "__rlock__", "__lock__", "__rlock__"] {
         let name = format!("{path}/{}{kind}", uuid::Uuid::new_v4().simple());
-        let mode = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
-        nodes.push(s.create(&name, b"", mode).await?.path);
+        nodes.push(s.create(&name, b"", common::sequential()).await?.path);
     }
     let readers_first = [Role::Holder, Role::Holder, Role::Waiter, Role::Waiter];
     let seen = inspected(&s, &path, RecipeKind::ReadWriteLock, &readers_first).await?;

@@ -13,7 +13,7 @@ use common::tests1::{
     no_children, one_watch_per_waiter, refuses_bad_paths, rivals, Handover, Occupancy, Queued,
 };
 use common::{await_children, persistent, queued, Harness};
-use dlock::store::{sequence_key, CreateMode, CreateOptions, Op, SessionState};
+use dlock::store::{sequence_key, Op, SessionState};
 use dlock::{Error, Mutex};
 use tokio::sync::Mutex as AsyncMutex;
 
@@ -284,9 +284,8 @@ async fn a_late_twin_of_our_node_is_deleted_not_waited_for(h: &Harness) -> Resul
         .to_string();
     first.release().await?;
     // Sorted before the node the next acquire makes.
-    let sequential = CreateOptions::new(CreateMode::EphemeralSequential).with_parents();
     let twin = s
-        .create(&format!("{path}/{prefix}lock-"), b"", sequential)
+        .create(&format!("{path}/{prefix}lock-"), b"", common::sequential())
         .await?;
     let guard = m.acquire_timeout(WITHIN).await?;
     ensure!(

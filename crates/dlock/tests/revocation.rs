@@ -561,8 +561,7 @@ async fn only_a_participants_node_is_revoked(h: &Harness) -> Result<()> {
     let path = h.path("/revoke/ownerless");
     let guard = Mutex::new(&s, &path)?.acquire().await?;
     let count = h.path("/revoke/ownerless-count");
-    let persistent = CreateOptions::new(CreateMode::Persistent).with_parents();
-    s.create(&count, b"7", persistent).await?;
+    s.create(&count, b"7", common::persistent()).await?;
     for node in [path.as_str(), count.as_str()] {
         let asked = dlock::revoke(&s, node).await;
         ensure!(

@@ -557,3 +557,25 @@ pub fn remove(endpoint: &str, paths: &[&str]) {
         session.close().await;
     });
 }
+
+/// Whether process `pid` is gone (or a zombie nobody reaped yet) within
+/// `within`. Polled: another process's end tells nobody else.
+pub fn await_gone(pid: i32, within: Duration) -> bool {
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+            stat.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    };
+    let deadline = Instant::now() + within;
+    while !gone() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
