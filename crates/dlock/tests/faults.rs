@@ -21,7 +21,9 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use dlock::store::{CreateMode, CreateOptions, Op, SessionState};
-use dlock::{Error, LeaderSelector, LockGuard, Mutex, Semaphore, Session, SessionOptions};
+use dlock::{
+    Error, LeaderSelector, LockGuard, Mutex, RetryPolicy, Semaphore, Session, SessionOptions,
+};
 use dlock_testkit::history::{check_fenced_log, Event, History};
 use dlock_testkit::{ConsulCluster, EtcdCluster, TcpProxy, ZkEnsemble};
 use tokio::sync::watch;
@@ -98,7 +100,14 @@ impl Backend {
 
     /// A new session to `hosts` with the session timeout `timeout`.
     async fn connect(self, hosts: &str, timeout: Duration) -> Result<Session> {
-        let options = SessionOptions::default().with_session_timeout(timeout);
+        self.connect_with(
+            hosts,
+            SessionOptions::default().with_session_timeout(timeout),
+        )
+        .await
+    }
+
+    async fn connect_with(self, hosts: &str, options: SessionOptions) -> Result<Session> {
         let url = self.url(hosts);
         dlock::connect_with(&url, options)
             .await
@@ -759,9 +768,25 @@ async fn a_long_cut_loses_the_lock_without_a_double_holder(backend: Backend) -> 
 /// A timed acquire still ends with `Timeout`, and a non-blocking one with
 /// `ConnectionLoss`, while the server is still out of reach (before, only
 /// a suspended session cut a wait off at its deadline: a lost one held
-/// it until the server was back). Nothing is left once it is.
+/// it until the server was back). An untimed acquire made during the
+/// outage succeeds once it ends, in the first new session: a session got
+/// after trying for longer than its timeout is not given up at once (etcd
+/// counted the lease from the first try, lost it and revoked it).
+/// Nothing is left.
 async fn timed_acquires_end_while_a_lost_session_cannot_reconnect(backend: Backend) -> Result<()> {
-    let (proxy, behind, direct, root) = one_behind_a_proxy(backend, SHORT).await?;
+    let proxy = TcpProxy::start(&backend.shared())?;
+    // Retries that outlast the rest of the outage (a session's timeout):
+    // each try fails at once on the cut connection.
+    let patient = RetryPolicy {
+        max_retries: 100,
+        ..RetryPolicy::default()
+    };
+    let options = SessionOptions::default()
+        .with_session_timeout(SHORT)
+        .with_retry(patient);
+    let behind = backend.connect_with(&proxy.address(), options).await?;
+    let direct = backend.connect(&backend.shared(), SHORT).await?;
+    let root = root();
     let m = Mutex::new(&behind, &format!("{root}/lock"))?;
     let mut status = behind.watch_status();
     proxy.cut();
@@ -773,6 +798,15 @@ async fn timed_acquires_end_while_a_lost_session_cannot_reconnect(backend: Backe
     let timed = tokio::time::timeout(WITHIN, m.acquire_timeout(timeout)).await;
     let now = tokio::time::timeout(WITHIN, m.try_acquire()).await;
     let state = behind.state();
+    // An untimed acquire goes on trying to open a new session through the
+    // rest of the outage, which outlasts a session: the session it gets
+    // must be kept, not given up at once for the time spent getting it.
+    let untimed = tokio::spawn({
+        let m = m.clone();
+        async move { m.acquire().await }
+    });
+    tokio::time::sleep(behind.session_timeout() + Duration::from_millis(500)).await;
+    let before = behind.watch_status().borrow().changes;
     proxy.restore();
     let timed = timed.context("acquire_timeout waited for the server")?;
     ensure!(
@@ -785,7 +819,16 @@ async fn timed_acquires_end_while_a_lost_session_cannot_reconnect(backend: Backe
         !state.is_connected(),
         "both answered only once the session was back ({state:?})"
     );
-    m.acquire_timeout(WITHIN).await?.release().await?;
+    let guard = tokio::time::timeout(WITHIN, untimed)
+        .await
+        .context("the untimed acquire did not end once the server was back")???;
+    let after = behind.watch_status().borrow().clone();
+    ensure!(
+        after.changes == before + 1 && after.state == SessionState::Reconnected,
+        "the session was renewed more than once (or not kept): {after:?}, {} changes",
+        after.changes - before
+    );
+    guard.release().await?;
     finish(&root, &direct, &[&behind]).await
 }
 

@@ -216,12 +216,23 @@ async fn authenticated(
 /// the lease) may take before it is tried again.
 const ATTEMPT: Duration = Duration::from_millis(1500);
 
-/// Grants a lease of the configured TTL; returns its id and granted TTL.
+/// A lease the server granted.
+struct Granted {
+    id: i64,
+    ttl: Duration,
+    /// When the request that got it was sent: the server's expiry is no
+    /// earlier than this plus `ttl`. Not when the grant began: a grant that
+    /// retried through an outage may have begun more than a TTL before the
+    /// server granted anything, and its lease would be given up at once.
+    sent: Instant,
+}
+
+/// Grants a lease of the configured TTL.
 /// A request that fails on the connection is tried again until `limit`:
 /// another try can reach another member (tonic's channel, with TLS, may
 /// still offer one that is down: it keeps a dead endpoint "ready" for a
 /// while; dlock's own moves on to the next member).
-async fn grant(config: &Config, client: &Client, limit: Duration) -> Result<(i64, Duration)> {
+async fn grant(config: &Config, client: &Client, limit: Duration) -> Result<Granted> {
     let deadline = Instant::now() + limit;
     let mut pause = Duration::from_millis(20);
     loop {
@@ -231,10 +242,15 @@ async fn grant(config: &Config, client: &Client, limit: Duration) -> Result<(i64
         // given up on leaves at most a lease with no keys, which expires.
         let left = deadline.saturating_duration_since(Instant::now());
         let attempt = left.min(ATTEMPT);
+        let sent = Instant::now();
         let failure = match tokio::time::timeout(attempt, leases.grant(config.ttl_secs, None)).await
         {
             Ok(Ok(granted)) if granted.id() != 0 && granted.ttl() > 0 => {
-                return Ok((granted.id(), Duration::from_secs(granted.ttl() as u64)))
+                return Ok(Granted {
+                    id: granted.id(),
+                    ttl: Duration::from_secs(granted.ttl() as u64),
+                    sent,
+                })
             }
             Ok(Ok(granted)) => {
                 return Err(Error::Backend(format!(
@@ -270,8 +286,7 @@ impl Lease {
             .map_err(|_| Error::Backend("the etcd backend needs a tokio runtime".into()))?;
         let client = connect_client(&config, &runtime).await?;
         let limit = Duration::from_secs(config.ttl_secs.clamp(5, 30) as u64);
-        let sent = Instant::now();
-        let (id, ttl) = grant(&config, &client, limit).await?;
+        let Granted { id, ttl, sent } = grant(&config, &client, limit).await?;
         let lease = Arc::new(Lease {
             config,
             client,
@@ -388,14 +403,14 @@ impl Renewer for Lease {
     }
 
     async fn open_session(&self) -> Result<(SessionId, LeaseSlot)> {
-        let granted = Instant::now();
-        let (lease, ttl) = grant(&self.config, &self.client, self.op_timeout()).await?;
+        let Granted { id, ttl, sent } =
+            grant(&self.config, &self.client, self.op_timeout()).await?;
         Ok((
-            lease,
+            id,
             LeaseSlot {
-                lease,
+                lease: id,
                 ttl,
-                granted,
+                granted: sent,
             },
         ))
     }
