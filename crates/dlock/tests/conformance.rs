@@ -1049,6 +1049,42 @@ async fn suspension_past_the_timeout_loses_the_session(h: &Harness) -> Result<()
     Ok(())
 }
 
+/// A session replaced while its keep-alive slept (suspended, then
+/// expired): a suspension of the new session that spans its next renewal
+/// ends as any does. (The old session's keep-alive, asleep until its own
+/// expiry, took the wake-up that ends the suspension; the new session's
+/// slept on until its expiry and was lost.)
+///
+/// The timing is the scenario (renewals come every third of the timeout
+/// T): the first session is suspended at once, so its keep-alive, due at
+/// T/3, sleeps on until about T; it is expired at 2T/5, and the new
+/// session, suspended from then until 4T/5, misses its renewal at 11T/15.
+async fn a_suspension_of_a_renewed_session_ends(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let first = s.session_id();
+    let faults = s.faults().context("faults")?;
+    faults.suspend(h.timeout() * 5);
+    tokio::time::sleep(h.timeout() * 2 / 5).await;
+    faults.expire().await?;
+    let node = s.create(&h.path("/renewed"), b"", ephemeral()).await?;
+    let renewed = s.session_id();
+    ensure!(renewed != first, "the expired session was not replaced");
+    let mut states = s.watch_status();
+    let before = states.borrow_and_update().changes;
+    faults.suspend(h.timeout() * 2 / 5);
+    let over = states.wait_for(|st| st.changes > before && st.state != SessionState::Suspended);
+    let over = tokio::time::timeout(h.timeout() * 2, over)
+        .await
+        .context("the suspension did not end")??
+        .clone();
+    ensure!(
+        over.state == SessionState::Reconnected && over.session_id == renewed,
+        "{over:?}"
+    );
+    s.delete(&node.path, None).await?;
+    Ok(())
+}
+
 async fn expiry_fires_watches_and_renews_the_session(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let id = s.session_id();
@@ -1199,6 +1235,7 @@ macro_rules! the_contract_on {
     suspension_within_the_timeout_keeps_the_session,
     suspension_past_the_timeout_loses_the_session,
     expiry_fires_watches_and_renews_the_session,
+    a_suspension_of_a_renewed_session_ends,
     a_lost_create_reply_still_creates_the_node,
     a_lost_delete_reply_still_deletes_the_node,
     a_node_named_after_a_siblings_sequence_takes_its_place,

@@ -272,14 +272,24 @@ pub(crate) async fn keep_alive<R: Renewer>(
         retry,
     } = cadence;
     let mut next = confirmed + interval;
+    let mut kicked = false;
     loop {
         let Some(this) = keeper() else {
             return;
         };
         let machine = this.machine();
         if !machine.is_current(id) {
+            // Lost elsewhere (an operation, an injected expiry) while this
+            // loop slept, and replaced: the kick that woke it was meant for
+            // the new session's loop, which shares the one `Notify`. Kept
+            // here, it would leave that loop asleep through the end of a
+            // suspension until its session's expiry, and lose it.
+            if kicked {
+                this.kick().notify_one();
+            }
             return;
         }
+        kicked = false;
         let now = Instant::now();
         if now >= confirmed + ttl {
             this.expired(id, state);
@@ -287,7 +297,11 @@ pub(crate) async fn keep_alive<R: Renewer>(
         }
         if now >= next && !machine.fault_suspended() {
             let sent = Instant::now();
-            match this.renew_once(id, &mut state, interval).await {
+            // No longer than the session may still live: an answer after
+            // that could not keep it, and meanwhile it would still count
+            // as connected.
+            let budget = interval.min((confirmed + ttl).saturating_duration_since(sent));
+            match this.renew_once(id, &mut state, budget).await {
                 Renewed::Alive => {
                     confirmed = sent;
                     next = sent + interval;
@@ -309,7 +323,10 @@ pub(crate) async fn keep_alive<R: Renewer>(
         // Holding `this` meanwhile is fine: a close kicks the loop.
         tokio::select! {
             () = tokio::time::sleep_until(wake) => {}
-            () = this.kick().notified() => next = Instant::now(),
+            () = this.kick().notified() => {
+                next = Instant::now();
+                kicked = true;
+            }
         }
     }
 }

@@ -46,6 +46,11 @@ pub(super) struct SessionSlot {
     pub uuid: String,
     /// Its TTL (Consul grants the one asked for).
     ttl: Duration,
+    /// When the create that made it was sent: Consul counts its TTL from
+    /// no earlier than this, so renewals count from it too (not from the
+    /// create's answer, which could let the client believe in the session
+    /// past its TTL).
+    sent: Instant,
 }
 
 impl GrantedTimeout for SessionSlot {
@@ -85,7 +90,7 @@ impl Keeper {
     pub async fn open(http: Arc<Http>, ttl: Duration, lock_delay: Duration) -> Result<Arc<Keeper>> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::Backend("the Consul backend needs a tokio runtime".into()))?;
-        let uuid = create_first(&http, ttl, lock_delay).await?;
+        let (uuid, sent) = create_first(&http, ttl, lock_delay).await?;
         let id = session_id(&uuid);
         let keeper = Arc::new(Keeper {
             http,
@@ -94,6 +99,7 @@ impl Keeper {
                 SessionSlot {
                     uuid: uuid.clone(),
                     ttl,
+                    sent,
                 },
             ),
             ttl,
@@ -189,7 +195,13 @@ const CREATE_TIMEOUT: Duration = Duration::from_secs(10);
 /// that accepts the connection but does not answer is left for the next
 /// one, each given an equal share of the time; no agent answering at all
 /// is [`Error::Unreachable`].
-async fn create_first(http: &Http, ttl: Duration, lock_delay: Duration) -> Result<String> {
+/// Answers the new session's UUID and when the create that made it was
+/// sent.
+async fn create_first(
+    http: &Http,
+    ttl: Duration,
+    lock_delay: Duration,
+) -> Result<(String, Instant)> {
     let deadline = Instant::now() + FIRST_SESSION_WITHIN;
     let share = FIRST_SESSION_WITHIN / http.agents().max(1) as u32;
     let mut silent = 0;
@@ -200,6 +212,7 @@ async fn create_first(http: &Http, ttl: Duration, lock_delay: Duration) -> Resul
             .min(CREATE_TIMEOUT)
             .min(share);
         let body = Some(create_body(ttl, lock_delay));
+        let sent_at = Instant::now();
         let sent = http
             .send(Method::PUT, "/v1/session/create", body, timeout)
             .await;
@@ -225,25 +238,28 @@ async fn create_first(http: &Http, ttl: Duration, lock_delay: Duration) -> Resul
                 )))
             }
             Err(Created::Refused(e)) => return Err(e),
-            Ok(uuid) => return Ok(uuid),
+            Ok(uuid) => return Ok((uuid, sent_at)),
         }
     }
 }
 
 /// Creates a session after a loss; a server error (no leader, a failed
-/// forward) is `ConnectionLoss`, as another try may work.
-async fn create(http: &Http, ttl: Duration, lock_delay: Duration) -> Result<String> {
+/// forward) is `ConnectionLoss`, as another try may work. Answers as
+/// [`create_first`].
+async fn create(http: &Http, ttl: Duration, lock_delay: Duration) -> Result<(String, Instant)> {
     let body = Some(create_body(ttl, lock_delay));
+    let sent = Instant::now();
     let resp = http
         .send(Method::PUT, "/v1/session/create", body, CREATE_TIMEOUT)
         .await?;
-    created(http, resp).map_err(|e| match e {
+    let uuid = created(http, resp).map_err(|e| match e {
         Created::ServerError(why) => {
             tracing::debug!(endpoint = %http.endpoint, %why, "no new Consul session");
             Error::ConnectionLoss
         }
         Created::Refused(e) => e,
-    })
+    })?;
+    Ok((uuid, sent))
 }
 
 /// The name dlock gives its Consul sessions: what tells its keys from those
@@ -324,12 +340,13 @@ impl Renewer for Keeper {
     }
 
     async fn open_session(&self) -> Result<(SessionId, SessionSlot)> {
-        let uuid = create(&self.http, self.ttl, self.lock_delay).await?;
+        let (uuid, sent) = create(&self.http, self.ttl, self.lock_delay).await?;
         Ok((
             session_id(&uuid),
             SessionSlot {
                 uuid,
                 ttl: self.ttl,
+                sent,
             },
         ))
     }
@@ -337,7 +354,10 @@ impl Renewer for Keeper {
     /// Renews session `id` every third of the TTL until it is lost,
     /// replaced or closed, or the store is dropped.
     fn spawn_renewals(self: &Arc<Self>, id: SessionId) {
-        let uuid = self.machine.lock().backend.uuid.clone();
+        let (uuid, sent) = {
+            let slot = self.machine.lock();
+            (slot.backend.uuid.clone(), slot.backend.sent)
+        };
         let this = Arc::downgrade(self);
         let cadence = Cadence {
             ttl: self.ttl,
@@ -345,7 +365,7 @@ impl Renewer for Keeper {
             retry: (self.ttl / 10).max(Duration::from_millis(200)),
         };
         self.runtime.spawn(async move {
-            keep_alive(move || this.upgrade(), id, uuid, cadence, Instant::now()).await;
+            keep_alive(move || this.upgrade(), id, uuid, cadence, sent).await;
         });
     }
 
