@@ -1075,8 +1075,7 @@ async fn a_suspension_of_a_renewed_session_ends(h: &Harness) -> Result<()> {
     let over = states.wait_for(|st| st.changes > before && st.state != SessionState::Suspended);
     let over = tokio::time::timeout(h.timeout() * 2, over)
         .await
-        .context("the suspension did not end")??
-        .clone();
+        .context("the suspension did not end")??;
     ensure!(
         over.state == SessionState::Reconnected && over.session_id == renewed,
         "{over:?}"

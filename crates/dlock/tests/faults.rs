@@ -822,7 +822,7 @@ async fn timed_acquires_end_while_a_lost_session_cannot_reconnect(backend: Backe
     let guard = tokio::time::timeout(WITHIN, untimed)
         .await
         .context("the untimed acquire did not end once the server was back")???;
-    let after = behind.watch_status().borrow().clone();
+    let after = *behind.watch_status().borrow();
     ensure!(
         after.changes == before + 1 && after.state == SessionState::Reconnected,
         "the session was renewed more than once (or not kept): {after:?}, {} changes",
