@@ -245,14 +245,19 @@ impl HeldNode {
     }
 
     /// Whether the node at our name still is ours, where a guarded write's
-    /// own check cannot tell: a name every holder uses in turn, on a store
-    /// that does not fence a node by its creation (ZooKeeper, embedded),
-    /// whose check only finds *a* node there. Then its creation is read.
+    /// own check cannot tell: a name every holder uses in turn. A store
+    /// that fences its session's nodes by creation (etcd, Consul) knows
+    /// whether our session's node there is a later one — made by another
+    /// hold of the same session after ours was deleted by force, which the
+    /// check would accept. Elsewhere (ZooKeeper, embedded) the check only
+    /// finds *a* node there, so its creation is read.
     pub async fn still_ours(&self) -> Result<bool> {
         let (path, czxid) = (&self.created.path, self.created.stat.czxid);
-        let store = self.session.store();
-        if !self.shared_name || store.deletes_only_created(path, czxid).is_some() {
+        if !self.shared_name {
             return Ok(true);
+        }
+        if let Some(ours) = self.session.store().deletes_only_created(path, czxid) {
+            return Ok(ours);
         }
         let now = self.session.exists(path).await?;
         Ok(now.is_some_and(|stat| stat.czxid == czxid))
