@@ -771,24 +771,34 @@ impl Session {
     /// [`delete_created`](Self::delete_created) on a store that does not
     /// fence deletes by creation: reads the node's, then deletes on its
     /// version.
+    ///
+    /// A delete whose reply was lost is not sent again as it was: the node
+    /// is read again first. Its version alone does not name it — a node
+    /// made at the name since (the next member of a group, the next holder
+    /// of a shared name) starts at the same version 0, and a resent delete
+    /// would take it.
     async fn delete_created_by_reading(&self, path: &str, czxid: i64) -> Result<Gone> {
+        let policy = self.inner.options.retry;
+        let (mut unanswered, mut retry) = (false, 0);
         loop {
             let found = self
                 .retrying(|| self.inner.store.exists(path, false))
                 .await?;
             let version = match found {
                 (Some(stat), _) if stat.czxid == czxid => stat.version,
-                // Our delete has not landed yet (a version compare failed, or
-                // none was sent): someone else's did.
-                _ => return Ok(Gone(true)),
+                // Gone, or another node: our unanswered delete may have
+                // landed; if none was sent, someone else's did.
+                _ => return Ok(Gone(!unanswered)),
             };
-            let deleted = self
-                .retrying(|| self.inner.store.delete(path, Some(version)))
-                .await;
-            match deleted {
+            match self.inner.store.delete(path, Some(version)).await {
                 Ok(()) | Err(Error::NoNode { .. }) => return Ok(Gone(false)),
                 // Its data changed meanwhile (a revocation request): again.
                 Err(Error::BadVersion { .. }) => {}
+                Err(e) if e.is_retryable() && retry < policy.max_retries => {
+                    self.inner.retried.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(policy.sleep_for(retry)).await;
+                    (unanswered, retry) = (true, retry + 1);
+                }
                 Err(e) => return Err(e),
             }
         }

@@ -226,6 +226,32 @@ async fn a_second_member_with_one_id_waits_for_the_name(h: &Harness) -> Result<(
     Ok(())
 }
 
+/// A leave whose delete reply was lost tries again; by then the member
+/// waiting for the name may have taken it. The retry deletes only the node
+/// it left, not the next member's (before, on ZooKeeper and embedded, it
+/// deleted by name: the next member was seen to leave and join again).
+async fn a_leave_whose_reply_was_lost_spares_the_next_member(h: &Harness) -> Result<()> {
+    let (sa, sb, sc) = (h.session().await, h.session().await, h.session().await);
+    let dir = h.path("/g/lost-leave");
+    let first = GroupMember::new(&sa, &dir, "a")?;
+    first.start().await?;
+    let second = GroupMember::new(&sb, &dir, "a")?.with_payload(b"second".to_vec());
+    second.start().await?;
+    let group = watch_group(&sc, &dir).await?;
+    let mut seen = member_events(group.events());
+    sa.faults().context("faults")?.lose_next_delete_reply();
+    first.close().await?;
+    sees(&mut seen, left("a")).await?;
+    sees(&mut seen, joined("a", b"second")).await?;
+    // The next event is this update: the second member stayed.
+    second.set_payload(b"third".to_vec()).await?;
+    sees(&mut seen, updated("a", b"third")).await?;
+    group.close().await;
+    second.close().await?;
+    await_gone(&sc, &format!("{dir}/a"), WITHIN).await?;
+    Ok(())
+}
+
 /// A start dropped once its node is there (before or after it finished)
 /// leaves no node behind once the member is closed or dropped: before, a
 /// start cancelled after making the node left it, with no keeper, until
@@ -556,6 +582,7 @@ per_backend!(every_backend {
     a_member_whose_session_ends_disappears,
     a_deleted_member_node_comes_back,
     a_second_member_with_one_id_waits_for_the_name,
+    a_leave_whose_reply_was_lost_spares_the_next_member,
     a_start_cancelled_after_making_the_node_leaves_it_to_nobody,
     a_member_closed_while_it_joins_leaves_no_node,
     a_member_node_made_again_unanswered_is_deleted_on_close,
