@@ -266,6 +266,37 @@ async fn a_kv_lease_revoked_by_force(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// A `KvSemaphore` lease revoked by force, unwatched, and the slot taken
+/// again by another handle of the same session, whose entry has the same
+/// name: the revoked lease's guarded writes are refused, and its release
+/// reports the loss and takes nothing from the new lease. (Before, its
+/// writes landed, and its release took the session's id out of the record
+/// and deleted the new entry by name: a slot held by nobody the record
+/// knew.)
+async fn a_kv_lease_revoked_by_force_spares_its_sessions_next_lease(h: &Harness) -> Result<()> {
+    let (holder, other, operator) = (h.session().await, h.session().await, h.session().await);
+    let resource = fenced_resource(h, &holder).await?;
+    let path = h.path("/kv/same-session");
+    let old = KvSemaphore::new(&holder, &path, 1)?.acquire().await?;
+    dlock::revoke_forced(&operator, old.node()).await?;
+    let next = KvSemaphore::new(&holder, &path, 1)?
+        .acquire_timeout(HANDOVER)
+        .await?;
+    refuses_late_writes(&old, &resource, &holder).await?;
+    let released = old.release().await;
+    ensure!(
+        matches!(released, Err(Error::Lost { .. })),
+        "the revoked lease's release said {released:?}"
+    );
+    ensure!(!next.is_lost(), "the next lease was lost");
+    guarded_write_lands(&next, &resource).await?;
+    let outsider = KvSemaphore::new(&other, &path, 1)?.try_acquire().await?;
+    ensure!(outsider.is_none(), "a second holder got the one slot");
+    next.release().await?;
+    holder.delete(&resource, None).await?;
+    Ok(())
+}
+
 /// A `ConsulLock`'s `.lock` deleted by force. Its waiters have no node of
 /// their own (they watch `.lock`), so the operator acts once the holder's
 /// node is there; the waiter either already waits on it or finds it gone.
@@ -596,6 +627,7 @@ per_backend!(every_backend {
     a_writer_revoked_by_force,
     a_semaphore_lease_revoked_by_force,
     a_kv_lease_revoked_by_force,
+    a_kv_lease_revoked_by_force_spares_its_sessions_next_lease,
     a_leader_revoked_by_force,
     a_consul_lock_holder_revoked_by_force,
     an_unwatched_consul_lock_revoked_by_force_writes_nothing,

@@ -1,7 +1,7 @@
 //! A [`KvSemaphore`]'s contender: its moves (enter, look, write the
 //! record, leave) and its entry, which becomes a [`KvLease`]'s.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{holder_id, KvSemaphore, Record, RECORD};
@@ -18,7 +18,9 @@ use crate::store::{CreateMode, CreateOptions, Created, FencingToken, Stat, Watch
 /// What a contender saw in one look.
 pub(super) struct Look {
     pub(super) record: Option<(Record, Stat)>,
-    pub(super) live: HashSet<String>,
+    /// The live entries' names, with their creation where the listing
+    /// tells it.
+    pub(super) live: HashMap<String, Option<i64>>,
     pub(super) watches: Vec<Watch>,
 }
 
@@ -27,9 +29,20 @@ impl Look {
     pub(super) fn live_holders(&self) -> Vec<String> {
         let holders = self.record.iter().flat_map(|(r, _)| &r.holders);
         holders
-            .filter(|h| self.live.contains(*h))
+            .filter(|h| self.live.contains_key(*h))
             .cloned()
             .collect()
+    }
+
+    /// Whether `contender`'s own entry is among the live ones — not just an
+    /// entry of its name: after ours was deleted by force, another handle
+    /// of our session may have made one again. Where the listing tells no
+    /// creation (ZooKeeper), the name is all there is to go by.
+    pub(super) fn has(&self, contender: &Contender) -> bool {
+        let ours = contender.created.stat.czxid;
+        self.live
+            .get(&contender.id)
+            .is_some_and(|czxid| czxid.is_none_or(|listed| listed == ours))
     }
 }
 
@@ -148,7 +161,7 @@ impl KvSemaphore {
         let live = children
             .into_iter()
             .filter(|c| c.name != RECORD && c.owner != Some(0))
-            .map(|c| c.name)
+            .map(|c| (c.name, c.czxid))
             .collect();
         Ok(Look {
             record,
@@ -169,16 +182,33 @@ impl KvSemaphore {
         }
     }
 
-    /// Takes holder `id` out of the record and deletes our `entry`, which
-    /// goes even if the record could not be updated (then the others prune
-    /// us). No entry (one taken away) and no id only prune the dead,
-    /// removing nobody by name: the session may have entered again since.
-    /// [`Gone`] if our entry was gone before we deleted it.
-    async fn leave(&self, id: &str, entry: Option<&str>) -> Result<Gone> {
-        let left = self.leave_record(id).await;
-        match entry {
-            Some(entry) => left.and(self.session.delete_guaranteed_or_gone(entry).await),
-            None => left.map(|()| Gone(false)),
+    /// Takes holder `id` out of the record, then deletes our `entry` (its
+    /// path and creation), which goes even if the record could not be
+    /// updated (then the others prune us). No entry (one taken away), or
+    /// an entry at our name that is not ours, only prunes the dead,
+    /// removing nobody by name: after ours was deleted by force, another
+    /// handle of our session may have entered again, with an entry of the
+    /// same name that holds a slot under the same id. [`Gone`] if our entry
+    /// was gone before we deleted it.
+    async fn leave(&self, id: &str, entry: Option<(String, i64)>) -> Result<Gone> {
+        let Some((path, czxid)) = entry else {
+            return self.leave_record("").await.map(|()| Gone(false));
+        };
+        let session = &self.session;
+        // Known where the store fences our session's nodes; else read.
+        let ours = match session.store().deletes_only_created(&path, czxid) {
+            Some(ours) => Ok(ours),
+            None => session
+                .retrying(|| session.exists(&path))
+                .await
+                .map(|now| now.is_some_and(|now| now.czxid == czxid)),
+        };
+        let left = self
+            .leave_record(if ours == Ok(true) { id } else { "" })
+            .await;
+        match ours {
+            Ok(false) => left.map(|()| Gone(true)),
+            _ => left.and(session.delete_created(&path, czxid).await),
         }
     }
 
@@ -186,6 +216,7 @@ impl KvSemaphore {
     /// with no holders if nobody is left: it is never deleted (see the
     /// module docs).
     async fn leave_record(&self, id: &str) -> Result<()> {
+        let mut unanswered = Unanswered::default();
         loop {
             let look = match self.look(false).await {
                 // Nothing we can fix in the record: just leave.
@@ -204,10 +235,38 @@ impl KvSemaphore {
             let limit = record.limit;
             let written = self.write(&Record { limit, holders }, version).await;
             match written {
-                Err(e) if raced(&e) => {}
+                Err(e) if raced(&e) => {
+                    if !unanswered.pause(&self.session, &e).await {
+                        return Err(e);
+                    }
+                }
                 written => return written.map(drop),
             }
         }
+    }
+}
+
+/// Counts a contender's record writes that went unanswered.
+#[derive(Default)]
+pub(super) struct Unanswered(u32);
+
+impl Unanswered {
+    /// Before looking again after a write that lost a race: no pause if
+    /// someone wrote first; the retry policy's pause if the write went
+    /// unanswered (it may land yet — the next look tells), so that a server
+    /// that times writes out is not written to in a tight loop. `false`
+    /// once the policy's retries are spent.
+    pub(super) async fn pause(&mut self, session: &crate::Session, e: &Error) -> bool {
+        if !matches!(e, Error::ConnectionLoss) {
+            return true;
+        }
+        let policy = session.options().retry;
+        if self.0 >= policy.max_retries {
+            return false;
+        }
+        tokio::time::sleep(policy.sleep_for(self.0)).await;
+        self.0 += 1;
+        true
     }
 }
 
@@ -250,7 +309,7 @@ impl Contender {
     /// someone else had deleted the entry.
     pub(super) async fn leave(mut self) -> Result<Gone> {
         let (id, entry) = self.departure();
-        let left = self.sem.leave(&id, entry.as_deref()).await;
+        let left = self.sem.leave(&id, entry).await;
         // Done only once left: if cancelled meanwhile, Drop finishes it.
         self.left = true;
         left
@@ -276,11 +335,14 @@ impl Contender {
     }
 
     /// Stands the hold down; whom to take out of the record, and the entry
-    /// to delete.
-    fn departure(&mut self) -> (String, Option<String>) {
+    /// to delete (its path and creation).
+    fn departure(&mut self) -> (String, Option<(String, i64)>) {
         self.let_go();
         match self.taken {
-            false => (self.id.clone(), Some(self.created.path.clone())),
+            false => (
+                self.id.clone(),
+                Some((self.created.path.clone(), self.created.stat.czxid)),
+            ),
             true => (String::new(), None),
         }
     }
@@ -288,7 +350,9 @@ impl Contender {
     /// A slot fenced by `token`: our entry becomes the lease's node.
     pub(super) fn into_lease(mut self, token: FencingToken) -> KvLease {
         let (sem, created) = (&self.sem, self.created.clone());
-        let node = HeldNode::new(&sem.session, &sem.dir, "semaphore lease", created);
+        // Our session's entry has one name: one made again after ours was
+        // deleted by force has it too, so guarded writes check it is ours.
+        let node = HeldNode::at_shared_name(&sem.session, &sem.dir, "semaphore lease", created);
         let node = node.limited(sem.max_hold);
         self.node = Some(node.clone());
         let acquisition = Acquisition::with_token(node, token);
@@ -309,7 +373,7 @@ impl Drop for Contender {
                 .as_ref()
                 .map(|_| self.sem.session.departing(path, czxid));
             let leave = async move {
-                let left = sem.leave(&id, entry.as_deref()).await;
+                let left = sem.leave(&id, entry).await;
                 drop(departing);
                 left.map(drop)
             };

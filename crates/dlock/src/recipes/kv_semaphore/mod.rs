@@ -55,7 +55,7 @@ mod record;
 use std::time::Duration;
 
 pub use self::contender::KvLease;
-use self::contender::{any_change, raced};
+use self::contender::{any_change, raced, Unanswered};
 pub use self::record::Record;
 use super::deadline::{timed_acquire, Deadline};
 pub use super::layout::Layout;
@@ -288,12 +288,13 @@ impl KvSemaphore {
         // Watches are armed only once the slots were found full: on
         // Consul each is a query of its own, which a free slot never needs.
         let mut watching = false;
+        let mut unanswered = Unanswered::default();
         loop {
             let patient = !deadline.passed();
             // On an error our entry goes before we answer (not in the
             // background), so that the session can try again at once.
             let look = match self.look(patient && watching).await {
-                Ok(look) if look.live.contains(&entry.id) => look,
+                Ok(look) if look.has(&entry) => look,
                 // Taken away (deleted by force): we go again at once with
                 // an entry of the same name, which a leaving by name in
                 // the background could delete. So leave now, pruning only.
@@ -339,7 +340,14 @@ impl KvSemaphore {
             let limit = self.limit;
             match self.write(&Record { limit, holders }, version).await {
                 Ok(stat) => return Ok(Some(entry.into_lease(FencingToken(stat.mzxid)))),
-                Err(e) if raced(&e) => {}
+                Err(e) if raced(&e) => {
+                    // Unanswered, it may land yet (the next look tells);
+                    // but it is not tried again past the deadline.
+                    let late = !patient && matches!(e, Error::ConnectionLoss);
+                    if late || !unanswered.pause(&self.session, &e).await {
+                        return Err(entry.leave_after(e).await);
+                    }
+                }
                 Err(e) => return Err(entry.leave_after(e).await),
             }
         }
