@@ -514,6 +514,24 @@ async fn failing_reads_fail_while_connected(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// `fail_next_sets(n)`: the next `n` sets fail with `ConnectionLoss`
+/// without writing, the connection staying up; then sets pass again.
+async fn failing_sets_fail_without_writing(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let node = s.create(&h.path("/sets"), b"v0", persistent()).await?.path;
+    s.faults().context("faults")?.fail_next_sets(2);
+    for _ in 0..2 {
+        let set = s.store().set_data(&node, b"v1", None).await.map(drop);
+        ensure!(set == Err(Error::ConnectionLoss), "{set:?}");
+    }
+    ensure!(s.state().is_connected(), "{:?}", s.state());
+    ensure!(s.get_data(&node).await?.0 == b"v0", "a failed set wrote");
+    s.set_data(&node, b"v2", None).await?;
+    ensure!(s.get_data(&node).await?.0 == b"v2");
+    s.delete(&node, None).await?;
+    Ok(())
+}
+
 /// The root is never deleted and has no data of its own here: watches of
 /// it fire no node event while nodes come and go below it (before, on
 /// Consul its first look fired `NodeDeleted` at once, and on etcd an
@@ -1218,6 +1236,7 @@ macro_rules! the_contract_on {
     multi_results_describe_the_written_nodes,
     a_root_watch_fires_no_node_event,
     failing_reads_fail_while_connected,
+    failing_sets_fail_without_writing,
     parents_are_created_as_containers_and_reaped,
     create_and_list_sees_its_own_node,
     children_sort_by_sequence_like_curator,

@@ -11,7 +11,7 @@ use anyhow::{ensure, Context, Result};
 use common::tests1::{rivals, Occupancy};
 use common::{await_children, persistent, queued, sorted_names, Harness};
 use dlock::recipes::kv_semaphore::{holder_id, KvLease, KvSemaphore, Record, RECORD};
-use dlock::{Error, Session};
+use dlock::{Error, RetryPolicy, Session, SessionOptions};
 use tokio::task::JoinHandle;
 
 const WITHIN: Duration = Duration::from_secs(20);
@@ -317,6 +317,41 @@ async fn cancellation_and_drop_leave_nothing(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// Record writes that go unanswered on a live connection are tried again
+/// after the retry policy's pause, and not past the deadline: a timed
+/// acquire ends with the error, holding nothing. (Before, they were tried
+/// again at once and without end: three failed writes, then a lease.)
+async fn unanswered_record_writes_are_paced_and_end_at_the_deadline(h: &Harness) -> Result<()> {
+    // Pauses of 100 ms exactly (the policy's are random up to a bound).
+    let pause = Duration::from_millis(100);
+    let retry = RetryPolicy {
+        base_sleep: pause,
+        max_sleep: pause,
+        ..RetryPolicy::default()
+    };
+    let options = SessionOptions::default()
+        .with_session_timeout(h.timeout())
+        .with_retry(retry);
+    let s = h.session_with(options).await;
+    let path = h.path("/unanswered");
+    let sem = KvSemaphore::new(&s, &path, 1)?;
+    // The record exists: a join is a set.
+    sem.acquire().await?.release().await?;
+    // Two writes before the 150 ms deadline, one after it, which is not
+    // tried again.
+    s.faults().context("faults")?.fail_next_sets(3);
+    let timed = sem.acquire_timeout(Duration::from_millis(150));
+    let timed = tokio::time::timeout(WITHIN, timed)
+        .await
+        .context("the acquire did not end")?;
+    ensure!(matches!(timed, Err(Error::ConnectionLoss)), "{timed:?}");
+    await_children(&s, &path, 1, WITHIN).await?;
+    let left = record(&s, &path).await?.context("the record")?;
+    ensure!(left.holders.is_empty(), "{left:?}");
+    sem.acquire_timeout(WITHIN).await?.release().await?;
+    Ok(())
+}
+
 /// A record that is not the expected JSON is a typed error, and the
 /// contender's entry is removed.
 async fn a_malformed_record_is_a_typed_error(h: &Harness) -> Result<()> {
@@ -343,6 +378,7 @@ async fn a_malformed_record_is_a_typed_error(h: &Harness) -> Result<()> {
 
 // Every case on every backend.
 per_backend!(every_backend {
+    unanswered_record_writes_are_paced_and_end_at_the_deadline,
     the_layout_is_the_consul_design,
     a_stale_compare_and_set_never_lands_on_a_later_record,
     a_dropped_lease_can_be_taken_again_at_once,

@@ -838,6 +838,7 @@ impl Store for ConsulStore {
     }
 
     async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
+        self.keeper.machine.lost_replies.failing_set()?;
         let (session, _) = self.keeper.current().await?;
         let key = self.layout.key(path);
         for _ in 0..CAS_ATTEMPTS {

@@ -901,6 +901,7 @@ impl Store for EtcdStore {
     }
 
     async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
+        self.lease.machine.lost_replies.failing_set()?;
         let lease = self.lease.current().await?;
         let mut compares = vec![Compare::version(path, CompareOp::Greater, 0)];
         if let Some(v) = version {

@@ -254,6 +254,14 @@ impl<R: Renewer> Faults for Kept<R> {
             .reads
             .store(n, std::sync::atomic::Ordering::SeqCst);
     }
+
+    fn fail_next_sets(&self, n: u32) {
+        self.0
+            .machine()
+            .lost_replies
+            .sets
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Keeps session `id` alive until it is lost, replaced or closed, or the

@@ -843,14 +843,25 @@ pub(crate) struct LostReplies {
     pub delete: ArmedFault,
     /// How many reads are still to fail ([`Faults::fail_next_reads`]).
     pub reads: std::sync::atomic::AtomicU32,
+    /// How many `set_data`s are still to fail ([`Faults::fail_next_sets`]).
+    pub sets: std::sync::atomic::AtomicU32,
 }
 
 impl LostReplies {
     /// `ConnectionLoss` if a read is still to fail (one fewer then).
     pub fn failing_read(&self) -> Result<()> {
+        Self::failing(&self.reads)
+    }
+
+    /// `ConnectionLoss` if a `set_data` is still to fail (one fewer then).
+    pub fn failing_set(&self) -> Result<()> {
+        Self::failing(&self.sets)
+    }
+
+    fn failing(left: &std::sync::atomic::AtomicU32) -> Result<()> {
         use std::sync::atomic::Ordering::SeqCst;
         let take = |n: u32| n.checked_sub(1);
-        match self.reads.fetch_update(SeqCst, SeqCst, take) {
+        match left.fetch_update(SeqCst, SeqCst, take) {
             Ok(_) => Err(crate::Error::ConnectionLoss),
             Err(_) => Ok(()),
         }
@@ -905,4 +916,11 @@ pub trait Faults: Send + Sync {
     /// a lost packet). The session's retries take them as any such
     /// failure.
     fn fail_next_reads(&self, n: u32);
+
+    /// The next `n` [`set_data`](Store::set_data)s fail with
+    /// [`Error::ConnectionLoss`](crate::Error::ConnectionLoss) without
+    /// reaching the server, while the connection stays up: as writes that
+    /// time out on a live connection. Whoever retries them must pace and
+    /// bound its retries.
+    fn fail_next_sets(&self, n: u32);
 }

@@ -310,6 +310,7 @@ impl Store for ZooKeeperStore {
     }
 
     async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
+        self.inner.machine.lost_replies.failing_set()?;
         let client = self.inner.client().await?;
         match client.set_data(path, data, version).await {
             Ok(s) => Ok(stat(&s)),
@@ -474,6 +475,14 @@ impl Faults for ZooKeeperStore {
             .machine
             .lost_replies
             .reads
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn fail_next_sets(&self, n: u32) {
+        self.inner
+            .machine
+            .lost_replies
+            .sets
             .store(n, std::sync::atomic::Ordering::SeqCst);
     }
 }

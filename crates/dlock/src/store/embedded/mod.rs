@@ -322,6 +322,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn set_data(&self, path: &str, data: &[u8], version: Option<i32>) -> Result<Stat> {
+        self.machine.lost_replies.failing_set()?;
         self.run(|t, _, f| t.set_data(path, data, version, f, None))
             .await
     }
@@ -430,6 +431,13 @@ impl Faults for EmbeddedStore {
         self.machine
             .lost_replies
             .reads
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn fail_next_sets(&self, n: u32) {
+        self.machine
+            .lost_replies
+            .sets
             .store(n, std::sync::atomic::Ordering::SeqCst);
     }
 }
