@@ -50,7 +50,8 @@ pub(crate) enum Renewed {
 pub(crate) struct Cadence {
     /// The session's TTL on the server.
     pub ttl: Duration,
-    /// The pause between answered renewals (and how long one may take).
+    /// The pause between answered renewals, and how long one may take (at
+    /// most: no longer than the session has left).
     pub interval: Duration,
     /// The pause before trying again after a failed renewal.
     pub retry: Duration,

@@ -105,10 +105,10 @@ impl Http {
 
     /// Sends a request to the current agent (on a connection failure, to
     /// the next, until each was tried once) and reads the whole answer
-    /// within `timeout` — all tries together: a caller that bounds a
-    /// request by what is left of something (a session renewal, by its
-    /// TTL) must not wait once per agent. `Err(ConnectionLoss)` if no
-    /// agent answered: the request may or may not have been applied.
+    /// within `timeout` — per agent tried, so that a blocking query still
+    /// gets its whole wait from the next agent when the first took its
+    /// connect timeout to fail. `Err(ConnectionLoss)` if no agent answered:
+    /// the request may or may not have been applied.
     pub async fn send(
         &self,
         method: Method,
@@ -118,12 +118,11 @@ impl Http {
     ) -> Result<Response> {
         let body = Bytes::from(body.unwrap_or_default());
         let start = self.current.load(Ordering::Relaxed);
-        let deadline = tokio::time::Instant::now() + timeout;
         let mut last = String::new();
         for attempt in 0..self.hosts.len() {
             let host = (start + attempt) % self.hosts.len();
             let once = self.send_to(host, method.clone(), path_and_query, body.clone());
-            match tokio::time::timeout_at(deadline, once).await {
+            match tokio::time::timeout(timeout, once).await {
                 Ok(Ok(resp)) => {
                     self.current.store(host, Ordering::Relaxed);
                     return Ok(resp);

@@ -160,15 +160,15 @@ impl Keeper {
 
     /// One renewal: `Ok(true)` if Consul still has the session.
     async fn renew_session(&self, uuid: &str, timeout: Duration) -> Result<bool> {
-        let resp = self
-            .http
-            .send(
-                Method::PUT,
-                &format!("/v1/session/renew/{uuid}"),
-                None,
-                timeout,
-            )
-            .await?;
+        let path = format!("/v1/session/renew/{uuid}");
+        // `Http::send`'s timeout is per agent; a renewal may take no longer
+        // than `timeout` in all (the session may have no more left). A
+        // renewal dropped unanswered is harmless: it is sent again.
+        let sent = self.http.send(Method::PUT, &path, None, timeout);
+        let resp = match tokio::time::timeout(timeout, sent).await {
+            Ok(resp) => resp?,
+            Err(_) => return Err(Error::ConnectionLoss),
+        };
         match resp.status {
             200 => Ok(true),
             404 => Ok(false),
