@@ -268,11 +268,12 @@ async fn a_kv_lease_revoked_by_force(h: &Harness) -> Result<()> {
 
 /// A `KvSemaphore` lease revoked by force, unwatched, and the slot taken
 /// again by another handle of the same session, whose entry has the same
-/// name: the revoked lease's guarded writes are refused, and its release
-/// reports the loss and takes nothing from the new lease. (Before, its
-/// writes landed, and its release took the session's id out of the record
-/// and deleted the new entry by name: a slot held by nobody the record
-/// knew.)
+/// name: the new lease has a token of its own, the revoked lease's guarded
+/// writes are refused, and its release reports the loss and takes nothing
+/// from the new lease. (Before, the new lease reused the revoked one's
+/// token, the revoked one's writes landed, and its release took the
+/// session's id out of the record and deleted the new entry by name: a
+/// slot held by nobody the record knew.)
 async fn a_kv_lease_revoked_by_force_spares_its_sessions_next_lease(h: &Harness) -> Result<()> {
     let (holder, other, operator) = (h.session().await, h.session().await, h.session().await);
     let resource = fenced_resource(h, &holder).await?;
@@ -282,6 +283,14 @@ async fn a_kv_lease_revoked_by_force_spares_its_sessions_next_lease(h: &Harness)
     let next = KvSemaphore::new(&holder, &path, 1)?
         .acquire_timeout(HANDOVER)
         .await?;
+    // It took the place the record still listed for our session, by a
+    // write of its own: a token of its own.
+    ensure!(
+        next.token() > old.token(),
+        "the next lease's token {:?} is not above the revoked one's {:?}",
+        next.token(),
+        old.token()
+    );
     refuses_late_writes(&old, &resource, &holder).await?;
     let released = old.release().await;
     ensure!(

@@ -251,6 +251,12 @@ impl KvSemaphore {
 pub(super) struct Unanswered(u32);
 
 impl Unanswered {
+    /// Whether a write of ours went unanswered: then the record may list
+    /// us by it.
+    pub(super) fn any(&self) -> bool {
+        self.0 > 0
+    }
+
     /// Before looking again after a write that lost a race: no pause if
     /// someone wrote first; the retry policy's pause if the write went
     /// unanswered (it may land yet — the next look tells), so that a server
@@ -264,8 +270,9 @@ impl Unanswered {
         if self.0 >= policy.max_retries {
             return false;
         }
-        tokio::time::sleep(policy.sleep_for(self.0)).await;
+        // Counted before the pause, which a deadline may cut short.
         self.0 += 1;
+        tokio::time::sleep(policy.sleep_for(self.0 - 1)).await;
         true
     }
 }

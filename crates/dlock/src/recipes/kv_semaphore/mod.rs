@@ -317,12 +317,17 @@ impl KvSemaphore {
                     return Err(entry.leave_after(conflict).await);
                 }
                 // Our join landed, though its reply was lost.
-                Some((_, stat)) if holders.contains(&entry.id) => {
+                Some((_, stat)) if unanswered.any() && holders.contains(&entry.id) => {
                     return Ok(Some(entry.into_lease(FencingToken(stat.mzxid))));
                 }
                 Some((_, stat)) => Some(stat.version),
             };
-            if holders.len() >= self.limit as usize {
+            // Our id listed with no join of ours sent: the place of an
+            // earlier entry of our session, deleted by force. Ours now, but
+            // written again: the lease's token must be a new one, larger
+            // than the earlier lease's.
+            let listed = holders.contains(&entry.id);
+            if !listed && holders.len() >= self.limit as usize {
                 if patient && !watching {
                     // Look again, watching what we read.
                     watching = true;
@@ -336,15 +341,22 @@ impl KvSemaphore {
                 }
                 continue;
             }
-            holders.push(entry.id.clone());
+            if !listed {
+                holders.push(entry.id.clone());
+            }
             let limit = self.limit;
             match self.write(&Record { limit, holders }, version).await {
                 Ok(stat) => return Ok(Some(entry.into_lease(FencingToken(stat.mzxid)))),
+                // Unanswered, it may land yet (the next look tells); but it
+                // is not tried again past the deadline: we leave, holding
+                // nothing, as any acquire that timed out.
+                Err(Error::ConnectionLoss) if deadline.passed() => {
+                    entry.leave().await?;
+                    return Ok(None);
+                }
                 Err(e) if raced(&e) => {
-                    // Unanswered, it may land yet (the next look tells);
-                    // but it is not tried again past the deadline.
-                    let late = !patient && matches!(e, Error::ConnectionLoss);
-                    if late || !unanswered.pause(&self.session, &e).await {
+                    let paused = deadline.race(unanswered.pause(&self.session, &e)).await;
+                    if paused == Some(false) {
                         return Err(entry.leave_after(e).await);
                     }
                 }
