@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::record::{raced, Unanswered};
 use super::{holder_id, KvSemaphore, Record, RECORD};
 use crate::error::{Error, Found, Result};
 use crate::path;
@@ -194,22 +195,38 @@ impl KvSemaphore {
         let Some((path, czxid)) = entry else {
             return self.leave_record("").await.map(|()| Gone(false));
         };
-        let session = &self.session;
-        // Known where the store fences our session's nodes; else read.
-        let ours = match session.store().deletes_only_created(&path, czxid) {
-            Some(ours) => Ok(ours),
+        let (session, store) = (&self.session, self.session.store());
+        // Known where the store fences our session's nodes; else read
+        // (and the version read serves the delete).
+        let ours = match store.deletes_only_created(&path, czxid) {
+            Some(ours) => Ok((ours, None)),
             None => session
                 .retrying(|| session.exists(&path))
                 .await
-                .map(|now| now.is_some_and(|now| now.czxid == czxid)),
+                .map(|now| match now {
+                    Some(now) if now.czxid == czxid => (true, Some(now.version)),
+                    _ => (false, None),
+                }),
         };
-        let left = self
-            .leave_record(if ours == Ok(true) { id } else { "" })
-            .await;
-        match ours {
-            Ok(false) => left.map(|()| Gone(true)),
-            _ => left.and(session.delete_created(&path, czxid).await),
-        }
+        let ours_now = matches!(ours, Ok((true, _)));
+        let left = self.leave_record(if ours_now { id } else { "" }).await;
+        let deleted = match ours {
+            Ok((false, _)) => Ok(Gone(true)),
+            // Once on the version read. Its data changed since (a
+            // revocation request), or no answer: by its creation, which
+            // reads again — and then a node found gone may be our doing.
+            Ok((true, Some(version))) => match store.delete(&path, Some(version)).await {
+                Ok(()) => Ok(Gone(false)),
+                Err(Error::NoNode { .. }) => Ok(Gone(true)),
+                Err(e) => {
+                    let unanswered = e.is_retryable();
+                    let by_creation = session.delete_created(&path, czxid).await;
+                    by_creation.map(|Gone(gone)| Gone(gone && !unanswered))
+                }
+            },
+            _ => session.delete_created(&path, czxid).await,
+        };
+        left.and(deleted)
     }
 
     /// Writes the record without `id` and the dead by compare-and-set —
@@ -244,47 +261,6 @@ impl KvSemaphore {
             }
         }
     }
-}
-
-/// Counts a contender's record writes that went unanswered.
-#[derive(Default)]
-pub(super) struct Unanswered(u32);
-
-impl Unanswered {
-    /// Whether a write of ours went unanswered: then the record may list
-    /// us by it.
-    pub(super) fn any(&self) -> bool {
-        self.0 > 0
-    }
-
-    /// Before looking again after a write that lost a race: no pause if
-    /// someone wrote first; the retry policy's pause if the write went
-    /// unanswered (it may land yet — the next look tells), so that a server
-    /// that times writes out is not written to in a tight loop. `false`
-    /// once the policy's retries are spent.
-    pub(super) async fn pause(&mut self, session: &crate::Session, e: &Error) -> bool {
-        if !matches!(e, Error::ConnectionLoss) {
-            return true;
-        }
-        let policy = session.options().retry;
-        if self.0 >= policy.max_retries {
-            return false;
-        }
-        // Counted before the pause, which a deadline may cut short.
-        self.0 += 1;
-        tokio::time::sleep(policy.sleep_for(self.0 - 1)).await;
-        true
-    }
-}
-
-/// Whether a write lost a race (someone wrote first, or our reply was lost):
-/// then look again.
-pub(super) fn raced(e: &Error) -> bool {
-    use Error::{BadVersion, ConnectionLoss, NoNode, NodeExists};
-    matches!(
-        e,
-        BadVersion { .. } | NodeExists { .. } | NoNode { .. } | ConnectionLoss
-    )
 }
 
 /// Resolves when any of `watches` fires; at once if there are none (then

@@ -54,9 +54,10 @@ mod record;
 
 use std::time::Duration;
 
+use self::contender::any_change;
 pub use self::contender::KvLease;
-use self::contender::{any_change, raced, Unanswered};
 pub use self::record::Record;
+use self::record::{raced, Unanswered};
 use super::deadline::{timed_acquire, Deadline};
 pub use super::layout::Layout;
 use super::revocation::{Listener, REVOKE_MESSAGE};

@@ -1,7 +1,8 @@
 //! The `.lock` record of a [`KvSemaphore`](super::KvSemaphore): who holds,
 //! and the limit every contender states, as JSON. The two layouts differ
 //! only in their keys' names and in how they list the holders, so each is
-//! one serde shape.
+//! one serde shape. Also how a write of it that lost a race goes again
+//! ([`raced`], [`Unanswered`]).
 
 use std::collections::BTreeMap;
 
@@ -153,4 +154,45 @@ impl Record {
     pub fn parse(path: &str, data: &[u8]) -> Result<Record> {
         Record::decode(Layout::Curator, path, data)
     }
+}
+
+/// Counts a contender's record writes that went unanswered.
+#[derive(Default)]
+pub(super) struct Unanswered(u32);
+
+impl Unanswered {
+    /// Whether a write of ours went unanswered: then the record may list
+    /// us by it.
+    pub(super) fn any(&self) -> bool {
+        self.0 > 0
+    }
+
+    /// Before looking again after a write that lost a race: no pause if
+    /// someone wrote first; the retry policy's pause if the write went
+    /// unanswered (it may land yet — the next look tells), so that a server
+    /// that times writes out is not written to in a tight loop. `false`
+    /// once the policy's retries are spent.
+    pub(super) async fn pause(&mut self, session: &crate::Session, e: &Error) -> bool {
+        if !matches!(e, Error::ConnectionLoss) {
+            return true;
+        }
+        let policy = session.options().retry;
+        if self.0 >= policy.max_retries {
+            return false;
+        }
+        // Counted before the pause, which a deadline may cut short.
+        self.0 += 1;
+        tokio::time::sleep(policy.sleep_for(self.0 - 1)).await;
+        true
+    }
+}
+
+/// Whether a write lost a race (someone wrote first, or our reply was lost):
+/// then look again.
+pub(super) fn raced(e: &Error) -> bool {
+    use Error::{BadVersion, ConnectionLoss, NoNode, NodeExists};
+    matches!(
+        e,
+        BadVersion { .. } | NodeExists { .. } | NoNode { .. } | ConnectionLoss
+    )
 }
