@@ -132,15 +132,22 @@ impl<F> Owned<F> {
 
     /// Whether the node of ours at `path` is the one created with `fence`
     /// (see [`Store::deletes_only_created`](super::Store::deletes_only_created));
-    /// `None` if the table has no node of `session` there.
+    /// `false` if ours there is a later one. `None` if the table has no
+    /// node of `session` there — or only an earlier one than `fence`: then
+    /// the node at `fence` was made by a create whose reply was lost, and
+    /// the table cannot tell whether it is ours.
     pub fn made_with(&self, session: SessionId, path: &str, fence: &F) -> Option<bool>
     where
-        F: PartialEq,
+        F: PartialOrd,
     {
         if !self.is_of(session) {
             return None;
         }
-        self.nodes.get(path).map(|made| made == fence)
+        match fence.partial_cmp(self.nodes.get(path)?)? {
+            std::cmp::Ordering::Equal => Some(true),
+            std::cmp::Ordering::Less => Some(false),
+            std::cmp::Ordering::Greater => None,
+        }
     }
 
     /// Whether this is the table of `session`; else `session` is not the
@@ -296,6 +303,21 @@ mod tests {
         let owned = table.of(2, || 2);
         assert_eq!(owned.nodes.get("/a"), Some(&20));
         assert!(owned.gone("/a").is_none());
+    }
+
+    #[test]
+    fn made_with_tells_ours_a_later_one_and_what_it_cannot_know() {
+        let table = OwnedNodes::default();
+        learn(&table, "/a", 1, 1, 20);
+        let owned = table.of(1, || 1);
+        assert_eq!(owned.made_with(1, "/a", &20), Some(true));
+        // An earlier node at the name: ours there is a later one.
+        assert_eq!(owned.made_with(1, "/a", &10), Some(false));
+        // A later one than the table knows: made by a create whose reply
+        // was lost (or by someone else); the table cannot tell.
+        assert_eq!(owned.made_with(1, "/a", &30), None);
+        assert_eq!(owned.made_with(1, "/b", &20), None);
+        assert_eq!(owned.made_with(2, "/a", &20), None);
     }
 
     #[test]

@@ -108,17 +108,13 @@ fn leave_in_background(session: &Session, node: &str) {
 }
 
 /// Deletes the member's node if this session owns it: a node of the same
-/// id owned by someone else is theirs. A delete retried after a lost reply
-/// must not take the node the next member with this id made meanwhile:
-/// where the store fences our deletes by session (etcd, Consul) it cannot;
-/// elsewhere only the node read (by its creation) goes.
+/// id owned by someone else is theirs. Only the node read goes (by its
+/// creation): a delete retried after a lost reply must not take the node
+/// the next member with this id made meanwhile.
 async fn delete_if_ours(session: &Session, node: &str) -> Result<()> {
     match session.retrying(|| session.exists(node)).await {
         Ok(Some(stat)) if stat.ephemeral_owner == session.session_id() => {
-            match session.store().deletes_only_created(node, stat.czxid) {
-                Some(_) => session.delete_guaranteed(node).await,
-                None => session.delete_created(node, stat.czxid).await.map(drop),
-            }
+            session.delete_created(node, stat.czxid).await.map(drop)
         }
         Ok(_) | Err(Error::Closed) => Ok(()),
         Err(e) => Err(e),
