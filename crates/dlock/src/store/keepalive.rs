@@ -249,19 +249,11 @@ impl<R: Renewer> Faults for Kept<R> {
     }
 
     fn fail_next_reads(&self, n: u32) {
-        self.0
-            .machine()
-            .lost_replies
-            .reads
-            .store(n, std::sync::atomic::Ordering::SeqCst);
+        self.0.machine().lost_replies.fail_reads(n);
     }
 
     fn fail_next_sets(&self, n: u32) {
-        self.0
-            .machine()
-            .lost_replies
-            .sets
-            .store(n, std::sync::atomic::Ordering::SeqCst);
+        self.0.machine().lost_replies.fail_sets(n);
     }
 }
 

@@ -858,6 +858,16 @@ impl LostReplies {
         Self::failing(&self.sets)
     }
 
+    /// [`Faults::fail_next_reads`].
+    pub fn fail_reads(&self, n: u32) {
+        self.reads.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// [`Faults::fail_next_sets`].
+    pub fn fail_sets(&self, n: u32) {
+        self.sets.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
     fn failing(left: &std::sync::atomic::AtomicU32) -> Result<()> {
         use std::sync::atomic::Ordering::SeqCst;
         let take = |n: u32| n.checked_sub(1);

@@ -471,18 +471,10 @@ impl Faults for ZooKeeperStore {
     }
 
     fn fail_next_reads(&self, n: u32) {
-        self.inner
-            .machine
-            .lost_replies
-            .reads
-            .store(n, std::sync::atomic::Ordering::SeqCst);
+        self.inner.machine.lost_replies.fail_reads(n);
     }
 
     fn fail_next_sets(&self, n: u32) {
-        self.inner
-            .machine
-            .lost_replies
-            .sets
-            .store(n, std::sync::atomic::Ordering::SeqCst);
+        self.inner.machine.lost_replies.fail_sets(n);
     }
 }

@@ -428,16 +428,10 @@ impl Faults for EmbeddedStore {
     }
 
     fn fail_next_reads(&self, n: u32) {
-        self.machine
-            .lost_replies
-            .reads
-            .store(n, std::sync::atomic::Ordering::SeqCst);
+        self.machine.lost_replies.fail_reads(n);
     }
 
     fn fail_next_sets(&self, n: u32) {
-        self.machine
-            .lost_replies
-            .sets
-            .store(n, std::sync::atomic::Ordering::SeqCst);
+        self.machine.lost_replies.fail_sets(n);
     }
 }
