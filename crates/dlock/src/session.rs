@@ -7,7 +7,7 @@
 //! knows no session; this module picks the backend and wraps its store.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -453,14 +453,23 @@ impl Session {
         let mut retry = 0;
         loop {
             match op().await {
-                Err(e) if e.is_retryable() && retry < self.inner.options.retry.max_retries => {
-                    self.inner.retried.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(self.inner.options.retry.sleep_for(retry)).await;
-                    retry += 1;
-                }
+                Err(e) if e.is_retryable() && self.retry_pause(retry).await => retry += 1,
                 other => return other,
             }
         }
+    }
+
+    /// The pause before retry number `retry` (from 0) of an operation that
+    /// failed on the connection, as the retry policy says; `false`, with no
+    /// pause, once the policy's retries are spent.
+    pub(crate) async fn retry_pause(&self, retry: u32) -> bool {
+        let policy = self.inner.options.retry;
+        if retry >= policy.max_retries {
+            return false;
+        }
+        self.inner.retried.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(policy.sleep_for(retry)).await;
+        true
     }
 
     /// Runs `attempt` again while it fails with `NoNode` — a container
@@ -748,60 +757,89 @@ impl Session {
     /// its waiters, until the session ends).
     pub(crate) async fn delete_created(&self, path: &str, czxid: i64) -> Result<Gone> {
         match self.inner.store.deletes_only_created(path, czxid) {
-            Some(true) => return self.delete_guaranteed_or_gone(path).await,
-            Some(false) => return Ok(Gone(true)),
-            None => {}
+            Some(true) => self.delete_guaranteed_or_gone(path).await,
+            Some(false) => Ok(Gone(true)),
+            None => self.delete_created_by_reading(path, czxid, None).await,
         }
-        let deleted = self.delete_created_by_reading(path, czxid).await;
+    }
+
+    /// [`delete_created`](Self::delete_created) of a node just read, at
+    /// `version`, on a store that does not fence deletes by creation: the
+    /// first delete goes on that version, without reading it again.
+    pub(crate) async fn delete_created_read(
+        &self,
+        path: &str,
+        czxid: i64,
+        version: i32,
+    ) -> Result<Gone> {
+        self.delete_created_by_reading(path, czxid, Some(version))
+            .await
+    }
+
+    /// [`delete_created`](Self::delete_created) on a store that does not
+    /// fence deletes by creation: reads the node's (unless `read` tells
+    /// its version already), then deletes on its version; guaranteed.
+    async fn delete_created_by_reading(
+        &self,
+        path: &str,
+        czxid: i64,
+        read: Option<i32>,
+    ) -> Result<Gone> {
+        let deleted = self.delete_created_once(path, czxid, read).await;
         if deleted.as_ref().is_err_and(Error::is_retryable) {
             let path = path.to_string();
             self.retry_in_background(move |session| {
                 let path = path.clone();
                 async move {
-                    session
-                        .delete_created_by_reading(&path, czxid)
-                        .await
-                        .map(drop)
+                    let deleted = session.delete_created_once(&path, czxid, None).await;
+                    deleted.map(drop)
                 }
             });
         }
         deleted
     }
 
-    /// [`delete_created`](Self::delete_created) on a store that does not
-    /// fence deletes by creation: reads the node's, then deletes on its
-    /// version.
-    ///
-    /// A delete whose reply was lost is not sent again as it was: the node
-    /// is read again first. Its version alone does not name it — a node
-    /// made at the name since (the next member of a group, the next holder
-    /// of a shared name) starts at the same version 0, and a resent delete
-    /// would take it.
-    async fn delete_created_by_reading(&self, path: &str, czxid: i64) -> Result<Gone> {
-        let policy = self.inner.options.retry;
-        let (mut unanswered, mut retry) = (false, 0);
-        loop {
-            let found = self
-                .retrying(|| self.inner.store.exists(path, false))
-                .await?;
-            let version = match found {
-                (Some(stat), _) if stat.czxid == czxid => stat.version,
-                // Gone, or another node: our unanswered delete may have
-                // landed; if none was sent, someone else's did.
-                _ => return Ok(Gone(!unanswered)),
-            };
-            match self.inner.store.delete(path, Some(version)).await {
-                Ok(()) | Err(Error::NoNode { .. }) => return Ok(Gone(false)),
-                // Its data changed meanwhile (a revocation request): again.
-                Err(Error::BadVersion { .. }) => {}
-                Err(e) if e.is_retryable() && retry < policy.max_retries => {
-                    self.inner.retried.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(policy.sleep_for(retry)).await;
-                    (unanswered, retry) = (true, retry + 1);
+    /// One [`delete_created_by_reading`](Self::delete_created_by_reading),
+    /// through the retry policy. A delete that goes unanswered is not sent
+    /// again as it was: the whole attempt is, reading the node again first.
+    /// Its version alone does not name it — a node made at the name since
+    /// (the next member of a group, the next holder of a shared name)
+    /// starts at the same version 0, and a resent delete would take it.
+    async fn delete_created_once(
+        &self,
+        path: &str,
+        czxid: i64,
+        mut read: Option<i32>,
+    ) -> Result<Gone> {
+        let unanswered = AtomicBool::new(false);
+        let attempt = || {
+            let mut version = read.take();
+            let unanswered = &unanswered;
+            async move {
+                loop {
+                    let now = match version.take() {
+                        Some(version) => version,
+                        None => match self.inner.store.exists(path, false).await? {
+                            (Some(stat), _) if stat.czxid == czxid => stat.version,
+                            // Gone, or another node: our unanswered delete
+                            // may have landed; if none was sent, someone
+                            // else's did.
+                            _ => return Ok(Gone(!unanswered.load(Ordering::Relaxed))),
+                        },
+                    };
+                    match self.inner.store.delete(path, Some(now)).await {
+                        Ok(()) | Err(Error::NoNode { .. }) => return Ok(Gone(false)),
+                        // Its data changed meanwhile (a revocation request).
+                        Err(Error::BadVersion { .. }) => {}
+                        Err(e) => {
+                            unanswered.fetch_or(e.is_retryable(), Ordering::Relaxed);
+                            return Err(e);
+                        }
+                    }
                 }
-                Err(e) => return Err(e),
             }
-        }
+        };
+        self.retrying(attempt).await
     }
 
     /// Deletes a node in the background, retrying until it is gone or the

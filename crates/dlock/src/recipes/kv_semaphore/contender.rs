@@ -212,18 +212,7 @@ impl KvSemaphore {
         let left = self.leave_record(if ours_now { id } else { "" }).await;
         let deleted = match ours {
             Ok((false, _)) => Ok(Gone(true)),
-            // Once on the version read. Its data changed since (a
-            // revocation request), or no answer: by its creation, which
-            // reads again — and then a node found gone may be our doing.
-            Ok((true, Some(version))) => match store.delete(&path, Some(version)).await {
-                Ok(()) => Ok(Gone(false)),
-                Err(Error::NoNode { .. }) => Ok(Gone(true)),
-                Err(e) => {
-                    let unanswered = e.is_retryable();
-                    let by_creation = session.delete_created(&path, czxid).await;
-                    by_creation.map(|Gone(gone)| Gone(gone && !unanswered))
-                }
-            },
+            Ok((true, Some(version))) => session.delete_created_read(&path, czxid, version).await,
             _ => session.delete_created(&path, czxid).await,
         };
         left.and(deleted)

@@ -176,14 +176,9 @@ impl Unanswered {
         if !matches!(e, Error::ConnectionLoss) {
             return true;
         }
-        let policy = session.options().retry;
-        if self.0 >= policy.max_retries {
-            return false;
-        }
         // Counted before the pause, which a deadline may cut short.
         self.0 += 1;
-        tokio::time::sleep(policy.sleep_for(self.0 - 1)).await;
-        true
+        session.retry_pause(self.0 - 1).await
     }
 }
 
