@@ -474,8 +474,11 @@ impl Session {
 
     /// Runs `attempt` again while it fails with `NoNode` — a container
     /// parent reaped between its creation and ours, or our ephemeral node
-    /// gone with a lost session — at most the policy's `max_retries` times,
-    /// then returns that `NoNode`.
+    /// gone with a lost session — or with `SessionExpired` — the server
+    /// ended the session before the client knew (a revoked lease, a
+    /// destroyed Consul session), so the next attempt runs in its
+    /// successor, as Curator's retry loop goes on after `SESSIONEXPIRED` —
+    /// at most the policy's `max_retries` times, then returns that error.
     ///
     /// The first retry goes at once, as Curator's `LockInternals` does: a
     /// single reap race is the common case and costs no wait. Later ones
@@ -491,7 +494,7 @@ impl Session {
         let mut retry = 0;
         loop {
             match attempt().await {
-                Err(Error::NoNode { .. }) if retry < policy.max_retries => {
+                Err(Error::NoNode { .. } | Error::SessionExpired) if retry < policy.max_retries => {
                     if retry > 0 {
                         tokio::time::sleep(policy.sleep_for(retry - 1)).await;
                     }

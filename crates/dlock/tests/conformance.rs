@@ -1123,6 +1123,37 @@ async fn expiry_fires_watches_and_renews_the_session(h: &Harness) -> Result<()> 
     Ok(())
 }
 
+/// `end_on_server`: the session's ephemeral nodes go (another session sees
+/// them go) and the session learns it from the first request the server
+/// refuses — that request alone fails, with `SessionExpired` (on
+/// ZooKeeper the server tells the client at once: none fails) — then goes
+/// on in a new session. A closed session has nothing left to end.
+async fn a_session_ended_on_the_server_is_learned_and_renewed(h: &Harness) -> Result<()> {
+    let (s, observer) = (h.session().await, h.session().await);
+    let id = s.session_id();
+    let node = s.create(&h.path("/ended"), b"", ephemeral()).await?.path;
+    s.faults().context("faults")?.end_on_server().await?;
+    await_gone(&observer, &node, WITHIN).await?;
+    let mut refused = 0;
+    let again = loop {
+        match s.create(&node, b"", ephemeral()).await {
+            Err(Error::SessionExpired) if refused == 0 => refused += 1,
+            again => break again?,
+        }
+    };
+    ensure!(
+        again.stat.ephemeral_owner == s.session_id() && s.session_id() != id,
+        "made by {:#x} in session {:#x}, the ended one {id:#x}",
+        again.stat.ephemeral_owner,
+        s.session_id()
+    );
+    s.delete(&again.path, None).await?;
+    s.close().await;
+    let ended = s.faults().context("faults")?.end_on_server().await;
+    ensure!(ended == Err(Error::Closed), "{ended:?}");
+    Ok(())
+}
+
 /// The create is applied although its reply is lost; the caller gets
 /// `ConnectionLoss` and the status blips `Suspended` → `Reconnected` in the
 /// same session. The hook fires once: the next create gets its reply.
@@ -1253,6 +1284,7 @@ macro_rules! the_contract_on {
     suspension_within_the_timeout_keeps_the_session,
     suspension_past_the_timeout_loses_the_session,
     expiry_fires_watches_and_renews_the_session,
+    a_session_ended_on_the_server_is_learned_and_renewed,
     a_suspension_of_a_renewed_session_ends,
     a_lost_create_reply_still_creates_the_node,
     a_lost_delete_reply_still_deletes_the_node,

@@ -12,7 +12,10 @@ use anyhow::{ensure, Context, Result};
 use async_trait::async_trait;
 use common::tests1::{finished, joined, rivals, Occupancy};
 use common::{await_children, queued, Harness};
-use dlock::{Error, Hold, Lockable, MultiLock, Mutex, ReadWriteLock};
+use dlock::{
+    ConsulLock, Error, Hold, KvSemaphore, Lockable, MultiLock, Mutex, ReadWriteLock, Semaphore,
+    Session,
+};
 
 const WITHIN: Duration = Duration::from_secs(20);
 const SHORT: Duration = Duration::from_millis(300);
@@ -588,6 +591,59 @@ async fn a_failing_acquire_rolls_back(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// A waiter whose session the server ended unannounced (an operator's
+/// `etcdctl lease revoke` or `consul session destroy`, or Consul when the
+/// node's health check fails) goes on in the session's successor and gets
+/// the lock once it is free, as Curator's retry loop goes on after
+/// `SESSIONEXPIRED` — it does not fail with `SessionExpired` because a
+/// request found out before the session did. For the queued recipes the
+/// waiter is in the queue when its session ends; a `ConsulLock` waiter
+/// has no node to show it waits, so it may find out at its first write.
+async fn a_waiter_whose_session_the_server_ended_goes_on_in_the_next(h: &Harness) -> Result<()> {
+    let (a, b) = (h.session().await, h.session().await);
+    let path = h.path("/ended");
+    let kinds: [(&str, usize); 4] = [("mutex", 2), ("kv", 3), ("semaphore", 0), ("consul", 0)];
+    for (kind, queued_nodes) in kinds {
+        let dir = format!("{path}/{kind}");
+        let hold = |s: &Session| -> dlock::Result<Box<dyn Lockable>> {
+            Ok(match kind {
+                "mutex" => Box::new(Mutex::new(s, &dir)?),
+                "kv" => Box::new(KvSemaphore::new(s, &dir, 1)?),
+                "semaphore" => Box::new(Semaphore::new(s, &dir, 1)?),
+                _ => Box::new(ConsulLock::new(s, &dir)?),
+            })
+        };
+        let held = hold(&a)?.lock_for(None).await?.context("held")?;
+        let (waiter, before) = (hold(&b)?, b.session_id());
+        let acquire = async move { waiter.lock_for(None).await };
+        let waiting = match queued_nodes {
+            0 => tokio::spawn(acquire),
+            n => queued(&a, &dir, n, WITHIN, acquire).await?,
+        };
+        b.faults().context("faults")?.end_on_server().await?;
+        let first = held.token();
+        held.release().await?;
+        let got = tokio::time::timeout(WITHIN, waiting)
+            .await
+            .with_context(|| format!("{kind}: the waiter never got the lock"))??;
+        let got = got.with_context(|| format!("{kind}: the waiter's acquire"))?;
+        let got = got.with_context(|| format!("{kind}: an untimed acquire timed out"))?;
+        ensure!(
+            b.session_id() != before && got.acquisition().session_id() == b.session_id(),
+            "{kind}: held in session {:#x}, the ended one was {before:#x}, now {:#x}",
+            got.acquisition().session_id(),
+            b.session_id()
+        );
+        ensure!(
+            got.token() > first,
+            "{kind}: token {:?} after {first:?}",
+            got.token()
+        );
+        got.release().await?;
+    }
+    Ok(())
+}
+
 // Every case on every backend.
 per_backend!(every_backend {
     rw_participants_show_holders_and_waiters,
@@ -611,4 +667,5 @@ per_backend!(every_backend {
     multi_lock_directories_are_reaped,
     a_failing_release_does_not_stop_the_others,
     a_failing_acquire_rolls_back,
+    a_waiter_whose_session_the_server_ended_goes_on_in_the_next,
 });

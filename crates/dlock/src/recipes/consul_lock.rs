@@ -186,7 +186,14 @@ impl ConsulLock {
         => acquire_until() -> LockGuard
     }
 
+    /// Attempts until one ends other than with the session ended on the
+    /// server unannounced: then we go again in its successor.
     pub(crate) async fn acquire_until(&self, deadline: Deadline) -> Result<Option<LockGuard>> {
+        let session = &self.session;
+        session.retrying_reaped(|| self.attempt(deadline)).await
+    }
+
+    async fn attempt(&self, deadline: Deadline) -> Result<Option<LockGuard>> {
         let session = &self.session;
         let mut entry = Entry::new(session, self.node.clone());
         let opts = CreateOptions::new(CreateMode::Ephemeral)

@@ -9,18 +9,19 @@ use async_trait::async_trait;
 use super::consul_lock::ConsulLock;
 use super::deadline::Deadline;
 use super::guard::{guarded_by, Acquisition, LockGuard};
-use super::kv_semaphore::KvLease;
+use super::kv_semaphore::{KvLease, KvSemaphore};
 use super::mutex::Mutex;
 use super::rwlock::{ReadGuard, ReadWriteLock, WriteGuard};
-use super::semaphore::Lease;
+use super::semaphore::{Lease, Semaphore};
 use super::semaphore_mutex::SemaphoreMutex;
 use crate::error::{Error, Result};
 use crate::store::{FencingToken, Op, OpResult};
 
 /// A lock [`MultiLock`] can take. Implemented by [`Mutex`], the halves of a
 /// [`ReadWriteLock`] ([`ReadWriteLock::read_half`],
-/// [`ReadWriteLock::write_half`]) and [`SemaphoreMutex`]; implement it for
-/// your own kinds.
+/// [`ReadWriteLock::write_half`]), [`SemaphoreMutex`], [`ConsulLock`], and
+/// for one slot each by [`Semaphore`] and [`KvSemaphore`]; implement it
+/// for your own kinds.
 #[async_trait]
 pub trait Lockable: Send + Sync + fmt::Debug {
     /// Acquires, waiting at most `timeout` (forever if `None`); `Ok(None)`
@@ -99,6 +100,8 @@ lockable! {
     SemaphoreMutex => |lock, deadline| lock.acquire_until(deadline), in lock.session();
     ReadHalf => |half, deadline| half.0.read_until(deadline), in half.0.session();
     WriteHalf => |half, deadline| half.0.write_until(deadline), in half.0.session();
+    Semaphore => |sem, deadline| sem.acquire_one_until(deadline), in sem.session();
+    KvSemaphore => |sem, deadline| sem.acquire_until(deadline), in sem.session();
 }
 
 impl ReadWriteLock {

@@ -187,6 +187,20 @@ pub(crate) trait Renewer: Send + Sync + 'static {
         });
     }
 
+    /// `Faults::end_on_server`: ends the session on the server only; the
+    /// loop or the next request that needs it finds it gone.
+    async fn end_unannounced(&self) -> Result<()> {
+        self.machine()
+            .expire_with(|_| async move {
+                let name = Self::name(&mut self.machine().lock().backend, false);
+                match name {
+                    Some(name) => self.end(&name).await,
+                    None => Ok(()),
+                }
+            })
+            .await
+    }
+
     /// `Faults::expire`: ends the session on the server (its keys go at
     /// once) and declares it `Lost`, whether the server confirmed or not;
     /// the answer is the server's.
@@ -238,6 +252,10 @@ impl<R: Renewer> Faults for Kept<R> {
 
     async fn expire(&self) -> Result<()> {
         self.0.end_now().await
+    }
+
+    async fn end_on_server(&self) -> Result<()> {
+        self.0.end_unannounced().await
     }
 
     fn lose_next_create_reply(&self) {

@@ -906,6 +906,17 @@ pub trait Faults: Send + Sync {
     /// its ephemeral nodes vanish and it reports `Lost`.
     async fn expire(&self) -> Result<()>;
 
+    /// Ends the session on the server without telling this client, as an
+    /// operator's `etcdctl lease revoke` or `consul session destroy` does,
+    /// or Consul when a health check of the session's node fails: its
+    /// ephemeral nodes vanish, and the client learns of it only from the
+    /// next request or renewal the server refuses (that request fails with
+    /// [`Error::SessionExpired`](crate::Error::SessionExpired); the session
+    /// reports `Lost` and is renewed). On ZooKeeper the server closes the
+    /// session's connection, so the client learns at once: this is
+    /// [`expire`](Self::expire) there.
+    async fn end_on_server(&self) -> Result<()>;
+
     /// The next create is applied by the server, but its reply is lost: the
     /// caller gets [`Error::ConnectionLoss`](crate::Error::ConnectionLoss)
     /// and the connection blips (`Suspended`, then `Reconnected`).

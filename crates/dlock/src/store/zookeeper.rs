@@ -455,6 +455,12 @@ impl Faults for ZooKeeperStore {
         self.inner.expire().await
     }
 
+    /// The server closes an ended session's connection: the client learns
+    /// at once, as from [`expire`](Faults::expire).
+    async fn end_on_server(&self) -> Result<()> {
+        self.inner.expire().await
+    }
+
     /// The next create (or create-and-list) is applied by the server, but
     /// its result is discarded: the caller gets `ConnectionLoss`, and the
     /// status blips `Suspended` → `Reconnected` (same session), as after a

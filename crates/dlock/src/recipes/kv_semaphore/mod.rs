@@ -277,7 +277,7 @@ impl KvSemaphore {
     /// Attempts until one ends other than "our entry is gone" (see
     /// [`enter`](Self::enter); or the session was lost while we waited):
     /// then we start over in the live session, as the wait queue does.
-    async fn acquire_until(&self, deadline: Deadline) -> Result<Option<KvLease>> {
+    pub(crate) async fn acquire_until(&self, deadline: Deadline) -> Result<Option<KvLease>> {
         let session = &self.session;
         session.retrying_reaped(|| self.attempt(deadline)).await
     }

@@ -43,6 +43,12 @@ impl Semaphore {
     /// so two acquirers of 2 leases out of 2 can each hold one and wait for
     /// the other for ever; holding it for all of them, the first to get it
     /// gets them all.
+    /// One lease, as a [`Lockable`](crate::Lockable) takes it.
+    pub(crate) async fn acquire_one_until(&self, deadline: Deadline) -> Result<Option<Lease>> {
+        let leases = self.acquire_until(1, deadline).await?;
+        Ok(leases.and_then(|mut leases| leases.pop()))
+    }
+
     pub(crate) async fn acquire_until(
         &self,
         qty: u32,

@@ -419,6 +419,16 @@ impl Faults for EmbeddedStore {
             .await
     }
 
+    /// The next operation finds the session gone (and loses it).
+    async fn end_on_server(&self) -> Result<()> {
+        self.machine
+            .expire_with(|session| async move {
+                self.server.apply(|t, f| t.end_session(session, f));
+                Ok(())
+            })
+            .await
+    }
+
     fn lose_next_create_reply(&self) {
         self.machine.lost_replies.create.arm();
     }
