@@ -115,6 +115,39 @@ async fn a_task_holding_the_write_lock_is_refused_what_would_wait_for_itself(
     Ok(())
 }
 
+/// A task holding the read lock is refused a second one through the same
+/// value (or a clone): free now, it would queue behind a writer that came
+/// in between, which waits for the first read, so for ever. The message
+/// names the re-entry; another task reads alongside.
+async fn a_task_holding_the_read_lock_is_refused_a_second_one(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let rw = ReadWriteLock::new(&s, &h.path("/rw"))?;
+    let r = rw.read().await?;
+    let refused = [
+        rw.read().await.map(drop).unwrap_err(),
+        rw.clone().try_read().await.map(drop).unwrap_err(),
+        rw.read_half()
+            .lock_for(Some(SHORT))
+            .await
+            .map(drop)
+            .unwrap_err(),
+    ];
+    for err in refused {
+        ensure!(
+            matches!(&err, Error::InvalidArgument(m) if m.contains("ReadGuard::reenter")),
+            "{err}"
+        );
+    }
+    let again = r.reenter()?;
+    let other = rw.clone();
+    let elsewhere = tokio::spawn(async move { other.read().await?.release().await });
+    elsewhere.await??;
+    again.release().await?;
+    r.release().await?;
+    rw.read().await?.release().await?;
+    Ok(())
+}
+
 /// A write guard handed over to another task still counts for the task
 /// that took it (refused there through the same value); that task waits
 /// for the lock through a value of its own, and gets it once the other
@@ -650,6 +683,7 @@ per_backend!(every_backend {
     upgrading_is_refused,
     downgrading_is_only_for_the_writer,
     a_task_holding_the_write_lock_is_refused_what_would_wait_for_itself,
+    a_task_holding_the_read_lock_is_refused_a_second_one,
     a_handed_over_write_guard_is_waited_for_through_a_value_of_ones_own,
     a_writer_downgrades_to_reader,
     a_queued_writer_cannot_slip_into_a_downgrade,

@@ -49,8 +49,9 @@ impl Holds {
 
     /// `InvalidArgument` if the current task asking for `wanted` at `path`
     /// holds what would keep it waiting for itself for ever: the read lock
-    /// (for the write lock: an upgrade), or the write lock (for either),
-    /// naming the way that works.
+    /// (for either: an upgrade, or a second reader that a writer queued
+    /// in between keeps waiting), or the write lock (for either), naming
+    /// the way that works.
     pub fn refuse_waiting_for_itself(&self, wanted: Half, path: &str) -> Result<()> {
         let me = Owner::current();
         let (mut reads, mut writes) = (false, false);
@@ -70,6 +71,13 @@ impl Holds {
             Half::Write if writes => format!(
                 "this task holds the write lock at {path} already: take it again with \
                  WriteGuard::reenter (a second writer would wait for itself forever)"
+            ),
+            // Free now, it would wait behind a writer queued since: a
+            // writer waits for our first read, so for ever.
+            Half::Read if reads => format!(
+                "this task holds the read lock at {path} already: take it again with \
+                 ReadGuard::reenter (a second reader would wait for itself forever behind a \
+                 writer queued meanwhile)"
             ),
             Half::Read if writes => format!(
                 "this task holds the write lock at {path}: take the read lock with \
