@@ -461,14 +461,16 @@ impl Session {
 
     /// The pause before retry number `retry` (from 0) of an operation that
     /// failed on the connection, as the retry policy says; `false`, with no
-    /// pause, once the policy's retries are spent.
+    /// pause, once the policy's retries are spent, or if the pause would
+    /// end past the timed wait (an acquire's timeout) this task runs.
     pub(crate) async fn retry_pause(&self, retry: u32) -> bool {
         let policy = self.inner.options.retry;
-        if retry >= policy.max_retries {
+        let pause = policy.sleep_for(retry);
+        if retry >= policy.max_retries || crate::recipes::deadline::retry_would_overrun(pause) {
             return false;
         }
         self.inner.retried.fetch_add(1, Ordering::Relaxed);
-        tokio::time::sleep(policy.sleep_for(retry)).await;
+        tokio::time::sleep(pause).await;
         true
     }
 

@@ -267,6 +267,38 @@ async fn timed_acquires_end_while_the_connection_is_down(h: &Harness) -> Result<
     await_children(&s, &path, 0, WITHIN).await
 }
 
+/// A timed acquire whose requests keep failing on a live connection (a
+/// cluster without a leader answers 5xx, an overloaded one times requests
+/// out, while the session's renewals still get through) ends within the
+/// clean-up grace of its deadline, with the requests' error: they are not
+/// retried past it (with the default policy they would go on for about
+/// 11 s each). Its node goes in the background once reads pass again.
+async fn a_timed_acquire_stops_retrying_failing_requests_at_its_deadline(
+    h: &Harness,
+) -> Result<()> {
+    let (a, b) = (h.session().await, h.session().await);
+    let path = h.path("/locks/failing");
+    let held = Mutex::new(&a, &path)?.acquire().await?;
+    let timeout = Duration::from_millis(500);
+    let m = Mutex::new(&b, &path)?;
+    let started = tokio::time::Instant::now();
+    let waiting = queued(&a, &path, 2, WITHIN, async move {
+        m.acquire_timeout(timeout).await.map(drop)
+    })
+    .await?;
+    b.faults().context("faults")?.fail_next_reads(u32::MAX);
+    held.release().await?;
+    let ended = tokio::time::timeout(WITHIN, waiting).await??;
+    let took = started.elapsed();
+    b.faults().context("faults")?.fail_next_reads(0);
+    ensure!(ended == Err(Error::ConnectionLoss), "{ended:?}");
+    // The grace (1 s), and as much again for a loaded machine.
+    let bound = timeout + Duration::from_secs(3);
+    ensure!(took <= bound, "ended after {took:?}, past {bound:?}");
+    ensure!(b.state().is_connected(), "{:?}", b.state());
+    await_children(&a, &path, 0, WITHIN).await
+}
+
 /// A late twin of our node — made by an earlier try of our own create,
 /// whose reply was lost, landing after the retry made ours (etcd and
 /// Consul do not order one client's requests) — is deleted by the wait,
@@ -475,6 +507,7 @@ per_backend!({
     lock_directories_are_reaped,
     timeouts_and_cancellation_leave_nothing,
     timed_acquires_end_while_the_connection_is_down,
+    a_timed_acquire_stops_retrying_failing_requests_at_its_deadline,
     a_late_twin_of_our_node_is_deleted_not_waited_for,
     a_lost_create_reply_leaves_one_node,
     guarded_writes_need_the_lock,

@@ -14,6 +14,24 @@ use crate::store::SessionState;
 /// (`Duration::MAX`, say) means "never", and must not overflow the clock.
 const FAR_AHEAD: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
+tokio::task_local! {
+    /// Past when the timed wait this task runs retries no failed request:
+    /// its deadline and the clean-up grace.
+    static RETRIES_END: Instant;
+}
+
+/// Whether a retry that pauses `pause` from now would end past the timed
+/// wait this task runs (its deadline and the clean-up grace): then the
+/// request's failure is the answer. Requests that fail on a live
+/// connection (a cluster without a leader, one that times requests out,
+/// while renewals still get through) would otherwise be retried through
+/// the whole retry policy, seconds past a deadline the caller set.
+pub(crate) fn retry_would_overrun(pause: Duration) -> bool {
+    RETRIES_END
+        .try_with(|end| Instant::now() + pause > *end)
+        .unwrap_or(false)
+}
+
 /// `after` from `start`, no further than [`FAR_AHEAD`].
 pub(crate) fn instant_after(start: Instant, after: Duration) -> Instant {
     start + after.min(FAR_AHEAD)
@@ -113,7 +131,7 @@ impl Deadline {
     {
         let deadline = Deadline::after(Some(Duration::ZERO));
         tokio::select! {
-            got = until(deadline) => got,
+            got = deadline.bounding_retries(until(deadline)) => got,
             () = deadline.cut_off(session) => Err(Error::ConnectionLoss),
         }
     }
@@ -126,8 +144,20 @@ impl Deadline {
         wait: impl Future<Output = Result<Option<T>>>,
     ) -> Result<Option<T>> {
         tokio::select! {
-            got = wait => got,
+            got = self.bounding_retries(wait) => got,
             () = self.cut_off(session) => Ok(None),
+        }
+    }
+
+    /// Runs `wait` with the retries of its requests ending by this deadline
+    /// and the clean-up grace ([`retry_would_overrun`]).
+    async fn bounding_retries<T>(&self, wait: impl Future<Output = T>) -> T {
+        match *self {
+            Deadline::Never => wait.await,
+            Deadline::At { at, .. } => {
+                let end = instant_after(at, CLEANUP_GRACE);
+                RETRIES_END.scope(end, wait).await
+            }
         }
     }
 
@@ -158,9 +188,11 @@ pub(crate) const CLEANUP_GRACE: Duration = Duration::from_secs(1);
 /// The three ways to acquire that every lock-like recipe offers over its
 /// `$until(args.., deadline) -> Result<Option<$hold>>`: wait as long as it
 /// takes, wait at most a timeout ([`Error::Timeout`] after it; while the
-/// connection is down, at most [`CLEANUP_GRACE`] late), or only if it can
-/// be had now (`None` if not; [`Error::ConnectionLoss`] if the connection
-/// is down [`CLEANUP_GRACE`] after asking). Written once here, with each
+/// connection is down, at most [`CLEANUP_GRACE`] late; a request failing
+/// on a live connection is not retried past that either, and its error is
+/// the answer), or only if it can be had now (`None` if not;
+/// [`Error::ConnectionLoss`] if the connection is down, or requests keep
+/// failing, [`CLEANUP_GRACE`] after asking). Written once here, with each
 /// recipe's own names and docs; inside an `impl` of the recipe.
 macro_rules! timed_acquire {
     (

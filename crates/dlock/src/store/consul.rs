@@ -396,7 +396,10 @@ impl ConsulStore {
                          (non-ASCII spaces, format characters, unassigned code points)"
                     .into(),
             },
-            500..=599 => {
+            // 429: a server's request rate limit (`limits.request_limits` in
+            // newer Consul): retried with backoff, as Consul asks of its
+            // clients.
+            429 | 500..=599 => {
                 tracing::debug!(endpoint = %self.http.endpoint, "Consul answered {}: {}", resp.status, resp.text());
                 Error::ConnectionLoss
             }

@@ -300,10 +300,14 @@ impl HeldNode {
                     return;
                 }
                 Ok((_, Some(watch))) => watch,
-                // Requests failing on a live session (timing out, say):
-                // look again after a pause. Given up, nothing would tell
-                // the holder of a forced removal for the rest of its hold.
-                Err(e) if e.is_retryable() => {
+                // Requests failing on a live session (timing out, or
+                // refused by a server in trouble): look again after a
+                // pause. Given up, nothing would tell the holder of a
+                // forced removal for the rest of its hold.
+                Err(e) if !e.is_session_lost() => {
+                    if !e.is_retryable() {
+                        tracing::debug!(%path, error = %e, "watching a held node: looking again");
+                    }
                     let done = self.fate_settles(|f| f != Fate::Held);
                     match backoff.pause(&self.session, done).await {
                         true => continue,
