@@ -368,6 +368,25 @@ async fn rw_nodes_carry_the_lock_data(h: &Harness) -> Result<()> {
     data[0] = 9; // the lock keeps its own copy
     let w = rw.write().await?;
     ensure!(s.get_data(w.node()).await?.0 == [1, 2, 3, 4]);
+    let r = w.read().await?;
+    ensure!(
+        s.get_data(r.node()).await?.0 == [1, 2, 3, 4],
+        "the downgrade's"
+    );
+    r.release().await?;
+    w.release().await?;
+    // Revocable, its nodes hold nothing (as Curator's): a request is
+    // written over them. The downgrade's too.
+    let rw = ReadWriteLock::new(&s, &h.path("/revocable"))?
+        .with_data(vec![1u8])
+        .revocable(|_| {});
+    let w = rw.write().await?;
+    let r = w.read().await?;
+    for node in [w.node(), r.node()] {
+        let (data, _) = s.get_data(node).await?;
+        ensure!(data.is_empty(), "{node} holds {data:?}");
+    }
+    r.release().await?;
     w.release().await?;
     Ok(())
 }

@@ -347,6 +347,15 @@ impl WaitQueue {
         }
     }
 
+    /// What a node of ours holds: `data`, or nothing in a revocable queue
+    /// (as Curator: a revocation request is written over it).
+    pub fn node_data<'a>(&self, data: &'a [u8]) -> &'a [u8] {
+        match self.revocation {
+            Some(_) => &[],
+            None => data,
+        }
+    }
+
     /// Creates our node (protected, parents as containers) and lists the
     /// queue, in one round trip where the backend can. A revocable queue
     /// stores no data (as Curator) and watches our node for requests.
@@ -355,11 +364,7 @@ impl WaitQueue {
         data: &[u8],
         mode: CreateMode,
     ) -> Result<(PendingNode, Created, Vec<Child>)> {
-        let data = if self.revocation.is_some() {
-            &[][..]
-        } else {
-            data
-        };
+        let data = self.node_data(data);
         self.assure_dir().await?;
         let (prefix, name) = self
             .names()

@@ -301,7 +301,7 @@ impl WriteGuard {
                 &q.dir,
                 &prefix,
                 &name,
-                self.lock.data(),
+                q.node_data(self.lock.data()),
                 CreateMode::Ephemeral,
                 false,
             )
