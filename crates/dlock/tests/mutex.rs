@@ -267,6 +267,28 @@ async fn timed_acquires_end_while_the_connection_is_down(h: &Harness) -> Result<
     await_children(&s, &path, 0, WITHIN).await
 }
 
+/// Every release of a re-entered hold whose lock was lost reports the
+/// loss, not only the last one: each hold's work was unprotected.
+async fn every_release_of_a_lost_reentrant_hold_reports_the_loss(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let outer = Mutex::new(&s, &h.path("/locks/reentered"))?
+        .acquire()
+        .await?;
+    let inner = outer.reenter()?;
+    dlock::revoke_forced(&s, outer.node()).await?;
+    tokio::time::timeout(WITHIN, outer.lost())
+        .await
+        .context("the lost signal")?;
+    for (which, hold) in [("inner", inner), ("outer", outer)] {
+        let released = hold.release().await;
+        ensure!(
+            matches!(released, Err(Error::Lost { .. })),
+            "{which}: {released:?}"
+        );
+    }
+    Ok(())
+}
+
 /// A timed acquire whose requests keep failing on a live connection (a
 /// cluster without a leader answers 5xx, an overloaded one times requests
 /// out, while the session's renewals still get through) ends within the
@@ -508,6 +530,7 @@ per_backend!({
     timeouts_and_cancellation_leave_nothing,
     timed_acquires_end_while_the_connection_is_down,
     a_timed_acquire_stops_retrying_failing_requests_at_its_deadline,
+    every_release_of_a_lost_reentrant_hold_reports_the_loss,
     a_late_twin_of_our_node_is_deleted_not_waited_for,
     a_lost_create_reply_leaves_one_node,
     guarded_writes_need_the_lock,

@@ -261,7 +261,11 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<()> {
         if self.held.holds.fetch_sub(1, Ordering::SeqCst) > 1 {
             self.state = GuardState::Released;
-            return Ok(());
+            // Not the last hold, but its work was no more protected.
+            return match self.is_lost() {
+                true => Err(self.lost_error()),
+                false => Ok(()),
+            };
         }
         // If this future is dropped before the delete completes, the drop
         // finishes the job in the background.
