@@ -532,6 +532,23 @@ async fn failing_sets_fail_without_writing(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// `fail_next_deletes(n)`: the next `n` deletes fail with `ConnectionLoss`
+/// without deleting, the connection staying up; then deletes pass again.
+async fn failing_deletes_fail_without_deleting(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let node = s.create(&h.path("/deletes"), b"", ephemeral()).await?.path;
+    s.faults().context("faults")?.fail_next_deletes(2);
+    for _ in 0..2 {
+        let delete = s.store().delete(&node, None).await;
+        ensure!(delete == Err(Error::ConnectionLoss), "{delete:?}");
+    }
+    ensure!(s.state().is_connected(), "{:?}", s.state());
+    ensure!(s.exists(&node).await?.is_some(), "a failed delete deleted");
+    s.delete(&node, None).await?;
+    ensure!(s.exists(&node).await?.is_none());
+    Ok(())
+}
+
 /// The root is never deleted and has no data of its own here: watches of
 /// it fire no node event while nodes come and go below it (before, on
 /// Consul its first look fired `NodeDeleted` at once, and on etcd an
@@ -1268,6 +1285,7 @@ macro_rules! the_contract_on {
     a_root_watch_fires_no_node_event,
     failing_reads_fail_while_connected,
     failing_sets_fail_without_writing,
+    failing_deletes_fail_without_deleting,
     parents_are_created_as_containers_and_reaped,
     create_and_list_sees_its_own_node,
     children_sort_by_sequence_like_curator,

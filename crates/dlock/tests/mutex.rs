@@ -267,6 +267,35 @@ async fn timed_acquires_end_while_the_connection_is_down(h: &Harness) -> Result<
     await_children(&s, &path, 0, WITHIN).await
 }
 
+/// A timed-out waiter whose node's delete keeps failing still answers
+/// `Timeout` (what the caller asked about), within the clean-up grace;
+/// its node goes in the background once deletes pass again.
+async fn a_timed_out_waiter_whose_delete_fails_still_times_out(h: &Harness) -> Result<()> {
+    let (a, b) = (h.session().await, h.session().await);
+    let path = h.path("/locks/undeleted");
+    let held = Mutex::new(&a, &path)?.acquire().await?;
+    let timeout = Duration::from_millis(300);
+    b.faults().context("faults")?.fail_next_deletes(u32::MAX);
+    let started = tokio::time::Instant::now();
+    let ended = Mutex::new(&b, &path)?
+        .acquire_timeout(timeout)
+        .await
+        .map(drop);
+    let took = started.elapsed();
+    ensure!(ended == Err(Error::Timeout(timeout)), "{ended:?}");
+    // The grace (1 s), and as much again for a loaded machine.
+    let bound = timeout + Duration::from_secs(3);
+    ensure!(took <= bound, "ended after {took:?}, past {bound:?}");
+    ensure!(
+        a.children(&path).await?.len() == 2,
+        "the waiter's node went although deletes failed"
+    );
+    b.faults().context("faults")?.fail_next_deletes(0);
+    await_children(&a, &path, 1, WITHIN).await?;
+    held.release().await?;
+    Ok(())
+}
+
 /// Every release of a re-entered hold whose lock was lost reports the
 /// loss, not only the last one: each hold's work was unprotected.
 async fn every_release_of_a_lost_reentrant_hold_reports_the_loss(h: &Harness) -> Result<()> {
@@ -531,6 +560,7 @@ per_backend!({
     timed_acquires_end_while_the_connection_is_down,
     a_timed_acquire_stops_retrying_failing_requests_at_its_deadline,
     every_release_of_a_lost_reentrant_hold_reports_the_loss,
+    a_timed_out_waiter_whose_delete_fails_still_times_out,
     a_late_twin_of_our_node_is_deleted_not_waited_for,
     a_lost_create_reply_leaves_one_node,
     guarded_writes_need_the_lock,

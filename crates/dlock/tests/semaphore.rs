@@ -638,7 +638,33 @@ async fn semaphore_directories_are_reaped(h: &Harness) -> Result<()> {
     lock_directories_are_reaped(h, 5, SemaphoreMutex::new).await
 }
 
+/// The internal lock's release failing on the connection after our lease
+/// was admitted under it does not cost the lease: the acquire answers with
+/// it, and the lock's node goes in the background once deletes pass again.
+async fn a_failed_release_of_the_internal_lock_keeps_the_admitted_lease(h: &Harness) -> Result<()> {
+    let quick = dlock::RetryPolicy {
+        base_sleep: Duration::from_millis(10),
+        max_sleep: Duration::from_millis(20),
+        max_retries: 2,
+    };
+    let s = h
+        .session_with(dlock::SessionOptions::default().with_retry(quick))
+        .await;
+    let path = h.path("/sem");
+    let sem = Semaphore::new(&s, &path, 1)?;
+    s.faults().context("faults")?.fail_next_deletes(u32::MAX);
+    let got = sem.acquire_one().await;
+    s.faults().context("faults")?.fail_next_deletes(0);
+    let lease = got.context("the acquire")?;
+    ensure!(!lease.is_lost(), "the lease is lost");
+    await_children(&s, &format!("{path}/locks"), 0, WITHIN).await?;
+    ensure!(sem.participants().await?.len() == 1, "one lease");
+    lease.release().await?;
+    Ok(())
+}
+
 per_backend!(every_backend {
+    a_failed_release_of_the_internal_lock_keeps_the_admitted_lease,
     bad_quantities_fail_fast,
     raising_the_count_wakes_the_waiter,
     lowering_the_count_never_revokes,

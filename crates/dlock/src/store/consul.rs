@@ -792,6 +792,7 @@ impl Store for ConsulStore {
         if path == "/" {
             return Err(Error::InvalidArgument("the root cannot be deleted".into()));
         }
+        self.keeper.machine.lost_replies.failing_delete()?;
         let (session, uuid) = self.keeper.current().await?;
         let holder = version
             .is_none()

@@ -823,6 +823,7 @@ impl Store for EtcdStore {
         if path == self.root {
             return Err(Error::InvalidArgument("the root cannot be deleted".into()));
         }
+        self.lease.machine.lost_replies.failing_delete()?;
         let lease = self.lease.current().await?;
         if version.is_none() && self.deletes_plainly(lease, path) {
             return self.delete_plainly(path, lease).await;

@@ -273,6 +273,10 @@ impl<R: Renewer> Faults for Kept<R> {
     fn fail_next_sets(&self, n: u32) {
         self.0.machine().lost_replies.fail_sets(n);
     }
+
+    fn fail_next_deletes(&self, n: u32) {
+        self.0.machine().lost_replies.fail_deletes(n);
+    }
 }
 
 /// Keeps session `id` alive until it is lost, replaced or closed, or the

@@ -845,6 +845,8 @@ pub(crate) struct LostReplies {
     pub reads: std::sync::atomic::AtomicU32,
     /// How many `set_data`s are still to fail ([`Faults::fail_next_sets`]).
     pub sets: std::sync::atomic::AtomicU32,
+    /// How many deletes are still to fail ([`Faults::fail_next_deletes`]).
+    pub deletes: std::sync::atomic::AtomicU32,
 }
 
 impl LostReplies {
@@ -856,6 +858,16 @@ impl LostReplies {
     /// `ConnectionLoss` if a `set_data` is still to fail (one fewer then).
     pub fn failing_set(&self) -> Result<()> {
         Self::failing(&self.sets)
+    }
+
+    /// `ConnectionLoss` if a delete is still to fail (one fewer then).
+    pub fn failing_delete(&self) -> Result<()> {
+        Self::failing(&self.deletes)
+    }
+
+    /// [`Faults::fail_next_deletes`].
+    pub fn fail_deletes(&self, n: u32) {
+        self.deletes.store(n, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// [`Faults::fail_next_reads`].
@@ -944,4 +956,11 @@ pub trait Faults: Send + Sync {
     /// time out on a live connection. Whoever retries them must pace and
     /// bound its retries.
     fn fail_next_sets(&self, n: u32);
+
+    /// The next `n` [`delete`](Store::delete)s fail with
+    /// [`Error::ConnectionLoss`](crate::Error::ConnectionLoss) without
+    /// reaching the server, while the connection stays up: as deletes that
+    /// time out on a live connection. A guaranteed delete goes on in the
+    /// background.
+    fn fail_next_deletes(&self, n: u32);
 }

@@ -301,6 +301,7 @@ impl Store for ZooKeeperStore {
     }
 
     async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
+        self.inner.machine.lost_replies.failing_delete()?;
         let client = self.inner.client().await?;
         client
             .delete(path, version)
@@ -482,5 +483,9 @@ impl Faults for ZooKeeperStore {
 
     fn fail_next_sets(&self, n: u32) {
         self.inner.machine.lost_replies.fail_sets(n);
+    }
+
+    fn fail_next_deletes(&self, n: u32) {
+        self.inner.machine.lost_replies.fail_deletes(n);
     }
 }

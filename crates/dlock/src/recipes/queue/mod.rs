@@ -301,7 +301,7 @@ impl WaitQueue {
                     Ok(Some(created))
                 }
                 Err(Stop::TimedOut) => {
-                    pending.delete().await?;
+                    pending.delete_after_timeout().await;
                     Ok(None)
                 }
                 // Our node went with its session or its directory; the

@@ -98,6 +98,12 @@ impl Semaphore {
             // The session that held the mutex is gone: our leases were not
             // admitted under it, whichever session made them. Start over.
             (Ok(true), Err(Error::Lost { .. })) => Err(self.missing_node()),
+            // Our leases were admitted while we held it; its node goes in
+            // the background (a guaranteed delete).
+            (Ok(true), Err(e)) if e.is_retryable() => {
+                tracing::debug!(error = %e, "releasing a semaphore's lock after admitting our leases");
+                return Ok(Some(leases));
+            }
             (Ok(true), Err(e)) => Err(e),
             (Ok(false), _) => Ok(None),
         };
@@ -149,15 +155,11 @@ impl Semaphore {
                 pending.disarm();
                 let node = self.leases.hold(&self.path, "lease", created);
                 // A revocable lease node carries no data (see `revocable`).
-                let stored = if self.leases.revocation.is_some() {
-                    Vec::new()
-                } else {
-                    data.to_vec()
-                };
+                let stored = self.leases.node_data(data).to_vec();
                 Ok(Some(Lease::new(node, stored)))
             }
             Err(Stop::TimedOut) => {
-                to_completion(pending.delete()).await?;
+                pending.delete_after_timeout().await;
                 Ok(None)
             }
             Err(Stop::Failed(Error::NoNode { .. })) => {

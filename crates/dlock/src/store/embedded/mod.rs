@@ -317,6 +317,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
+        self.machine.lost_replies.failing_delete()?;
         self.run(|t, _, f| t.delete(path, version, f, None)).await?;
         self.machine.lost_delete_reply()
     }
@@ -443,5 +444,9 @@ impl Faults for EmbeddedStore {
 
     fn fail_next_sets(&self, n: u32) {
         self.machine.lost_replies.fail_sets(n);
+    }
+
+    fn fail_next_deletes(&self, n: u32) {
+        self.machine.lost_replies.fail_deletes(n);
     }
 }
