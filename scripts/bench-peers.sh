@@ -36,13 +36,16 @@ esac
 
 # The Consul rows need no Debian package: only the consul binary.
 packages=()
-[ "$only" = consul ] || packages=(zookeeper etcd-server protobuf-compiler libcurator-recipes-java
+[ "$only" = consul ] || packages=(zookeeper etcd-server curl libcurator-recipes-java
   libcurator-framework-java libcurator-client-java libslf4j-java python3-kazoo golang-go golang-etcd-server-dev)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+[ "$only" = consul ] || command -v javac >/dev/null || missing+=(default-jdk-headless)
 if [ ${#missing[@]} -gt 0 ]; then
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q && apt-get install -y -q "${missing[@]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  $sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
 fi
 
 features=()

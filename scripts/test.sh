@@ -22,6 +22,7 @@ done
 # jars, kazoo, and Go with etcd's Go sources, from which the etcd ⇄ Go tests
 # build etcd's own client recipes offline) for the interoperability tests. (etcd-client's build takes
 # protoc from the crate protoc-bin-vendored: see .cargo/config.toml.)
+# Java 17 comes with ZooKeeper's JRE; javac (for the Curator peers) does not.
 packages=(zookeeper etcd-server etcd-client
           libcurator-recipes-java libcurator-framework-java libcurator-client-java
           libslf4j-java python3-kazoo golang-go golang-etcd-server-dev
@@ -30,19 +31,19 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
+command -v javac >/dev/null || missing+=(default-jdk-headless)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "test.sh: installing ${missing[*]}"
   sudo_cmd=""
   [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo_cmd apt-get update -q
-  $sudo_cmd apt-get install -y -q "${missing[@]}"
+  # Through sudo's environment reset too.
+  $sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  $sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
 fi
 scripts/consul.sh get >/dev/null
 
 extra=()
 [ "$long" -eq 1 ] && extra=(-- --include-ignored)
-export DLOCK_LONG="$long"
 # A one-shot run gains nothing from incremental caches, which would take
 # gigabytes more of disk (with the profile in Cargo.toml, a fresh build of every
 # test target is ~2.5 GB; before it, ~10 GB filled CI's disk).

@@ -201,7 +201,7 @@ async fn mixed_buyers_sell_exactly_the_stock(h: &Harness, kind: &str) -> Result<
         ])
         .env(
             "PEER_BUILD_DIR",
-            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("peerbench-curator"),
+            dlock_testkit::curator_peerbench_classes()?,
         )
         .stdout(Stdio::piped())
         .spawn()?;

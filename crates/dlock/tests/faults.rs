@@ -1092,8 +1092,4 @@ macro_rules! scenarios {
 
 scenarios!(#[cfg(feature = "zookeeper")] zookeeper => super::Backend::ZooKeeper);
 scenarios!(#[cfg(feature = "etcd")] etcd => super::Backend::Etcd);
-// On Consul the semaphore's leader-kill scenario passes alone (about 6 s)
-// and in most full runs, but once in five full runs no section completed
-// for 60 s after the leader died (the limit held; progress stalled). Until
-// that stall is explained it runs with the long suite only.
 scenarios!(#[cfg(feature = "consul")] consul => super::Backend::Consul);

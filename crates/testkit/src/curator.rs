@@ -44,13 +44,46 @@ pub fn classpath() -> String {
 /// source, so processes share it).
 fn classes() -> Result<&'static Path> {
     static DIR: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
-    DIR.get_or_init(|| compile().map_err(|e| format!("{e:#}")))
+    once(&DIR, || compile("CuratorProbe", SOURCE))
+}
+
+/// The Curator peer harness `shared/peers/curator/PeerBench.java`,
+/// compiled once per process into a directory keyed by its source: pass it
+/// as `PEER_BUILD_DIR` to the harness's `run.sh`, which then runs it as it
+/// is. (Left to `run.sh`, tests running at once would compile into one
+/// directory together, and a JVM could load a class file half written.)
+///
+/// ```no_run
+/// let classes = dlock_testkit::curator_peerbench_classes()?;
+/// std::process::Command::new("bash").arg("run.sh").env("PEER_BUILD_DIR", classes);
+/// # Ok::<(), anyhow::Error>(())
+/// ```
+pub fn peerbench_classes() -> Result<&'static Path> {
+    static DIR: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    once(&DIR, || {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/peers/curator/PeerBench.java");
+        let source = std::fs::read_to_string(&file).with_context(|| {
+            format!("the Curator peer harness is missing at {}", file.display())
+        })?;
+        compile("PeerBench", &source)
+    })
+}
+
+fn once(
+    cell: &'static OnceLock<std::result::Result<PathBuf, String>>,
+    compile: impl FnOnce() -> Result<PathBuf>,
+) -> Result<&'static Path> {
+    cell.get_or_init(|| compile().map_err(|e| format!("{e:#}")))
         .as_ref()
         .map(PathBuf::as_path)
         .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
-fn compile() -> Result<PathBuf> {
+/// Compiles the class `name` from `source` against Curator's jars, unless
+/// a compile of the same text exists: into a temporary directory, then
+/// renamed into place, so a class there is always whole.
+fn compile(name: &str, source: &str) -> Result<PathBuf> {
     for jar in JARS {
         let p = format!("/usr/share/java/{jar}.jar");
         ensure!(
@@ -58,29 +91,30 @@ fn compile() -> Result<PathBuf> {
             "{p} is missing: install Curator with scripts/test.sh (apt-get install libcurator-recipes-java libslf4j-java)"
         );
     }
-    let key = SOURCE
+    let key = source
         .bytes()
         .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
-    let dir = std::env::temp_dir().join(format!("dlock-curator-probe-{key:016x}"));
-    if dir.join("CuratorProbe.class").exists() {
+    let class = format!("{name}.class");
+    let dir = std::env::temp_dir().join(format!("dlock-curator-{name}-{key:016x}"));
+    if dir.join(&class).exists() {
         return Ok(dir);
     }
     let work = tempfile::tempdir()?;
-    let source = work.path().join("CuratorProbe.java");
-    std::fs::write(&source, SOURCE)?;
+    let file = work.path().join(format!("{name}.java"));
+    std::fs::write(&file, source)?;
     let out = work.path().join("classes");
     let status = Command::new("javac")
         .args(["-nowarn", "-cp", &classpath(), "-d"])
         .arg(&out)
-        .arg(&source)
+        .arg(&file)
         .status()
         .context("javac (Java 17) must be installed")?;
-    ensure!(status.success(), "javac failed on the Curator probe");
+    ensure!(status.success(), "javac failed on {name}");
     // Another process may have won the race; either copy is fine.
     match std::fs::rename(&out, &dir) {
         Ok(()) => Ok(dir),
-        Err(_) if dir.join("CuratorProbe.class").exists() => Ok(dir),
-        Err(e) => Err(e).context("install the compiled probe"),
+        Err(_) if dir.join(&class).exists() => Ok(dir),
+        Err(e) => Err(e).context(format!("install the compiled {name}")),
     }
 }
 

@@ -85,7 +85,9 @@ mod zk;
 pub use consul::{
     consul_binary, shared_consul, try_shared_consul, ConsulCluster, ConsulOptions, ConsulServer,
 };
-pub use curator::{classpath as curator_classpath, CuratorProbe};
+pub use curator::{
+    classpath as curator_classpath, peerbench_classes as curator_peerbench_classes, CuratorProbe,
+};
 pub use etcd::{shared_etcd, try_shared_etcd, EtcdCluster, EtcdOptions, EtcdServer, EtcdTls};
 pub use go::{etcd_go_electsale, etcd_go_peerbench};
 pub use kazoo::{python as kazoo_python, KazooProbe};

@@ -167,15 +167,13 @@ pub fn peer_harness(path: &str) -> PathBuf {
 }
 
 /// Curator 5.4's peer harness (`shared/peers/curator/run.sh ARGS`), built
-/// once under the test target directory; its stdout piped.
+/// once per process (see `curator_peerbench_classes`); its stdout piped.
 pub fn curator_peer(args: &[&str]) -> Command {
+    let classes = dlock_testkit::curator_peerbench_classes().expect("compile the Curator peer");
     let mut c = Command::new("bash");
     c.arg(peer_harness("curator/run.sh"))
         .args(args)
-        .env(
-            "PEER_BUILD_DIR",
-            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("peerbench-curator"),
-        )
+        .env("PEER_BUILD_DIR", classes)
         .stdout(Stdio::piped());
     c
 }
