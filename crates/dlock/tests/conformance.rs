@@ -575,6 +575,31 @@ async fn a_root_watch_fires_no_node_event(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// Where parents are implicit (etcd, Consul), a parent made for a child is
+/// gone the moment its last child is; a directory made on purpose is a key
+/// (a node with no children, which stays). Elsewhere the parent is a node,
+/// there until a delete or the reaper.
+async fn implicit_parents_go_with_their_last_child(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let dir = h.path("/implicit/d");
+    let node = s.create(&format!("{dir}/leaf"), b"", ephemeral()).await?;
+    let implicit = s.store().has_implicit_parents();
+    ensure!(
+        implicit == matches!(s.backend(), BackendKind::Etcd | BackendKind::Consul),
+        "{:?}: implicit parents {implicit}",
+        s.backend()
+    );
+    s.delete(&node.path, None).await?;
+    if implicit {
+        ensure!(s.exists(&dir).await?.is_none(), "{dir} outlived its child");
+        s.create(&dir, b"", persistent()).await?;
+        let (children, _) = s.store().children(&dir, false).await?;
+        ensure!(children.is_empty() && s.exists(&dir).await?.is_some());
+        s.delete(&dir, None).await?;
+    }
+    Ok(())
+}
+
 async fn parents_are_created_as_containers_and_reaped(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let dir = h.path("/c/d");
@@ -1287,6 +1312,7 @@ macro_rules! the_contract_on {
     failing_sets_fail_without_writing,
     failing_deletes_fail_without_deleting,
     parents_are_created_as_containers_and_reaped,
+    implicit_parents_go_with_their_last_child,
     create_and_list_sees_its_own_node,
     children_sort_by_sequence_like_curator,
     a_listed_czxid_is_the_nodes_and_a_recreated_node_has_another,

@@ -661,6 +661,10 @@ impl Store for ConsulStore {
         BackendKind::Consul
     }
 
+    fn has_implicit_parents(&self) -> bool {
+        true
+    }
+
     fn machine(&self) -> &dyn SessionMachine {
         &self.keeper.machine
     }

@@ -696,6 +696,10 @@ impl Store for EtcdStore {
         BackendKind::Etcd
     }
 
+    fn has_implicit_parents(&self) -> bool {
+        true
+    }
+
     fn machine(&self) -> &dyn SessionMachine {
         &self.lease.machine
     }

@@ -584,6 +584,15 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Which kind of store this is.
     fn backend(&self) -> BackendKind;
 
+    /// Whether a directory is only the nodes below it (etcd, Consul): made
+    /// by `create_parents` it writes nothing and goes with its last child,
+    /// and one made on purpose is a key that stays. Elsewhere (ZooKeeper,
+    /// embedded) a directory is a node: a container, reaped once empty,
+    /// or a persistent node, kept.
+    fn has_implicit_parents(&self) -> bool {
+        false
+    }
+
     /// The backend's session-status machine (`store::status`), whatever it
     /// keeps per session.
     #[doc(hidden)]

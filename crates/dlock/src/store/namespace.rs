@@ -106,6 +106,10 @@ impl<S: Store> Store for Namespaced<S> {
         self.inner.backend()
     }
 
+    fn has_implicit_parents(&self) -> bool {
+        self.inner.has_implicit_parents()
+    }
+
     fn machine(&self) -> &dyn SessionMachine {
         self.inner.machine()
     }

@@ -155,9 +155,16 @@ impl Harness {
     }
 }
 
-/// Nodes under `root` that a finished test must not leave: ephemeral nodes
-/// and nodes holding data.
+/// Nodes under `root` that a finished test must not leave: ephemeral nodes,
+/// nodes holding data, and on etcd and Consul any key (there a directory is
+/// only the keys below it, so a node without children is a key someone
+/// wrote; elsewhere it may be an empty container not yet reaped). A KV
+/// semaphore's record without holders stays by design.
 pub async fn collect_leftovers(session: &Session, root: &str) -> Result<Vec<String>> {
+    let keyed = matches!(
+        session.backend(),
+        dlock::store::BackendKind::Etcd | dlock::store::BackendKind::Consul
+    );
     let mut found = Vec::new();
     let mut stack = vec![root.to_string()];
     while let Some(path) = stack.pop() {
@@ -166,20 +173,21 @@ pub async fn collect_leftovers(session: &Session, root: &str) -> Result<Vec<Stri
             Err(dlock::Error::NoNode { .. }) => continue,
             Err(e) => return Err(e).context(path),
         };
-        if stat.ephemeral_owner != 0 || !(data.is_empty() || is_idle_record(&path, &data)) {
+        let children = match session.children(&path).await {
+            Ok(children) => children,
+            Err(dlock::Error::NoNode { .. }) => Vec::new(),
+            Err(e) => return Err(e).context(path),
+        };
+        let idle_record = is_idle_record(&path, &data);
+        let a_key = keyed && children.is_empty() && path != root && !idle_record;
+        if stat.ephemeral_owner != 0 || !(data.is_empty() || idle_record) || a_key {
             found.push(format!(
                 "{path} (owner {:#x}, {} bytes)",
                 stat.ephemeral_owner,
                 data.len()
             ));
         }
-        match session.children(&path).await {
-            Ok(children) => {
-                stack.extend(children.into_iter().map(|c| format!("{path}/{}", c.name)))
-            }
-            Err(dlock::Error::NoNode { .. }) => {}
-            Err(e) => return Err(e).context(path),
-        }
+        stack.extend(children.into_iter().map(|c| format!("{path}/{}", c.name)));
     }
     Ok(found)
 }

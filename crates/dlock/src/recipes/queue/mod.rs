@@ -158,10 +158,13 @@ impl WaitQueue {
     /// kazoo makes sure of a lock's directory once (`ensure_path`: a
     /// persistent node) and then takes it for granted; a container, which
     /// ZooKeeper removes once empty, would make its next create fail. So
-    /// in kazoo's layout the directory is made persistent, as kazoo would.
+    /// in kazoo's layout the directory is made persistent, as kazoo would —
+    /// where directories are nodes: where they are implicit (etcd, Consul:
+    /// no kazoo there) one made would be a key left behind for good.
     async fn assure_dir(&self) -> Result<()> {
         use std::sync::atomic::Ordering;
-        if self.layout != Layout::Kazoo || self.assured.load(Ordering::Relaxed) {
+        let implicit = self.session.store().has_implicit_parents();
+        if self.layout != Layout::Kazoo || implicit || self.assured.load(Ordering::Relaxed) {
             return Ok(());
         }
         let persistent = CreateOptions::new(CreateMode::Persistent).with_parents();
