@@ -107,8 +107,7 @@ fn gets_adds_sets_and_compares(endpoint: &str) {
     let out = counter(endpoint, &["add", &count, "1"]);
     assert_eq!(out.status.code(), Some(70), "{out:?}");
     assert!(stderr(&out).contains("8 bytes"), "{out:?}");
-    remove(endpoint, &[&path]);
-    remove(endpoint, &[&count]);
+    remove(endpoint, &[&path, &count]);
 }
 
 /// Processes adding at once, promoted to one lock: the total is exact.

@@ -264,7 +264,10 @@ fn an_acquire_timeout_has_its_exit_code(endpoint: &str) {
     assert_eq!(out.status.code(), Some(65));
     assert!(out.stdout.is_empty());
     assert!(String::from_utf8_lossy(&out.stderr).contains("could not acquire within"));
-    holder.kill().unwrap();
+    // SIGTERM: passed on to the command, then the lock is released (a
+    // SIGKILL would leave the node until the session expires).
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(holder.id() as i32, libc::SIGTERM) };
     let _ = holder.wait();
 }
 

@@ -32,7 +32,59 @@ pub fn consul_endpoint() -> String {
 
 /// A path of its own for one test: `/cli-<uuid>/<name>`.
 pub fn unique(name: &str) -> String {
-    format!("/cli-{}/{name}", uuid::Uuid::new_v4().simple())
+    let root = ROOT.with(|root| root.borrow().clone());
+    let root = root.unwrap_or_else(|| format!("/cli-{}", uuid::Uuid::new_v4().simple()));
+    format!("{root}/{name}")
+}
+
+thread_local! {
+    /// The root of the case `on_every_server!` runs on this thread, which
+    /// [`unique`] names paths under.
+    static ROOT: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `case` with [`unique`] paths under a root of its own, then checks
+/// that nothing is left there — no ephemeral node, no node holding data,
+/// and on etcd and Consul no key at all (an empty directory elsewhere may
+/// be a container not yet reaped) — and removes the empty skeleton.
+pub fn leaving_nothing(endpoint: &str, case: impl FnOnce()) {
+    let root = format!("/cli-{}", uuid::Uuid::new_v4().simple());
+    ROOT.with(|r| *r.borrow_mut() = Some(root.clone()));
+    case();
+    ROOT.with(|r| *r.borrow_mut() = None);
+    use dlock::recipes::kv_semaphore::{Record, RECORD};
+    use dlock::Layout;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let session = dlock::connect(endpoint).await.expect("connect");
+        let keyed = matches!(
+            session.backend(),
+            dlock::store::BackendKind::Etcd | dlock::store::BackendKind::Consul
+        );
+        let (mut left, mut order, mut stack) = (Vec::new(), Vec::new(), vec![root.clone()]);
+        while let Some(path) = stack.pop() {
+            let Ok((data, stat)) = session.get_data(&path).await else {
+                continue;
+            };
+            let children = session.children(&path).await.unwrap_or_default();
+            // A KV semaphore's record without holders stays by design.
+            let idle_record = path.ends_with(&format!("/{RECORD}"))
+                && [Layout::Curator, Layout::Consul].into_iter().any(|layout| {
+                    Record::decode(layout, &path, &data).is_ok_and(|r| r.holders.is_empty())
+                });
+            let a_key = keyed && children.is_empty() && path != root && !idle_record;
+            if stat.ephemeral_owner != 0 || !(data.is_empty() || idle_record) || a_key {
+                left.push(format!("{path} ({} bytes)", data.len()));
+            }
+            stack.extend(children.iter().map(|c| format!("{path}/{}", c.name)));
+            order.push(path);
+        }
+        assert!(left.is_empty(), "left behind under {root}: {left:#?}");
+        for path in order.into_iter().rev() {
+            let _ = session.delete(&path, None).await;
+        }
+        session.close().await;
+    });
 }
 
 /// The `dlock` binary under test, with `DLOCK_ENDPOINT` set.
@@ -528,7 +580,8 @@ macro_rules! on_every_server {
             $(
                 #[test]
                 fn $case() {
-                    super::$case(&$endpoint);
+                    let endpoint = $endpoint;
+                    $crate::common::leaving_nothing(&endpoint, || super::$case(&endpoint));
                 }
             )+
         }
