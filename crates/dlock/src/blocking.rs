@@ -223,6 +223,35 @@ impl Session {
     }
 }
 
+/// What a blocking hold tells of its acquisition (through `acquisition()`,
+/// blocking on `session`): whether it is lost, waiting for that, and
+/// writes guarded by it. Written once for [`Guard`] and [`Leadership`].
+macro_rules! held_signals {
+    ($what:literal, $(#[$wait_lost_example:meta])*) => {
+        #[doc = concat!("Whether the ", $what, " is lost (its session is over, or its node was")]
+        /// taken away): stop the protected work.
+        pub fn is_lost(&self) -> bool {
+            self.acquisition().is_lost()
+        }
+
+        #[doc = concat!("Blocks until the ", $what, " is lost, or at most `timeout`; returns")]
+        /// whether it was lost.
+        ///
+        $(#[$wait_lost_example])*
+        pub fn wait_lost(&self, timeout: Duration) -> bool {
+            let lost = self.acquisition().lost();
+            self.session
+                .block_on(async { tokio::time::timeout(timeout, lost).await.is_ok() })
+        }
+
+        #[doc = concat!("Applies `ops` only while the ", $what, " is held (see")]
+        /// [`Acquisition::guarded`](crate::Acquisition::guarded)).
+        pub fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
+            self.session.block_on(self.acquisition().guarded(ops))
+        }
+    };
+}
+
 /// A held lock. Dropping it releases in the background.
 #[derive(Debug)]
 #[must_use = "dropping the guard releases the lock"]
@@ -244,6 +273,11 @@ impl Guard {
         self.acquisition().token()
     }
 
+    /// Whether the connection is down right now.
+    pub fn is_suspended(&self) -> bool {
+        self.acquisition().is_suspended()
+    }
+
     /// The node that stands for this hold, to name it to
     /// [`revoke`](crate::revoke) or [`revoke_forced`](crate::revoke_forced).
     ///
@@ -261,39 +295,18 @@ impl Guard {
         self.acquisition().node()
     }
 
-    /// Whether the lock is lost (its session is over): stop the protected
-    /// work.
-    pub fn is_lost(&self) -> bool {
-        self.acquisition().is_lost()
-    }
-
-    /// Whether the connection is down right now.
-    pub fn is_suspended(&self) -> bool {
-        self.acquisition().is_suspended()
-    }
-
-    /// Blocks until the lock is lost, or at most `timeout`; returns whether
-    /// it was lost.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// let session = dlock::blocking::connect("embedded")?;
-    /// let guard = session.mutex("/doc/blocking-lost")?.acquire()?;
-    /// assert!(!guard.wait_lost(Duration::from_millis(10)));
-    /// session.block_on(session.session().faults().unwrap().expire())?;
-    /// assert!(guard.wait_lost(Duration::from_secs(5)) && guard.is_lost());
-    /// # drop(guard);
-    /// # Ok::<(), dlock::Error>(())
-    /// ```
-    pub fn wait_lost(&self, timeout: Duration) -> bool {
-        let lost = self.acquisition().lost();
-        self.session
-            .block_on(async { tokio::time::timeout(timeout, lost).await.is_ok() })
-    }
-
-    /// Applies `ops` only while the lock is held.
-    pub fn guarded(&self, ops: &[Op]) -> Result<Vec<OpResult>> {
-        self.session.block_on(self.acquisition().guarded(ops))
+    held_signals! {
+        "lock",
+        /// ```
+        /// use std::time::Duration;
+        /// let session = dlock::blocking::connect("embedded")?;
+        /// let guard = session.mutex("/doc/blocking-lost")?.acquire()?;
+        /// assert!(!guard.wait_lost(Duration::from_millis(10)));
+        /// session.block_on(session.session().faults().unwrap().expire())?;
+        /// assert!(guard.wait_lost(Duration::from_secs(5)) && guard.is_lost());
+        /// # drop(guard);
+        /// # Ok::<(), dlock::Error>(())
+        /// ```
     }
 
     /// Releases the lock (see [`LockGuard::release`](crate::LockGuard::release)).
@@ -360,9 +373,10 @@ impl Semaphore {
 /// ```
 /// let session = dlock::blocking::connect("embedded")?;
 /// let latch = session.leader_latch("/doc/blocking-latch", "me")?;
-/// let epoch = latch.await_leadership()?;
-/// assert!(latch.has_leadership() && epoch > dlock::FencingToken(0));
+/// let term = latch.await_leadership()?;
+/// assert!(latch.has_leadership() && term.epoch() > dlock::FencingToken(0));
 /// latch.close()?;
+/// assert!(term.is_cancelled());
 /// # Ok::<(), dlock::Error>(())
 /// ```
 #[derive(Debug)]
@@ -372,20 +386,23 @@ pub struct LeaderLatch {
 }
 
 impl LeaderLatch {
-    /// Blocks until this participant leads; returns the term's epoch.
-    pub fn await_leadership(&self) -> Result<FencingToken> {
-        Ok(self
-            .session
-            .block_on(self.inner.await_leadership())?
-            .epoch())
+    /// Blocks until this participant leads; returns the term.
+    pub fn await_leadership(&self) -> Result<Leadership> {
+        let term = self.session.block_on(self.inner.await_leadership())?;
+        Ok(self.term(term))
     }
 
-    /// Blocks at most `timeout` to lead.
-    pub fn await_leadership_timeout(&self, timeout: Duration) -> Result<FencingToken> {
-        Ok(self
-            .session
-            .block_on(self.inner.await_leadership_timeout(timeout))?
-            .epoch())
+    /// Blocks at most `timeout` to lead; returns the term.
+    pub fn await_leadership_timeout(&self, timeout: Duration) -> Result<Leadership> {
+        let term = (self.session).block_on(self.inner.await_leadership_timeout(timeout))?;
+        Ok(self.term(term))
+    }
+
+    fn term(&self, term: crate::Leadership) -> Leadership {
+        Leadership {
+            term,
+            session: self.session.clone(),
+        }
     }
 
     /// Whether this participant leads now.
@@ -396,5 +413,77 @@ impl LeaderLatch {
     /// Leaves the election.
     pub fn close(self) -> Result<()> {
         self.session.block_on(self.inner.close())
+    }
+}
+
+/// One term of leadership, as a blocking [`LeaderLatch`] gives it: the
+/// blocking [`crate::Leadership`] — its epoch (a fencing token), its end,
+/// its loss, and writes guarded by it. Cheap to clone.
+///
+/// ```
+/// use dlock::store::{CreateMode, CreateOptions, Op};
+/// let session = dlock::blocking::connect("embedded")?;
+/// let config = "/doc/blocking-term/config";
+/// let opts = CreateOptions::new(CreateMode::Persistent).with_parents();
+/// session.block_on(session.session().create(config, b"v1", opts))?;
+/// let latch = session.leader_latch("/doc/blocking-term/election", "me")?;
+/// let term = latch.await_leadership()?;
+/// let set = Op::SetData { path: config.into(), data: b"v2".to_vec(), version: None };
+/// term.guarded(&[set.clone()])?;
+/// latch.close()?;
+/// assert!(term.wait_cancelled(std::time::Duration::from_secs(5)));
+/// assert!(matches!(term.guarded(&[set]), Err(dlock::Error::Lost { .. })));
+/// # session.block_on(session.session().delete(config, None))?;
+/// # Ok::<(), dlock::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Leadership {
+    term: crate::Leadership,
+    session: Session,
+}
+
+impl Leadership {
+    fn acquisition(&self) -> &crate::Acquisition {
+        &self.term
+    }
+
+    /// The term's epoch: the fencing token to pass to what the leader
+    /// writes to.
+    pub fn epoch(&self) -> FencingToken {
+        self.term.epoch()
+    }
+
+    /// The leader node of this term.
+    pub fn node(&self) -> &str {
+        self.acquisition().node()
+    }
+
+    /// Whether the term is over, or is being cancelled: the leader must
+    /// stop now.
+    pub fn is_cancelled(&self) -> bool {
+        self.term.is_cancelled()
+    }
+
+    /// Blocks until the term is over (or is being cancelled), or at most
+    /// `timeout`; returns whether it is.
+    pub fn wait_cancelled(&self, timeout: Duration) -> bool {
+        let ended = self.term.cancelled();
+        self.session
+            .block_on(async { tokio::time::timeout(timeout, ended).await.is_ok() })
+    }
+
+    held_signals! {
+        "leadership",
+        /// ```
+        /// use std::time::Duration;
+        /// let session = dlock::blocking::connect("embedded")?;
+        /// let latch = session.leader_latch("/doc/blocking-term-lost", "me")?;
+        /// let term = latch.await_leadership()?;
+        /// assert!(!term.wait_lost(Duration::from_millis(10)));
+        /// session.block_on(session.session().faults().unwrap().expire())?;
+        /// assert!(term.wait_lost(Duration::from_secs(5)) && term.is_lost());
+        /// # latch.close()?;
+        /// # Ok::<(), dlock::Error>(())
+        /// ```
     }
 }

@@ -120,16 +120,38 @@ fn semaphores_and_latches_from_threads(endpoint: &str, root: &str) {
     let l3 = sem_b.acquire_timeout(Duration::from_secs(5)).unwrap();
     l2.release().unwrap();
     l3.release().unwrap();
-    // Two latches: one leads; when it leaves, the other leads with a larger epoch.
+    // Two latches: one leads; when it leaves, the other leads with a larger
+    // epoch. A term's guarded writes land while it lasts only.
     let first = a.leader_latch(&format!("{path}/latch"), "a").unwrap();
-    let e1 = first.await_leadership().unwrap();
+    let t1 = first.await_leadership().unwrap();
     let second = b.leader_latch(&format!("{path}/latch"), "b").unwrap();
     assert!(second
         .await_leadership_timeout(Duration::from_millis(100))
         .is_err());
+    let config = format!("{path}/config");
+    let set = |data: &[u8]| dlock::store::Op::SetData {
+        path: config.clone(),
+        data: data.to_vec(),
+        version: None,
+    };
+    let opts = dlock::store::CreateOptions::new(dlock::store::CreateMode::Persistent);
+    a.block_on(a.session().create(&config, b"v0", opts))
+        .unwrap();
+    t1.guarded(&[set(b"v1")]).unwrap();
+    assert!(!t1.is_cancelled() && !t1.is_lost());
     first.close().unwrap();
-    let e2 = second.await_leadership().unwrap();
-    assert!(e2 > e1);
+    assert!(t1.wait_cancelled(Duration::from_secs(5)));
+    let refused = t1.guarded(&[set(b"late")]);
+    assert!(
+        matches!(refused, Err(dlock::Error::Lost { .. })),
+        "{refused:?}"
+    );
+    let t2 = second.await_leadership().unwrap();
+    assert!(t2.epoch() > t1.epoch());
+    t2.guarded(&[set(b"v2")]).unwrap();
+    let (data, _) = b.block_on(b.session().get_data(&config)).unwrap();
+    assert_eq!(data, b"v2");
+    b.block_on(b.session().delete(&config, None)).unwrap();
     second.close().unwrap();
     a.close();
     b.close();
