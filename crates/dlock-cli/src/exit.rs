@@ -25,6 +25,8 @@ pub enum Exit {
     CannotRun = 126,
     /// CMD was not found.
     NotFound = 127,
+    /// Ctrl-C (SIGINT) ended a demo early.
+    Interrupted = 130,
 }
 
 /// An error that knows its exit code.
@@ -44,7 +46,7 @@ impl std::error::Error for Failure {}
 
 impl Exit {
     /// Every code dlock chooses itself, in the order of the table.
-    pub const ALL: [Exit; 8] = [
+    pub const ALL: [Exit; 9] = [
         Exit::Usage,
         Exit::Timeout,
         Exit::Lost,
@@ -53,6 +55,7 @@ impl Exit {
         Exit::Internal,
         Exit::CannotRun,
         Exit::NotFound,
+        Exit::Interrupted,
     ];
 
     /// What the code tells a script, as the exit-code table says it.
@@ -70,6 +73,9 @@ impl Exit {
             Exit::Internal => "any other error",
             Exit::CannotRun => "CMD exists but cannot be run",
             Exit::NotFound => "CMD was not found",
+            Exit::Interrupted => {
+                "a demo stopped by Ctrl-C (SIGINT): every holder counted itself out and let go first"
+            }
         }
     }
 
@@ -151,6 +157,7 @@ mod tests {
                 Exit::Internal => 5,
                 Exit::CannotRun => 6,
                 Exit::NotFound => 7,
+                Exit::Interrupted => 8,
             };
             assert_eq!(place, i, "{exit:?} out of place in Exit::ALL");
         }

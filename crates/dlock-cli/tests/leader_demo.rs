@@ -40,6 +40,38 @@ fn take_turns(recipe: &str) {
     assert_safe(&summary(&out, "leader"), "embedded", recipe, 4, 12);
 }
 
+/// Ctrl-C mid-term: the leader counts itself out before the demo ends
+/// (exit 130, with its summary), for selectors and latches, so that the
+/// shared probe is back at 0 for the next run on it.
+#[test]
+fn ctrl_c_counts_the_leader_out_before_the_election_ends() {
+    let endpoint = common::zk_endpoint();
+    for recipe in ["selector", "latch"] {
+        let (election, probe) = (common::unique("election"), common::unique("probe"));
+        let args = [
+            "leader",
+            "--recipe",
+            recipe,
+            "--candidates",
+            "3",
+            "--terms",
+            "1000",
+            "--hold-ms",
+            "300",
+            "--path",
+            &election,
+            "--probe-path",
+            &probe,
+        ];
+        let (out, left) = common::interrupted_demo(&endpoint, &args, &probe);
+        assert_eq!(out.status.code(), Some(130), "{recipe}: {out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let s = common::pairs(stdout.lines().next().expect("the summary line"));
+        assert_eq!(s["violations"], "0", "{recipe}: {s:?}");
+        assert_eq!(left, 0, "{recipe}: the probe was left raised");
+    }
+}
+
 #[test]
 fn selectors_take_turns_one_leader_at_a_time() {
     take_turns("selector");

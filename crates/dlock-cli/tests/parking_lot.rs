@@ -59,6 +59,38 @@ fn the_flags_are_honoured() {
     assert_full_and_safe(&s, 6, 2, 2);
 }
 
+/// Ctrl-C mid-run: every car that parked counts itself out and leaves
+/// before the demo ends (exit 130, with its summary), so that the shared
+/// probe is back at 0 — left raised, a later run on it would count
+/// violations nobody made. On ZooKeeper, whose sessions outlive a killed
+/// process.
+#[test]
+fn ctrl_c_counts_every_car_out_before_the_lot_closes() {
+    let endpoint = common::zk_endpoint();
+    let (lot, probe) = (common::unique("lot"), common::unique("probe"));
+    let args = [
+        "parking-lot",
+        "--cars",
+        "4",
+        "--spaces",
+        "2",
+        "--rounds",
+        "1000",
+        "--hold-ms",
+        "300",
+        "--path",
+        &lot,
+        "--probe-path",
+        &probe,
+    ];
+    let (out, left) = common::interrupted_demo(&endpoint, &args, &probe);
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let s = common::pairs(stdout.lines().next().expect("the summary line"));
+    assert_eq!(s["violations"], "0", "{s:?}");
+    assert_eq!(left, 0, "the probe was left raised");
+}
+
 #[test]
 fn bad_input_is_named_in_one_line() {
     assert_each_fails_naming(&[

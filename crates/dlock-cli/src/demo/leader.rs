@@ -78,7 +78,9 @@ struct Candidate {
 }
 
 /// Runs the election.
-pub async fn run(global: &Global, args: Leader) -> Result<()> {
+/// Runs the election; `stop` turning true (Ctrl-C) ends it early, a leader
+/// counting itself out first.
+pub async fn run(global: &Global, args: Leader, mut stop: watch::Receiver<bool>) -> Result<()> {
     let mut candidates = Vec::with_capacity(args.candidates as usize);
     for _ in 0..args.candidates {
         let session = global.connect().await?;
@@ -95,10 +97,17 @@ pub async fn run(global: &Global, args: Leader) -> Result<()> {
         error: StdMutex::new(None),
     });
     let started = Instant::now();
-    match args.recipe {
-        Recipe::Selector => run_selectors(&candidates, &args.path, &election).await?,
-        Recipe::Latch => run_latches(&candidates, &args.path, &election).await?,
-    }
+    let ended = election.clone();
+    let stopping = tokio::spawn(async move {
+        super::until_stopped(&mut stop).await;
+        ended.over.send_replace(true);
+    });
+    let ran = match args.recipe {
+        Recipe::Selector => run_selectors(&candidates, &args.path, &election).await,
+        Recipe::Latch => run_latches(&candidates, &args.path, &election).await,
+    };
+    stopping.abort();
+    ran?;
     let seconds = started.elapsed().as_secs_f64();
     for c in &candidates {
         c.probe.close().await;
@@ -152,6 +161,8 @@ impl Election {
         tokio::select! {
             _ = tokio::time::sleep(self.hold) => {}
             _ = term.cancelled() => {}
+            // Stopped early (Ctrl-C), or the last term is served.
+            () = self.finished() => {}
         }
         probe.add(-1).await?;
         if self.served.fetch_add(1, Ordering::SeqCst) + 1 >= self.terms {

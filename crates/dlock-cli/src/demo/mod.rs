@@ -2,7 +2,9 @@
 
 use anyhow::Result;
 use clap::Subcommand;
+use tokio::sync::watch;
 
+use crate::exit::Exit;
 use crate::Global;
 
 mod flash_sale;
@@ -50,7 +52,52 @@ pub async fn run(global: &Global, demo: Demo) -> Result<()> {
     }
     match demo {
         Demo::FlashSale(args) => flash_sale::run(global, args).await,
-        Demo::Leader(args) => leader::run(global, args).await,
-        Demo::ParkingLot(args) => parking_lot::run(global, args).await,
+        Demo::Leader(args) => {
+            let stop = stop_on_ctrl_c()?;
+            leader::run(global, args, stop.clone()).await?;
+            ended(&stop)
+        }
+        Demo::ParkingLot(args) => {
+            let stop = stop_on_ctrl_c()?;
+            parking_lot::run(global, args, stop.clone()).await?;
+            ended(&stop)
+        }
     }
+}
+
+/// How a demo that `stop` may have cut short ended: interrupted, or not.
+fn ended(stop: &watch::Receiver<bool>) -> Result<()> {
+    let interrupted = *stop.borrow();
+    match interrupted {
+        true => Err(Exit::Interrupted.with("interrupted by Ctrl-C").into()),
+        false => Ok(()),
+    }
+}
+
+/// Resolves once `stop` is true (never if its sender is gone).
+async fn until_stopped(stop: &mut watch::Receiver<bool>) {
+    if stop.wait_for(|stop| *stop).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Turns true at the first Ctrl-C (SIGINT): the demos that count their
+/// holders in a shared probe then wind down — each holder counts itself
+/// out and lets go — so that a probe left raised does not show up as a
+/// violation in the next run on it. A second Ctrl-C ends the process at
+/// once.
+fn stop_on_ctrl_c() -> Result<watch::Receiver<bool>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (stop, stopped) = watch::channel(false);
+    let mut interrupts = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        if interrupts.recv().await.is_some() {
+            eprintln!("dlock: stopping: holders count themselves out and let go (Ctrl-C again to quit at once)");
+            stop.send_replace(true);
+            if interrupts.recv().await.is_some() {
+                std::process::exit(Exit::Interrupted as i32);
+            }
+        }
+    });
+    Ok(stopped)
 }

@@ -14,7 +14,10 @@ use dlock::recipes::kv_semaphore::{KvLease, KvSemaphore};
 use dlock::recipes::semaphore::{Lease, Semaphore};
 use dlock::{Layout, Session};
 
+use tokio::sync::watch;
+
 use super::probe::Probe;
+use super::until_stopped;
 use crate::Global;
 
 /// Which semaphore guards the lot.
@@ -88,7 +91,9 @@ impl ParkingLot {
 }
 
 /// Runs the parking lot.
-pub async fn run(global: &Global, args: ParkingLot) -> Result<()> {
+/// Runs the lot; `stop` turning true (Ctrl-C) ends it early, every car
+/// that parked counting itself out and leaving first.
+pub async fn run(global: &Global, args: ParkingLot, stop: watch::Receiver<bool>) -> Result<()> {
     // Consul's layout exists only for the KvSemaphore; asking for it picks
     // that semaphore, as `dlock semaphore --layout consul` implies --kv.
     if args.layout == Layout::Kazoo && args.semaphore == SemaphoreKind::Kv {
@@ -136,14 +141,14 @@ pub async fn run(global: &Global, args: ParkingLot) -> Result<()> {
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(cars.len());
     for car in &cars {
-        let (car, stats) = (car.clone(), stats.clone());
+        let (car, stats, stop) = (car.clone(), stats.clone(), stop.clone());
         let (rounds, spaces, hold) = (
             args.rounds,
             i64::from(args.spaces),
             Duration::from_millis(args.hold_ms),
         );
         tasks.push(tokio::spawn(async move {
-            car.drive(rounds, spaces, hold, &stats).await
+            car.drive(rounds, spaces, hold, &stats, stop).await
         }));
     }
     for task in tasks {
@@ -216,17 +221,32 @@ struct Car {
 impl Car {
     /// Parks `rounds` times: take a space, count itself in (a car that sees
     /// more cars inside than spaces counts a violation), stay, count itself
-    /// out, leave.
-    async fn drive(self, rounds: u32, spaces: i64, hold: Duration, stats: &Stats) -> Result<()> {
+    /// out, leave. Once `stop` turns true, it stops waiting for a space
+    /// (an acquire dropped is withdrawn) and cuts its stay short.
+    async fn drive(
+        self,
+        rounds: u32,
+        spaces: i64,
+        hold: Duration,
+        stats: &Stats,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<()> {
         for _ in 0..rounds {
-            let space = self.lot.enter().await?;
+            let space = tokio::select! {
+                biased;
+                () = until_stopped(&mut stop) => break,
+                space = self.lot.enter() => space?,
+            };
             self.record("in")?;
             let inside = i64::from(self.counter.add(1).await?);
             stats.max_inside.fetch_max(inside, Ordering::Relaxed);
             if inside > spaces {
                 stats.violations.fetch_add(1, Ordering::Relaxed);
             }
-            tokio::time::sleep(hold).await;
+            tokio::select! {
+                _ = tokio::time::sleep(hold) => {}
+                () = until_stopped(&mut stop) => {}
+            }
             self.counter.add(-1).await?;
             // Before the space is given back: the exit line precedes any
             // entry the freed space lets in.

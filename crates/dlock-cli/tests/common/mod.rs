@@ -230,6 +230,55 @@ pub fn curator_peer(args: &[&str]) -> Command {
     c
 }
 
+/// Runs `dlock demo ARGS` on `endpoint` until its probe counter at `probe`
+/// (a SharedCount: 4-byte big-endian) shows someone inside, then sends it
+/// Ctrl-C (SIGINT); returns how it ended and the probe's value after.
+/// The probe is removed.
+pub fn interrupted_demo(endpoint: &str, args: &[&str], probe: &str) -> (Output, i32) {
+    let child = dlock_on(endpoint)
+        .arg("demo")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run dlock");
+    let admin = dlock::blocking::connect(endpoint).expect("connect");
+    let value = |data: &[u8]| i32::from_be_bytes(data.try_into().expect("a 4-byte count"));
+    let inside: Result<dlock::Result<()>, _> = admin.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                // Not there yet: wait for it to appear.
+                let (stat, appeared) = admin.session().exists_watch(probe).await?;
+                if stat.is_none() {
+                    appeared.changed().await;
+                    continue;
+                }
+                let (data, _, changed) = admin.session().get_data_watch(probe).await?;
+                if value(&data) > 0 {
+                    return Ok(());
+                }
+                changed.changed().await;
+            }
+        })
+        .await
+    });
+    assert!(
+        matches!(inside, Ok(Ok(()))),
+        "nobody went inside: {inside:?}"
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().expect("wait for dlock");
+    let (data, _) = admin
+        .block_on(admin.session().get_data(probe))
+        .expect("read the probe");
+    admin
+        .block_on(admin.session().delete(probe, None))
+        .expect("remove the probe");
+    admin.close();
+    (out, value(&data))
+}
+
 /// Stores `total` as the stock of a sale at `stock` (persistent, with its
 /// parents), for processes that join it.
 pub fn set_stock(admin: &dlock::blocking::Session, stock: &str, total: u64) {
