@@ -63,12 +63,7 @@ fn ctrl_c_counts_the_leader_out_before_the_election_ends() {
             "--probe-path",
             &probe,
         ];
-        let (out, left) = common::interrupted_demo(&endpoint, &args, &probe);
-        assert_eq!(out.status.code(), Some(130), "{recipe}: {out:?}");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let s = common::pairs(stdout.lines().next().expect("the summary line"));
-        assert_eq!(s["violations"], "0", "{recipe}: {s:?}");
-        assert_eq!(left, 0, "{recipe}: the probe was left raised");
+        common::interrupt_demo(&endpoint, &args, &probe, recipe);
     }
 }
 

@@ -232,9 +232,20 @@ pub fn curator_peer(args: &[&str]) -> Command {
 
 /// Runs `dlock demo ARGS` on `endpoint` until its probe counter at `probe`
 /// (a SharedCount: 4-byte big-endian) shows someone inside, then sends it
-/// Ctrl-C (SIGINT); returns how it ended and the probe's value after.
-/// The probe is removed.
-pub fn interrupted_demo(endpoint: &str, args: &[&str], probe: &str) -> (Output, i32) {
+/// Ctrl-C (SIGINT), and asserts that it wound down (`what` names the run):
+/// exit 130, its summary without violations, the probe back at 0. The
+/// probe is removed.
+pub fn interrupt_demo(endpoint: &str, args: &[&str], probe: &str, what: &str) {
+    let (out, left) = interrupted_demo(endpoint, args, probe);
+    assert_eq!(out.status.code(), Some(130), "{what}: {out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let s = pairs(stdout.lines().next().expect("the summary line"));
+    assert_eq!(s["violations"], "0", "{what}: {s:?}");
+    assert_eq!(left, 0, "{what}: the probe was left raised");
+}
+
+/// [`interrupt_demo`]'s run: how it ended, and the probe's value after.
+fn interrupted_demo(endpoint: &str, args: &[&str], probe: &str) -> (Output, i32) {
     let child = dlock_on(endpoint)
         .arg("demo")
         .args(args)
