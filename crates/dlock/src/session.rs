@@ -461,14 +461,15 @@ impl Session {
 
     /// The pause before retry number `retry` (from 0) of an operation that
     /// failed on the connection, as the retry policy says; `false`, with no
-    /// pause, once the policy's retries are spent, or if the pause would
-    /// end past the timed wait (an acquire's timeout) this task runs.
+    /// pause, once the policy's retries are spent, or once the timed wait
+    /// (an acquire's timeout) this task runs is over: its pause ends with
+    /// the wait at the latest.
     pub(crate) async fn retry_pause(&self, retry: u32) -> bool {
         let policy = self.inner.options.retry;
-        let pause = policy.sleep_for(retry);
-        if retry >= policy.max_retries || crate::recipes::deadline::retry_would_overrun(pause) {
+        let pause = crate::recipes::deadline::retry_pause_within(policy.sleep_for(retry));
+        let Some(pause) = pause.filter(|_| retry < policy.max_retries) else {
             return false;
-        }
+        };
         self.inner.retried.fetch_add(1, Ordering::Relaxed);
         tokio::time::sleep(pause).await;
         true
@@ -496,9 +497,18 @@ impl Session {
         let mut retry = 0;
         loop {
             match attempt().await {
-                Err(Error::NoNode { .. } | Error::SessionExpired) if retry < policy.max_retries => {
+                Err(e @ (Error::NoNode { .. } | Error::SessionExpired))
+                    if retry < policy.max_retries =>
+                {
                     if retry > 0 {
-                        tokio::time::sleep(policy.sleep_for(retry - 1)).await;
+                        // Bounded by a timed wait this task runs, as any
+                        // retry's pause.
+                        let pause = policy.sleep_for(retry - 1);
+                        let Some(pause) = crate::recipes::deadline::retry_pause_within(pause)
+                        else {
+                            return Err(e);
+                        };
+                        tokio::time::sleep(pause).await;
                     }
                     retry += 1;
                 }
@@ -650,12 +660,18 @@ impl Session {
         }
     }
 
+    /// The protected create's pause before its try number `retry` (its
+    /// first retry goes at once, after a look for the node), bounded as
+    /// [`retry_pause`](Self::retry_pause) is.
     async fn backoff(&self, retry: &mut u32) -> bool {
-        if *retry > self.inner.options.retry.max_retries {
+        let policy = self.inner.options.retry;
+        let pause =
+            crate::recipes::deadline::retry_pause_within(policy.sleep_for(retry.saturating_sub(1)));
+        let Some(pause) = pause.filter(|_| *retry <= policy.max_retries) else {
             return false;
-        }
+        };
         self.inner.retried.fetch_add(1, Ordering::Relaxed);
-        tokio::time::sleep(self.inner.options.retry.sleep_for(retry.saturating_sub(1))).await;
+        tokio::time::sleep(pause).await;
         *retry += 1;
         true
     }

@@ -663,7 +663,35 @@ async fn a_failed_release_of_the_internal_lock_keeps_the_admitted_lease(h: &Harn
     Ok(())
 }
 
+/// A timed acquire whose deletes fail (its lease node's and the internal
+/// lock's, both on the way out) answers `Timeout` within the clean-up
+/// grace of its deadline; the deletes go on in the background, and once
+/// they pass again nothing of it is left.
+async fn a_timed_out_acquire_whose_deletes_fail_ends_on_time(h: &Harness) -> Result<()> {
+    let (a, b) = (h.session().await, h.session().await);
+    let path = h.path("/sem");
+    let held = Semaphore::new(&a, &path, 1)?.acquire_one().await?;
+    let timeout = Duration::from_millis(500);
+    b.faults().context("faults")?.fail_next_deletes(u32::MAX);
+    let started = tokio::time::Instant::now();
+    let ended = Semaphore::new(&b, &path, 1)?
+        .acquire_timeout(1, timeout)
+        .await
+        .map(drop);
+    let took = started.elapsed();
+    b.faults().context("faults")?.fail_next_deletes(0);
+    ensure!(ended == Err(dlock::Error::Timeout(timeout)), "{ended:?}");
+    // The grace (1 s), and twice as much again for a loaded machine.
+    let bound = timeout + Duration::from_secs(3);
+    ensure!(took <= bound, "ended after {took:?}, past {bound:?}");
+    await_children(&a, &format!("{path}/locks"), 0, WITHIN).await?;
+    await_children(&a, &format!("{path}/leases"), 1, WITHIN).await?;
+    held.release().await?;
+    Ok(())
+}
+
 per_backend!(every_backend {
+    a_timed_out_acquire_whose_deletes_fail_ends_on_time,
     a_failed_release_of_the_internal_lock_keeps_the_admitted_lease,
     bad_quantities_fail_fast,
     raising_the_count_wakes_the_waiter,

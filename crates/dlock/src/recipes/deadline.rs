@@ -20,16 +20,34 @@ tokio::task_local! {
     static RETRIES_END: Instant;
 }
 
-/// Whether a retry that pauses `pause` from now would end past the timed
-/// wait this task runs (its deadline and the clean-up grace): then the
-/// request's failure is the answer. Requests that fail on a live
-/// connection (a cluster without a leader, one that times requests out,
-/// while renewals still get through) would otherwise be retried through
-/// the whole retry policy, seconds past a deadline the caller set.
-pub(crate) fn retry_would_overrun(pause: Duration) -> bool {
-    RETRIES_END
-        .try_with(|end| Instant::now() + pause > *end)
-        .unwrap_or(false)
+/// The pause before a retry of a failed request in the timed wait this
+/// task runs: `pause`, cut to end with the wait (its deadline and the
+/// clean-up grace); `None` once that is past — then the request's failure
+/// is the answer. Requests that fail on a live connection (a cluster
+/// without a leader, one that times requests out, while renewals still get
+/// through) would otherwise be retried through the whole retry policy,
+/// seconds past a deadline the caller set. Outside a timed wait, `pause`.
+pub(crate) fn retry_pause_within(pause: Duration) -> Option<Duration> {
+    match RETRIES_END.try_with(|end| *end) {
+        Ok(end) => {
+            let left = end.saturating_duration_since(Instant::now());
+            (!left.is_zero()).then(|| pause.min(left))
+        }
+        Err(_) => Some(pause),
+    }
+}
+
+/// `work` bounded as the timed wait this task runs bounds its retries: for
+/// work spawned as a task of its own (which task-locals do not reach) that
+/// the wait awaits.
+pub(crate) fn within_this_wait<F: Future>(work: F) -> impl Future<Output = F::Output> {
+    let end = RETRIES_END.try_with(|end| *end).ok();
+    async move {
+        match end {
+            Some(end) => RETRIES_END.scope(end, work).await,
+            None => work.await,
+        }
+    }
 }
 
 /// `after` from `start`, no further than [`FAR_AHEAD`].
@@ -144,7 +162,16 @@ impl Deadline {
         wait: impl Future<Output = Result<Option<T>>>,
     ) -> Result<Option<T>> {
         tokio::select! {
-            got = self.bounding_retries(wait) => got,
+            got = self.bounding_retries(wait) => match got {
+                // A request that kept failing on the connection until the
+                // deadline (its retries end there): the wait ran out, as
+                // when the connection is down ([`cut_off`](Self::cut_off)).
+                Err(e) if e.is_retryable() && self.passed() => {
+                    tracing::debug!(error = %e, "a timed wait's requests failed until its deadline");
+                    Ok(None)
+                }
+                got => got,
+            },
             () = self.cut_off(session) => Ok(None),
         }
     }
@@ -189,10 +216,10 @@ pub(crate) const CLEANUP_GRACE: Duration = Duration::from_secs(1);
 /// `$until(args.., deadline) -> Result<Option<$hold>>`: wait as long as it
 /// takes, wait at most a timeout ([`Error::Timeout`] after it; while the
 /// connection is down, at most [`CLEANUP_GRACE`] late; a request failing
-/// on a live connection is not retried past that either, and its error is
-/// the answer), or only if it can be had now (`None` if not;
-/// [`Error::ConnectionLoss`] if the connection is down, or requests keep
-/// failing, [`CLEANUP_GRACE`] after asking). Written once here, with each
+/// on a live connection is not retried past that either), or only if it
+/// can be had now (`None` if not; [`Error::ConnectionLoss`] if the
+/// connection is down, or requests keep failing, [`CLEANUP_GRACE`] after
+/// asking). Written once here, with each
 /// recipe's own names and docs; inside an `impl` of the recipe.
 macro_rules! timed_acquire {
     (

@@ -280,11 +280,10 @@ impl BarrierMember {
                 Err(e) => return Err(e),
             };
             if children.iter().all(|c| c.name == READY_NODE) {
+                // Guaranteed: its retries end with a timed leave's deadline,
+                // and what is left goes on in the background.
                 let ready = path::join(&self.dir, READY_NODE);
-                return match session.retrying(|| session.delete(&ready, None)).await {
-                    Ok(()) | Err(Error::NoNode { .. }) => Ok(Some(())),
-                    Err(e) => Err(e),
-                };
+                return session.delete_guaranteed(&ready).await.map(Some);
             }
             if deadline.race(watch.changed()).await.is_none() {
                 return Ok(None);

@@ -263,6 +263,9 @@ impl LockGuard {
             self.state = GuardState::Released;
             // Not the last hold, but its work was no more protected.
             return match self.is_lost() {
+                true if self.held_node().session.state() == SessionState::Closed => {
+                    Err(Error::Closed)
+                }
                 true => Err(self.lost_error()),
                 false => Ok(()),
             };

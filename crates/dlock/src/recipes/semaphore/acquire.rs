@@ -43,12 +43,6 @@ impl Semaphore {
     /// so two acquirers of 2 leases out of 2 can each hold one and wait for
     /// the other for ever; holding it for all of them, the first to get it
     /// gets them all.
-    /// One lease, as a [`Lockable`](crate::Lockable) takes it.
-    pub(crate) async fn acquire_one_until(&self, deadline: Deadline) -> Result<Option<Lease>> {
-        let leases = self.acquire_until(1, deadline).await?;
-        Ok(leases.and_then(|mut leases| leases.pop()))
-    }
-
     pub(crate) async fn acquire_until(
         &self,
         qty: u32,
@@ -61,6 +55,12 @@ impl Semaphore {
         session
             .retrying_reaped(|| self.acquire_leases(qty, deadline))
             .await
+    }
+
+    /// One lease, as a [`Lockable`](crate::Lockable) takes it.
+    pub(crate) async fn acquire_one_until(&self, deadline: Deadline) -> Result<Option<Lease>> {
+        let leases = self.acquire_until(1, deadline).await?;
+        Ok(leases.and_then(|mut leases| leases.pop()))
     }
 
     /// `qty` leases, each Curator's `internalAcquire1Lease` (create the
@@ -191,7 +191,9 @@ impl Semaphore {
 async fn to_completion(
     cleanup: impl std::future::Future<Output = Result<()>> + Send + 'static,
 ) -> Result<()> {
-    tokio::spawn(cleanup)
+    // Its retries bounded as the timed wait awaiting it bounds its own
+    // (what is left of it goes on in the background).
+    tokio::spawn(crate::recipes::deadline::within_this_wait(cleanup))
         .await
         .unwrap_or_else(|e| Err(Error::Backend(format!("clean-up task failed: {e}"))))
 }
