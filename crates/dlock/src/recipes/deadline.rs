@@ -177,7 +177,7 @@ impl Deadline {
     }
 
     /// Runs `wait` with the retries of its requests ending by this deadline
-    /// and the clean-up grace ([`retry_would_overrun`]).
+    /// and the clean-up grace ([`retry_pause_within`]).
     async fn bounding_retries<T>(&self, wait: impl Future<Output = T>) -> T {
         match *self {
             Deadline::Never => wait.await,
