@@ -25,7 +25,7 @@ pub enum Exit {
     CannotRun = 126,
     /// CMD was not found.
     NotFound = 127,
-    /// Ctrl-C (SIGINT) ended a demo early.
+    /// Ctrl-C (SIGINT) ended the run early (a waiting `lock`, a demo).
     Interrupted = 130,
 }
 
@@ -74,7 +74,7 @@ impl Exit {
             Exit::CannotRun => "CMD exists but cannot be run",
             Exit::NotFound => "CMD was not found",
             Exit::Interrupted => {
-                "a demo stopped by Ctrl-C (SIGINT): every holder counted itself out and let go first"
+                "interrupted by Ctrl-C (SIGINT); a demo's holders count themselves out and let go first (a second Ctrl-C quits at once)"
             }
         }
     }

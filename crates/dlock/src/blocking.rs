@@ -418,7 +418,9 @@ impl LeaderLatch {
 
 /// One term of leadership, as a blocking [`LeaderLatch`] gives it: the
 /// blocking [`crate::Leadership`] — its epoch (a fencing token), its end,
-/// its loss, and writes guarded by it. Cheap to clone.
+/// its loss, and writes guarded by it. Cheap to clone. It keeps its
+/// session (and the session's runtime) alive while kept: to keep only the
+/// epoch, keep [`epoch`](Self::epoch).
 ///
 /// ```
 /// use dlock::store::{CreateMode, CreateOptions, Op};

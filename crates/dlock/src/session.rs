@@ -497,18 +497,15 @@ impl Session {
         let mut retry = 0;
         loop {
             match attempt().await {
-                Err(e @ (Error::NoNode { .. } | Error::SessionExpired))
-                    if retry < policy.max_retries =>
-                {
+                Err(Error::NoNode { .. } | Error::SessionExpired) if retry < policy.max_retries => {
                     if retry > 0 {
                         // Bounded by a timed wait this task runs, as any
-                        // retry's pause.
+                        // retry's pause; past its end the next attempt goes
+                        // at once, and answers as a wait whose deadline
+                        // passed does.
                         let pause = policy.sleep_for(retry - 1);
-                        let Some(pause) = crate::recipes::deadline::retry_pause_within(pause)
-                        else {
-                            return Err(e);
-                        };
-                        tokio::time::sleep(pause).await;
+                        let pause = crate::recipes::deadline::retry_pause_within(pause);
+                        tokio::time::sleep(pause.unwrap_or_default()).await;
                     }
                     retry += 1;
                 }
@@ -660,9 +657,10 @@ impl Session {
         }
     }
 
-    /// The protected create's pause before its try number `retry` (its
-    /// first retry goes at once, after a look for the node), bounded as
-    /// [`retry_pause`](Self::retry_pause) is.
+    /// The protected create's pause before its try number `retry` + 1 (a
+    /// retry first looks for the node its lost create may have made), as
+    /// the retry policy says and bounded as [`retry_pause`](Self::retry_pause)
+    /// is; `false` once the retries are spent or the timed wait is over.
     async fn backoff(&self, retry: &mut u32) -> bool {
         let policy = self.inner.options.retry;
         let pause =

@@ -273,13 +273,21 @@ fn interrupted_demo(endpoint: &str, args: &[&str], probe: &str) -> (Output, i32)
         })
         .await
     });
-    assert!(
-        matches!(inside, Ok(Ok(()))),
-        "nobody went inside: {inside:?}"
-    );
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().expect("wait for dlock");
+    let pid = child.id() as i32;
+    // SAFETY (both): signalling our own child.
+    let kill = || unsafe { libc::kill(pid, libc::SIGKILL) };
+    if !matches!(inside, Ok(Ok(()))) {
+        kill();
+        panic!("nobody went inside: {inside:?}");
+    }
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let (done, ended) = mpsc::channel();
+    std::thread::spawn(move || done.send(child.wait_with_output()));
+    let Ok(out) = ended.recv_timeout(Duration::from_secs(60)) else {
+        kill();
+        panic!("the demo did not wind down within 60 s of Ctrl-C");
+    };
+    let out = out.expect("wait for dlock");
     let (data, _) = admin
         .block_on(admin.session().get_data(probe))
         .expect("read the probe");

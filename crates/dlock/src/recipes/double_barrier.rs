@@ -280,10 +280,22 @@ impl BarrierMember {
                 Err(e) => return Err(e),
             };
             if children.iter().all(|c| c.name == READY_NODE) {
-                // Guaranteed: its retries end with a timed leave's deadline,
-                // and what is left goes on in the background.
+                // Only the ready node there now (a later round's would be
+                // another creation), and guaranteed: a delete failing on the
+                // connection goes on in the background, and the barrier is
+                // done for us.
                 let ready = path::join(&self.dir, READY_NODE);
-                return session.delete_guaranteed(&ready).await.map(Some);
+                let Some(stat) = session.retrying(|| session.exists(&ready)).await? else {
+                    return Ok(Some(()));
+                };
+                return match session
+                    .delete_created_read(&ready, stat.czxid, stat.version)
+                    .await
+                {
+                    Ok(_) => Ok(Some(())),
+                    Err(e) if e.is_retryable() => Ok(Some(())),
+                    Err(e) => Err(e),
+                };
             }
             if deadline.race(watch.changed()).await.is_none() {
                 return Ok(None);

@@ -107,7 +107,9 @@ impl AtomicValue {
 /// its optimistic tries fail (Curator's `PromotedToLock`): a
 /// [`Mutex`](crate::Mutex) at `lock_path`, waited for at most [`with_timeout`](Self::with_timeout) (default: as long as
 /// it takes), then tries per [`with_retry`](Self::with_retry) (default:
-/// one try, as Curator's builder).
+/// one try, as Curator's builder). A lock not had in time — also because
+/// the store's requests kept failing until then — leaves the update not
+/// [`succeeded`](super::AtomicValue::succeeded), as a lost race does.
 ///
 /// ```
 /// use std::time::Duration;
