@@ -74,7 +74,7 @@ impl Exit {
             Exit::CannotRun => "CMD exists but cannot be run",
             Exit::NotFound => "CMD was not found",
             Exit::Interrupted => {
-                "interrupted by Ctrl-C (SIGINT); a demo's holders count themselves out and let go first (a second Ctrl-C quits at once)"
+                "interrupted by Ctrl-C (SIGINT); a demo's holders first count themselves out"
             }
         }
     }
