@@ -658,20 +658,13 @@ impl Session {
     }
 
     /// The protected create's pause before its try number `retry` + 1 (a
-    /// retry first looks for the node its lost create may have made), as
-    /// the retry policy says and bounded as [`retry_pause`](Self::retry_pause)
-    /// is; `false` once the retries are spent or the timed wait is over.
+    /// retry first looks for the node its lost create may have made): the
+    /// first two tries pause as the policy's first retry, and each one
+    /// counts; `false` once [`retry_pause`](Self::retry_pause) says so.
     async fn backoff(&self, retry: &mut u32) -> bool {
-        let policy = self.inner.options.retry;
-        let pause =
-            crate::recipes::deadline::retry_pause_within(policy.sleep_for(retry.saturating_sub(1)));
-        let Some(pause) = pause.filter(|_| *retry <= policy.max_retries) else {
-            return false;
-        };
-        self.inner.retried.fetch_add(1, Ordering::Relaxed);
-        tokio::time::sleep(pause).await;
-        *retry += 1;
-        true
+        let paused = self.retry_pause(retry.saturating_sub(1)).await;
+        *retry += u32::from(paused);
+        paused
     }
 
     /// Takes `created`, a node made without a sequence with `opts` and

@@ -163,8 +163,10 @@ impl WaitQueue {
     /// no kazoo there) one made would be a key left behind for good.
     async fn assure_dir(&self) -> Result<()> {
         use std::sync::atomic::Ordering;
-        let implicit = self.session.store().has_implicit_parents();
-        if self.layout != Layout::Kazoo || implicit || self.assured.load(Ordering::Relaxed) {
+        if self.layout != Layout::Kazoo
+            || self.assured.load(Ordering::Relaxed)
+            || self.session.store().has_implicit_parents()
+        {
             return Ok(());
         }
         let persistent = CreateOptions::new(CreateMode::Persistent).with_parents();
@@ -303,8 +305,11 @@ impl WaitQueue {
                     }
                     Ok(Some(created))
                 }
+                // A delete failing on the connection goes on in the
+                // background; past the deadline its error is a timeout
+                // (`Deadline::run`).
                 Err(Stop::TimedOut) => {
-                    pending.delete_after_timeout().await;
+                    pending.delete().await?;
                     Ok(None)
                 }
                 // Our node went with its session or its directory; the

@@ -48,18 +48,6 @@ impl PendingNode {
     }
 }
 
-impl PendingNode {
-    /// [`delete`](Self::delete) for a wait that timed out, whose answer is
-    /// the timeout whatever the delete says: one that fails on the
-    /// connection goes on in the background.
-    pub async fn delete_after_timeout(self) {
-        let path = self.path.clone();
-        if let Err(e) = self.delete().await {
-            tracing::debug!(%path, error = %e, "deleting a timed-out waiter's node");
-        }
-    }
-}
-
 impl Drop for PendingNode {
     fn drop(&mut self) {
         if self.armed {

@@ -159,7 +159,7 @@ impl Semaphore {
                 Ok(Some(Lease::new(node, stored)))
             }
             Err(Stop::TimedOut) => {
-                pending.delete_after_timeout().await;
+                to_completion(pending.delete()).await?;
                 Ok(None)
             }
             Err(Stop::Failed(Error::NoNode { .. })) => {
