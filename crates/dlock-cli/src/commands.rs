@@ -16,12 +16,12 @@ use crate::Global;
 pub struct LockArgs {
     /// The lock's path, e.g. /locks/nightly-backup.
     pub path: String,
-    /// Whose node layout to use: `curator` (Curator's InterProcessMutex)
-    /// or `consul` (Consul's `api.Lock`, as `consul lock` writes it: the
-    /// key PATH/.lock); `lock` only. Or `kazoo`: kazoo's (Python) `Lock`
-    /// nodes, PATH/UUID__lock__SEQ, which kazoo sees without
-    /// extra_lock_patterns (kazoo holders keep `dlock lock` out in every
-    /// layout).
+    /// Whose node layout to use: `curator` (Curator's InterProcessMutex
+    /// and InterProcessReadWriteLock), `consul` (Consul's `api.Lock`, as
+    /// `consul lock` writes it: the key PATH/.lock) or `kazoo` (kazoo's
+    /// (Python) `Lock` nodes, PATH/UUID__lock__SEQ, which kazoo sees without
+    /// extra_lock_patterns; kazoo holders keep `dlock lock` out in every
+    /// layout). `consul` and `kazoo`: `lock` only.
     #[arg(long, default_value_t = Layout::Curator)]
     pub layout: Layout,
     #[command(flatten)]
@@ -538,7 +538,8 @@ pub enum CountCommand {
         #[arg(allow_hyphen_values = true)]
         value: i32,
     },
-    /// Set the value only if it is EXPECTED now (exit code 1 otherwise).
+    /// Set the value only if it is EXPECTED now (exit code 1 otherwise,
+    /// and if there is no count at PATH).
     ///
     /// Example: dlock count cas /config/workers 8 9
     Cas {
@@ -596,7 +597,15 @@ async fn count_in(session: Session, command: CountCommand) -> Result<u8> {
             expected,
             value,
         } => {
-            let (data, stat) = session.get_data(&path).await?;
+            // No count holds no value, EXPECTED or other: no effect, as
+            // a value that differs.
+            let (data, stat) = match session.get_data(&path).await {
+                Err(dlock::Error::NoNode { .. }) => {
+                    eprintln!("dlock: there is no count at {path}; left as is");
+                    return Ok(1);
+                }
+                read => read?,
+            };
             let now = dlock::recipes::shared_count::decode(&path, &data)?;
             let swapped = now == expected
                 && match session

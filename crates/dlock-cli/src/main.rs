@@ -17,8 +17,8 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use dlock::{Endpoint, Session, SessionOptions};
 
-/// Distributed locks, semaphores and leader election on ZooKeeper, etcd or
-/// an embedded store.
+/// Distributed locks, semaphores and leader election on ZooKeeper, etcd,
+/// Consul or an embedded store.
 ///
 /// Examples:
 ///   dlock --endpoint zk://127.0.0.1:2181 lock /locks/backup -- ./backup.sh
@@ -39,8 +39,9 @@ struct Cli {
 /// Options every command shares.
 #[derive(Debug, clap::Args)]
 pub struct Global {
-    /// The store: `embedded`, `zk://host:port[,...][/chroot]` or
-    /// `etcd://host:port[,...]`.
+    /// The store: `embedded`, `zk://host:port[,...][/chroot]`,
+    /// `etcd://host:port[,...]` (`etcds://` for TLS) or
+    /// `consul://host:port[,...][/prefix][?token=...]` (`consuls://`).
     #[arg(
         long,
         env = "DLOCK_ENDPOINT",
@@ -76,7 +77,7 @@ impl Global {
         if self.endpoint()? == Endpoint::Embedded {
             return Err(exit::Exit::Usage
                 .with("the embedded store lives inside one dlock process, so no other process would see this lock: \
-                       pass --endpoint zk://HOST:PORT or etcd://HOST:PORT (or set DLOCK_ENDPOINT)")
+                       pass --endpoint zk://HOST:PORT, etcd://HOST:PORT or consul://HOST:PORT (or set DLOCK_ENDPOINT)")
                 .into());
         }
         self.connect().await

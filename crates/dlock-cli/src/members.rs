@@ -17,8 +17,8 @@ use crate::Global;
 #[derive(Debug, Subcommand)]
 pub enum MembersCommand {
     /// Join the group at PATH as ID (an ephemeral node PATH/ID holding
-    /// PAYLOAD) until dlock is stopped (SIGINT, SIGTERM: it leaves and
-    /// exits 0) — or, with `-- CMD`, while CMD runs (then dlock exits with
+    /// PAYLOAD) until dlock is stopped (SIGINT, SIGTERM, SIGHUP, SIGQUIT:
+    /// it leaves and exits 0) — or, with `-- CMD`, while CMD runs (then dlock exits with
     /// CMD's code). A node that vanishes is created again.
     ///
     /// Example: dlock members join /groups/workers host-a --payload 10.0.0.5:8080 -- ./serve.sh

@@ -139,10 +139,14 @@ pub async fn scan_from(
             found.watches.extend(tagged(armed, &dir, depth));
             continue;
         }
-        let seen = if dir == "/" {
-            None
-        } else {
-            Some(dlock::inspect(session, &dir).await?)
+        let seen = match dir.as_str() {
+            "/" => None,
+            // Data no recipe could read (someone else's node named as a
+            // recipe's): an ordinary directory, not the end of the view.
+            _ => match dlock::inspect(session, &dir).await {
+                Err(Error::MalformedData { .. }) => None,
+                seen => Some(seen?),
+            },
         };
         match seen {
             Some(seen) if seen.recipe != RecipeKind::None => {
@@ -227,6 +231,11 @@ async fn watch_recipe_parts(
     watches: &mut Vec<(String, Watch)>,
 ) -> Result<()> {
     match seen.recipe {
+        RecipeKind::Semaphore if is_kazoo_semaphore(seen) => {
+            // A sibling: its creation changes a listing not watched here.
+            let dir = kazoo_semaphore_lock(&seen.path);
+            list(session, &dir, true, Some(&mut *watches)).await?;
+        }
         RecipeKind::Semaphore => {
             for part in ["locks", "leases"] {
                 let dir = dlock::path::join(&seen.path, part);
@@ -244,6 +253,22 @@ async fn watch_recipe_parts(
         _ => {}
     }
     Ok(())
+}
+
+/// Whether `seen` is a kazoo semaphore: its acquirers queue at the sibling
+/// [`kazoo_semaphore_lock`], not below it.
+fn is_kazoo_semaphore(seen: &Inspection) -> bool {
+    seen.recipe == RecipeKind::Semaphore
+        && seen
+            .participants
+            .iter()
+            .any(|p| p.foreign == Some(dlock::Foreign::Kazoo))
+}
+
+/// Where the acquirers of a kazoo semaphore at `path` queue (kazoo's
+/// `Semaphore`: `path + "-__lock__"`).
+fn kazoo_semaphore_lock(path: &str) -> String {
+    format!("{path}-__lock__")
 }
 
 /// Whether `path` is `root` or below it.
@@ -277,6 +302,27 @@ struct Since {
     before_top: bool,
 }
 
+/// One participant's presence: its node, as made by one creation and held
+/// by one session. Consul's `api.Lock` key stays at `.lock` from holder to
+/// holder, and etcd names a client's node alike each time, so the node's
+/// name alone would take a new holder for the last one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Presence {
+    node: String,
+    token: dlock::FencingToken,
+    session: dlock::store::SessionId,
+}
+
+impl Presence {
+    fn of(p: &dlock::Contender) -> Self {
+        Presence {
+            node: p.node.clone(),
+            token: p.token,
+            session: p.session,
+        }
+    }
+}
+
 /// How long the handoff rate looks back.
 const RATE_WINDOW: Duration = Duration::from_secs(10);
 
@@ -289,8 +335,8 @@ pub struct Model {
     scans: u64,
     truncated: bool,
     recipes: Vec<Inspection>,
-    /// Node → since when it is seen in its role.
-    since: HashMap<String, Since>,
+    /// Each hold or wait → since when it is seen in its role.
+    since: HashMap<Presence, Since>,
     /// Recipe path → when each new holder was seen.
     handoffs: HashMap<String, VecDeque<Instant>>,
 }
@@ -327,11 +373,22 @@ impl Model {
             .cloned()
             .collect();
         recipes.extend(scan.recipes.iter().cloned());
+        // A kazoo semaphore's acquirers are its waiters already: their
+        // queue is no recipe of its own.
+        let queues: HashSet<String> = recipes
+            .iter()
+            .filter(|r| is_kazoo_semaphore(r))
+            .map(|r| kazoo_semaphore_lock(&r.path))
+            .collect();
+        recipes.retain(|r| !queues.contains(&r.path));
         recipes.sort_by(|a, b| a.path.cmp(&b.path));
         let mut since = HashMap::new();
         for recipe in &recipes {
             for p in &recipe.participants {
-                let known = self.since.get(&p.node).filter(|s| s.role == p.role);
+                let known = self
+                    .since
+                    .get(&Presence::of(p))
+                    .filter(|s| s.role == p.role);
                 if known.is_none() && p.role == Role::Holder && self.scans > 0 {
                     self.handoffs
                         .entry(recipe.path.clone())
@@ -343,7 +400,7 @@ impl Model {
                     at: now,
                     before_top: self.scans == 0,
                 };
-                since.insert(p.node.clone(), known.copied().unwrap_or(first));
+                since.insert(Presence::of(p), known.copied().unwrap_or(first));
             }
         }
         let present: HashSet<&str> = recipes.iter().map(|r| r.path.as_str()).collect();
@@ -404,9 +461,12 @@ impl Model {
                                 session: format!("{:#x}", p.session),
                                 for_time: self
                                     .since
-                                    .get(&p.node)
+                                    .get(&Presence::of(p))
                                     .map_or(Duration::ZERO, |s| now.duration_since(s.at)),
-                                before_top: self.since.get(&p.node).is_none_or(|s| s.before_top),
+                                before_top: self
+                                    .since
+                                    .get(&Presence::of(p))
+                                    .is_none_or(|s| s.before_top),
                                 data: String::from_utf8_lossy(&p.data).into_owned(),
                                 access: p.access.map(dlock::Access::as_str),
                                 foreign: p.foreign.map(dlock::Foreign::as_str),
@@ -920,6 +980,89 @@ mod tests {
         assert_eq!(holder.exists(&root).await?, None);
         holder.close().await;
         other.close().await;
+        Ok(())
+    }
+
+    /// Consul's `api.Lock` key stays `.lock` from one holder to the next: a
+    /// new session holding it is a handoff, and its time starts anew.
+    #[tokio::test]
+    async fn a_new_holder_of_the_same_key_is_a_handoff() -> Result<()> {
+        let server = dlock::store::embedded::EmbeddedServer::new();
+        let (a, b) = (
+            server.connect_default().await?,
+            server.connect_default().await?,
+        );
+        let root = "/top-same-key";
+        let prefix = format!("{root}/job");
+        let first = dlock::ConsulLock::new(&a, &prefix)?.acquire().await?;
+        let start = Instant::now();
+        let mut model = Model::new(root, start);
+        model.update(&scan(&a, root, Limits::default(), false).await?, start);
+        first.release().await?;
+        let next = dlock::ConsulLock::new(&b, &prefix)?.acquire().await?;
+        let later = start + Duration::from_secs(5);
+        model.update(&scan(&a, root, Limits::default(), false).await?, later);
+        let view = model.view(later);
+        let holder = &view.recipes[0].participants[0];
+        assert_eq!(holder.session, format!("{:#x}", b.session_id()), "{view:?}");
+        assert!(view.recipes[0].handoffs_per_second > 0.0, "{view:?}");
+        assert_eq!(holder.for_time, Duration::ZERO, "{view:?}");
+        assert!(!holder.before_top, "{view:?}");
+        next.release().await?;
+        remove_tree(&a, root).await?;
+        Ok(())
+    }
+
+    /// A kazoo semaphore's acquirers queue at the sibling `-__lock__`: top
+    /// watches it for the semaphore, lists them as its waiters, and shows
+    /// no mutex of its own for that queue.
+    #[tokio::test]
+    async fn a_kazoo_semaphore_s_acquirers_are_its_waiters() -> Result<()> {
+        let server = dlock::store::embedded::EmbeddedServer::new();
+        let (a, b) = (
+            server.connect_default().await?,
+            server.connect_default().await?,
+        );
+        let root = "/top-kazoo-semaphore";
+        let path = format!("{root}/api");
+        let kazoo = |s: &Session| {
+            dlock::Semaphore::new(s, &path, 1).and_then(|s| s.with_layout(dlock::Layout::Kazoo))
+        };
+        let lease = kazoo(&a)?.acquire_one().await?;
+        let now = Instant::now();
+        let mut model = Model::new(root, now);
+        let found = scan(&a, root, Limits::default(), true).await?;
+        model.update(&found, now);
+        let queue = format!("{path}-__lock__/");
+        let armed = found
+            .watches
+            .into_iter()
+            .find(|w| w.watched == queue && w.rescan == path)
+            .expect("the acquirers' queue is watched for the semaphore");
+        let waiting = kazoo(&b)?;
+        let waiter = tokio::spawn(async move { waiting.acquire_one().await });
+        armed.watch.changed().await;
+        let again = scan_from(&a, &armed.rescan, armed.depth, Limits::default(), false).await?;
+        model.update_under(&armed.rescan, &again, Instant::now());
+        let roles = |model: &Model| -> Vec<(String, &'static str)> {
+            let view = model.view(Instant::now());
+            let rows = view
+                .recipes
+                .iter()
+                .flat_map(|r| r.participants.iter().map(|p| (r.path.clone(), p.role)));
+            rows.collect()
+        };
+        let want = [(path.clone(), "holder"), (path.clone(), "waiter")];
+        assert_eq!(roles(&model), want);
+        // A scan of the whole prefix finds the queue too: one recipe still.
+        model.update(
+            &scan(&a, root, Limits::default(), false).await?,
+            Instant::now(),
+        );
+        assert_eq!(roles(&model), want);
+        lease.release().await?;
+        waiter.await??.release().await?;
+        remove_tree(&a, root).await?;
         Ok(())
     }
 

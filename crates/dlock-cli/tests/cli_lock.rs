@@ -630,7 +630,8 @@ fn elect_hands_over_when_the_leaders_command_exits(endpoint: &str) {
     );
 }
 
-/// `count`: set, get, compare-and-set (exit code 1 when the value differs).
+/// `count`: set, get, compare-and-set (exit code 1 when the value differs
+/// or there is no count).
 #[test]
 fn count_gets_sets_and_compares() {
     let path = unique("count");
@@ -652,9 +653,14 @@ fn count_gets_sets_and_compares() {
         String::from_utf8_lossy(&run(&["get", &path]).stdout).trim(),
         "-7"
     );
-    let missing = run(&["get", &unique("none")]);
+    let none = unique("none");
+    let missing = run(&["get", &none]);
     assert_eq!(missing.status.code(), Some(70));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no node at"));
+    let missing = run(&["cas", &none, "0", "1"]);
+    assert_eq!(missing.status.code(), Some(1), "no count: no effect");
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("there is no count at"));
+    assert_eq!(run(&["get", &none]).status.code(), Some(70), "nothing made");
     // Counters persist by design; this test removes its own.
     let admin = dlock::blocking::connect(&endpoint()).unwrap();
     admin.block_on(admin.session().delete(&path, None)).unwrap();

@@ -278,9 +278,9 @@ impl FromStr for Endpoint {
         if url == "embedded" || url == "embedded://" {
             return Ok(Endpoint::Embedded);
         }
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| fail("expected embedded, zk://host:port or etcd://host:port".into()))?;
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+            fail("expected embedded, zk://host:port, etcd://host:port or consul://host:port".into())
+        })?;
         if !matches!(
             scheme,
             "zk" | "zookeeper" | "etcd" | "etcds" | "consul" | "consuls"

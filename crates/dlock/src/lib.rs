@@ -34,15 +34,15 @@
 //! | hold everyone until a flag is lowered | [`Barrier`] | `DistributedBarrier` | persistent node; waiters watch it |
 //! | start together, finish together | [`DoubleBarrier`] | `DistributedDoubleBarrier` | ephemeral members + `ready` |
 //! | share a lock with `consul lock` | [`ConsulLock`] | (Consul `api.Lock`) | one `.lock` key held by a session |
-//! | see who holds and waits, any recipe | [`inspect`] | `getParticipantNodes` | reads each recipe's layout; names Curator, etcd Go and kazoo holders |
+//! | see who holds and waits, any recipe | [`inspect`] | `getParticipantNodes` | reads each recipe's layout; names etcd Go, kazoo and `consul lock` holders (Curator's are ours, node for node) |
 //! | group membership with a payload each | [`GroupMember`] | `GroupMember` | ephemeral `<path>/<id>`; re-created if it vanishes |
 //! | a directory's children and data, as events | [`ChildrenCache`] | `CuratorCache` (children) | watches, re-sync after a blip; no polling |
-//! | follow an election without joining | [`observe`] | (etcd `Election.Observe`) | leader changes in order |
-//! | free permits and holders of a semaphore | [`Semaphore::available_permits`], [`KvSemaphore::available_permits`] | (CURATOR-230) | one read, no acquire |
+//! | follow an election without joining | [`observe`] | (etcd `Election.Observe`) | leader changes in order (a term too short to be seen may be skipped) |
+//! | free permits and holders of a semaphore | [`Semaphore::available_permits`], [`KvSemaphore::available_permits`] | (CURATOR-230) | reads only, no acquire |
 //! | share a lock or an election with Go services on etcd | [`Mutex`], [`ReadWriteLock`], [`LeaderLatch`], [`LeaderSelector`] | (etcd's Go `concurrency.Mutex`, `Election`) | one create-revision queue; a Go holder is a writer |
 //! | a 64-bit counter, updated atomically | [`AtomicCounter`] | `DistributedAtomicLong` | 8-byte big-endian; CAS tries, then a lock |
 //! | versioned bytes everyone sees | [`SharedValue`] | `SharedValue` | persistent node; watch-fed copy; CAS on the version |
-//! | share a lock, election or semaphore with kazoo (Python) | [`Mutex`], [`LeaderSelector`], [`Semaphore`] `.with_layout(`[`Layout::Kazoo`]`)` | (kazoo `Lock`, `Election`, `Semaphore`) | kazoo's nodes; kazoo holders keep dlock out in any layout |
+//! | share a lock, election or semaphore with kazoo (Python) | [`Mutex`], [`LeaderSelector`], [`Semaphore`] `.with_layout(`[`Layout::Kazoo`]`)` | (kazoo `Lock`, `Election`, `Semaphore`) | kazoo's nodes; a kazoo lock or election holder keeps a dlock `Mutex` or `LeaderSelector` out in any layout, a semaphore is shared only in `Layout::Kazoo` |
 //!
 //! Every recipe runs on every backend: [`store::embedded`] (in-process, with
 //! fault injection — the default for demos and tests), ZooKeeper 3.5+

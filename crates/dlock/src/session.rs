@@ -76,7 +76,7 @@ pub async fn connect_endpoint(endpoint: &Endpoint, options: SessionOptions) -> R
         #[allow(unreachable_patterns)]
         other => {
             let feature = match other {
-                Endpoint::Etcd { .. } => "etcd feature (cargo build --features etcd; needs protoc)",
+                Endpoint::Etcd { .. } => "etcd feature (cargo build --features etcd)",
                 Endpoint::Consul { .. } => "consul feature",
                 _ => "zookeeper feature",
             };

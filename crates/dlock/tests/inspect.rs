@@ -158,7 +158,9 @@ async fn kazoo_readers_hold_together(h: &Harness) -> Result<()> {
     Ok(())
 }
 
-/// A KV semaphore: holders as its record admitted them, then waiters.
+/// A KV semaphore: holders as its record admitted them, then waiters. An
+/// entry no session holds (on Consul, one left by a session that ended
+/// with behavior `release`) is nobody's, as the semaphore itself sees it.
 async fn a_kv_semaphore_lists_its_record_holders_then_waiters(h: &Harness) -> Result<()> {
     let path = h.path("/kv");
     let (a, b, c) = (h.session().await, h.session().await, h.session().await);
@@ -166,13 +168,21 @@ async fn a_kv_semaphore_lists_its_record_holders_then_waiters(h: &Harness) -> Re
     let second = dlock::KvSemaphore::new(&b, &path, 2)?.acquire().await?;
     let third = dlock::KvSemaphore::new(&c, &path, 2)?;
     let third = tokio::spawn(async move { third.acquire().await });
-    // Two entries, the third, and the record.
-    await_children(&a, &path, 4, WITHIN).await?;
+    let unheld = format!("{path}/00000000000000ff");
+    a.create(
+        &unheld,
+        uuid::Uuid::new_v4().to_string().as_bytes(),
+        persistent(),
+    )
+    .await?;
+    // Two entries, the third, the one nobody holds, and the record.
+    await_children(&a, &path, 5, WITHIN).await?;
     let two_held = [Role::Holder, Role::Holder, Role::Waiter];
     let seen = inspected(&a, &path, RecipeKind::KvSemaphore, &two_held).await?;
     ensure!(sessions(&seen) == [a.session_id(), b.session_id(), c.session_id()]);
     ensure!(seen.participants[0].node == first.node());
     ensure!(seen.participants.iter().all(|p| p.foreign.is_none()));
+    a.delete(&unheld, None).await?;
     release_then_waiters(vec![Box::new(first), Box::new(second)], vec![third]).await?;
     Ok(())
 }
@@ -242,7 +252,45 @@ async fn anything_else_is_none(h: &Harness) -> Result<()> {
     Ok(())
 }
 
+/// Directories that hold recipes, named as people name them (`locks/`,
+/// `clock-sync/`), and a `.lock` file nobody's recipe wrote: none of them
+/// is taken for a recipe — and the mutex below them is found where it is.
+async fn ordinary_directories_are_no_recipes(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let app = h.path("/app");
+    let nightly = format!("{app}/locks/nightly");
+    let guard = dlock::Mutex::new(&s, &nightly)?.acquire().await?;
+    let clock = format!("{app}/clock-sync/state");
+    s.create(&clock, b"ok", persistent()).await?;
+    let file = format!("{app}/files/.lock");
+    s.create(&file, b"pid 1", persistent()).await?;
+    for dir in [&app, &format!("{app}/locks"), &format!("{app}/files")] {
+        let seen = inspect(&s, dir).await?;
+        ensure!(
+            seen.recipe == RecipeKind::None && seen.participants.is_empty(),
+            "{dir}: {seen:?}"
+        );
+    }
+    let seen = inspected(&s, &nightly, RecipeKind::Mutex, &[Role::Holder]).await?;
+    ensure!(seen.participants[0].token == guard.token(), "{seen:?}");
+    guard.release().await?;
+    for node in [
+        clock.as_str(),
+        &format!("{app}/clock-sync"),
+        &file,
+        &format!("{app}/files"),
+    ] {
+        // Parents made on the way may be containers, reaped once empty.
+        match s.delete(node, None).await {
+            Ok(()) | Err(dlock::Error::NoNode { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 per_backend!(every_backend {
+    ordinary_directories_are_no_recipes,
     kazoo_readers_hold_together,
     a_semaphore_acquirer_of_two_leases_waits_with_its_newest,
     a_mutex_lists_its_holder_then_its_waiters,

@@ -38,7 +38,7 @@ pub(crate) const LATCH_NAME: &str = "latch-";
 
 /// Whether `name` is a latch candidate's node.
 pub(crate) fn is_node(name: &str) -> bool {
-    name.contains(LATCH_NAME)
+    super::queue::is_sequenced(name, LATCH_NAME)
 }
 
 /// The candidates' queue at `path`, laid out as [`LeaderLatch::new`] lays

@@ -1,10 +1,13 @@
 //! The life of a recipe that keeps something running in the background
 //! ([`LeaderLatch`](super::leader_latch::LeaderLatch),
 //! [`LeaderSelector`](super::leader_selector::LeaderSelector),
-//! [`SharedCount`](super::shared_count::SharedCount)): made, started once,
+//! [`SharedValue`](super::shared_value::SharedValue) and the
+//! [`SharedCount`](super::shared_count::SharedCount) over it,
+//! [`ChildrenCache`](super::children_cache::ChildrenCache),
+//! [`GroupMember`](super::group_member::GroupMember)): made, started once,
 //! closed once — Curator's `State` of each, with its "cannot be started more
-//! than once" and "already closed" refusals, kept in one place so that the
-//! three cannot drift apart.
+//! than once" and "already closed" refusals, kept in one place so that they
+//! cannot drift apart.
 
 use std::future::Future;
 use std::sync::{Mutex as StdMutex, MutexGuard as StdMutexGuard};

@@ -18,7 +18,7 @@ use std::time::Duration;
 use super::deadline::{timed_acquire, Deadline};
 use super::guard::LockGuard;
 use super::layout::Layout;
-use super::queue::{is_kazoo_node, FirstN, Participant, WaitQueue, CURATOR_LOCK};
+use super::queue::{is_kazoo_node, is_sequenced, FirstN, Participant, WaitQueue, CURATOR_LOCK};
 use crate::error::Result;
 use crate::session::Session;
 use crate::store::CreateMode;
@@ -30,7 +30,7 @@ pub(crate) const LOCK_NAME: &str = CURATOR_LOCK;
 /// which queues on a mutex: the two layouts are one (as in Curator) — in
 /// Curator's layout or kazoo's.
 pub(crate) fn is_node(name: &str) -> bool {
-    name.contains(LOCK_NAME) || is_kazoo_node(name)
+    is_sequenced(name, LOCK_NAME) || is_kazoo_node(name)
 }
 
 /// A fair, re-entrant lock shared by every session that names the same path.

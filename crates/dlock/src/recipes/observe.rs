@@ -8,7 +8,8 @@
 //! [`ChildrenCache`] of the election's
 //! path, read the way the candidates list themselves (Curator's
 //! `getParticipants`, see [`election`](super::election)): the `latch-` nodes
-//! of a latch, else the `lock-` nodes of a selector, in queue order; the
+//! of a latch, else the `lock-` nodes of a selector (and kazoo's
+//! `__lock__` candidates among them), in queue order; the
 //! first leads; each id is its node's data as UTF-8. Its cost is one watch
 //! on the listing and one per candidate, and no polling.
 //!

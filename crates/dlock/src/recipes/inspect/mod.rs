@@ -9,7 +9,7 @@
 //! as what they are: Curator on ZooKeeper writes exactly our nodes, so its
 //! holders show like ours.
 //!
-//! One foreign layout is recognised too: etcd's Go client
+//! Three foreign layouts are recognised too. etcd's Go client
 //! (`concurrency.Mutex` and `concurrency.Election`, and `etcdctl lock` /
 //! `etcdctl elect`, which use them) puts one key per contender,
 //! `<prefix>/<lease id in hex>`, attached to that lease; the key with the
@@ -59,7 +59,7 @@ mod report;
 pub use report::{Access, Contender, Foreign, Inspection, RecipeKind, Role};
 
 use super::layout::CONSUL_LOCK_FLAGS;
-use super::queue::{is_kazoo_node, FirstN, Participant, KAZOO_READ_LOCK};
+use super::queue::{is_kazoo_node, is_sequenced, FirstN, Participant, KAZOO_READ_LOCK};
 use super::{etcd_go, kv_semaphore, leader_latch, mutex, rwlock, semaphore, shared_count};
 use crate::error::{Error, Found, Result};
 use crate::path;
@@ -106,8 +106,12 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
         ..nothing(recipe)
     };
     let any = |is: fn(&str) -> bool| names.iter().any(|n| is(n));
-    let inspection = if kv_semaphore::is_layout(&names) {
-        match dot_lock_at(session, path).await? {
+    let dot_lock = match kv_semaphore::is_layout(&names) {
+        true => dot_lock_at(session, path).await?,
+        false => None,
+    };
+    let inspection = if let Some(dot_lock) = dot_lock {
+        match dot_lock {
             Ok(layout) => Inspection {
                 limit: kv_limit(session, path, layout).await?,
                 ..found(
@@ -119,8 +123,11 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
             // or none.
             Err(holder) => found(RecipeKind::Mutex, Vec::from_iter(holder)),
         }
-    } else if semaphore::is_layout(&names) {
-        found(RecipeKind::Semaphore, semaphore_at(session, path).await?)
+    } else if let Some(all) = match semaphore::is_layout(&names) {
+        true => semaphore_at(session, path).await?,
+        false => None,
+    } {
+        found(RecipeKind::Semaphore, all)
     } else if names.iter().any(|n| rwlock::is_writer(n).is_some()) {
         let rw = crate::ReadWriteLock::new(session, path)?;
         let mut all = contenders(rw.participants().await?);
@@ -291,14 +298,23 @@ async fn mutex_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
 /// queue creates a lease node and waits (holding that lock) until the lease
 /// count allows it; so a lease node of the head's session created after its
 /// lock node is that acquirer's, still waiting — its newest one, when it
-/// asked for several (those before it were admitted).
-async fn semaphore_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
+/// asked for several (those before it were admitted). `None` if its
+/// `leases` or `locks` holds anything but those nodes: then they are
+/// ordinary directories (`/app/locks/nightly` makes `/app` no semaphore).
+async fn semaphore_at(session: &Session, path: &str) -> Result<Option<Vec<Contender>>> {
     // The size only decides `holds`, which is worked out below instead.
     let leases = crate::Semaphore::new(session, path, u32::MAX)?
         .participants()
         .await?;
     let lock = path::join(path, semaphore::LOCK_PARENT);
     let acquirers = crate::Mutex::new(session, &lock)?.participants().await?;
+    let named = |list: &[Participant], is: &dyn Fn(&str) -> bool| {
+        list.iter().all(|p| is(path::node_name(&p.node)))
+    };
+    let is_lease = |name: &str| is_sequenced(name, semaphore::LEASE_NAME);
+    if !named(&leases, &is_lease) || !named(&acquirers, &mutex::is_node) {
+        return Ok(None);
+    }
     let head = acquirers.iter().find(|p| p.holds);
     let pending = head.and_then(|head| {
         leases
@@ -328,7 +344,7 @@ async fn semaphore_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
         c.role = Role::Waiter;
         all.push(c);
     }
-    Ok(all)
+    Ok(Some(all))
 }
 
 /// A kazoo semaphore's leases (all hold: kazoo creates a lease node only
@@ -358,28 +374,30 @@ async fn kazoo_semaphore_at(session: &Session, path: &str) -> Result<Vec<Contend
 
 /// What the `.lock` child of `path` is: a KV semaphore's record, in dlock's
 /// or Consul's layout (`Ok`), or the key of Consul's `api.Lock` layout
-/// (`Err`), with its holder if a session owns it.
+/// (`Err`), with its holder if a session owns it. `None`: someone else's
+/// file of that name, no recipe's.
 async fn dot_lock_at(
     session: &Session,
     path: &str,
-) -> Result<std::result::Result<crate::Layout, Option<Contender>>> {
+) -> Result<Option<std::result::Result<crate::Layout, Option<Contender>>>> {
     let node = path::join(path, kv_semaphore::RECORD);
     let Some((data, stat)) = session.get_data(&node).await.found()? else {
-        return Ok(Ok(crate::Layout::Curator));
+        return Ok(Some(Ok(crate::Layout::Curator)));
     };
     if stat.ephemeral_owner != 0 {
         let foreign = consul_client(session, &node).await?;
         let holder = key_contender(Role::Holder, node, data, &stat, foreign);
-        return Ok(Err(Some(holder)));
+        return Ok(Some(Err(Some(holder))));
     }
-    if kv_semaphore::Record::decode(crate::Layout::Consul, &node, &data).is_ok() {
-        return Ok(Ok(crate::Layout::Consul));
+    let record_in = |layout| kv_semaphore::Record::decode(layout, &node, &data).is_ok();
+    if record_in(crate::Layout::Consul) {
+        return Ok(Some(Ok(crate::Layout::Consul)));
     }
     // `api.Lock`'s key, released and not yet destroyed: a free lock.
     if session.tag(&node).await.found()?.flatten() == Some(CONSUL_LOCK_FLAGS) {
-        return Ok(Err(None));
+        return Ok(Some(Err(None)));
     }
-    Ok(Ok(crate::Layout::Curator))
+    Ok(record_in(crate::Layout::Curator).then_some(Ok(crate::Layout::Curator)))
 }
 
 /// [`Foreign::Consul`] if a key of Consul's layouts at `node` is held by
@@ -418,6 +436,10 @@ async fn kv_semaphore_at(
         }
         let node = path::join(path, &child.name);
         let (data, stat) = match session.get_data(&node).await {
+            // An entry no session holds proves no contender lives (on
+            // Consul, one a session with behavior `release` left): the
+            // semaphore passes it by, and so do we.
+            Ok((_, stat)) if stat.ephemeral_owner == 0 => continue,
             Ok(found) => found,
             // Gone since the listing.
             Err(Error::NoNode { .. }) => continue,

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 pub(crate) use self::names::{
-    is_kazoo_node, NodeNames, CURATOR_LOCK, KAZOO_READ_LOCK, MUTEX_SORT_NAMES,
+    is_kazoo_node, is_sequenced, NodeNames, CURATOR_LOCK, KAZOO_READ_LOCK, MUTEX_SORT_NAMES,
 };
 pub(crate) use self::node::{HeldNode, PendingNode};
 pub(crate) use self::predicate::{position, FirstN, Predicate, Verdict};

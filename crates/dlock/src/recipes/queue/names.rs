@@ -82,6 +82,23 @@ pub(crate) fn creation_prefix(name: &str) -> Option<&str> {
     crate::path::protection_prefix(name).or_else(|| is_kazoo_node(name).then(|| &name[..32]))
 }
 
+/// Whether `name` ends in `marker` and a sequence suffix, as a sequential
+/// node of that name does (`lock-0000000007`, with a protection prefix or
+/// not; ZooKeeper's counter prints `-` first once it overflows). Unlike a
+/// name that merely contains `marker` (a directory `clock-sync/`), it is
+/// no recipe's parent directory.
+///
+/// ```ignore
+/// assert!(is_sequenced("_c_0b1e-lock-0000000007", "lock-"));
+/// assert!(!is_sequenced("clock-sync", "lock-"));
+/// ```
+pub(crate) fn is_sequenced(name: &str, marker: &str) -> bool {
+    name.rsplit_once(marker).is_some_and(|(_, seq)| {
+        let digits = seq.strip_prefix('-').unwrap_or(seq);
+        (9..=10).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit())
+    })
+}
+
 /// Whether `name` is a kazoo lock contender's node,
 /// `<32 hex digits>__lock__<seq>` or `<32 hex digits>__rlock__<seq>`
 /// (`<seq>`: 10 digits, perhaps after a minus sign) — as kazoo writes it,
@@ -111,6 +128,25 @@ pub(crate) fn is_kazoo_node(name: &str) -> bool {
 mod tests {
     use super::*;
     use crate::store::{sort_sequenced, Child};
+
+    #[test]
+    fn only_names_ending_in_a_sequence_are_sequenced() {
+        assert!(is_sequenced("lock-0000000007", CURATOR_LOCK));
+        assert!(is_sequenced(
+            "_c_0b1e8a52-6d3f-lock-0000000007",
+            CURATOR_LOCK
+        ));
+        assert!(is_sequenced("lock--000000001", CURATOR_LOCK));
+        for name in [
+            "clock-sync",
+            "lock-",
+            "lock-12",
+            "lock-00000000070",
+            "lock-000000007x",
+        ] {
+            assert!(!is_sequenced(name, CURATOR_LOCK), "{name}");
+        }
+    }
 
     #[test]
     fn kazoo_and_curator_nodes_order_by_their_common_sequence() {

@@ -89,7 +89,8 @@ impl Predicate for ByKind {
 ///
 /// A hold belongs to the task that took it (outside a task, the thread), as
 /// Curator's belong to threads: through one value and its clones, a task
-/// is refused the write lock while it holds the read lock, and either lock
+/// is refused the write lock while it holds the read lock, the read lock
+/// again while it holds it (use [`ReadGuard::reenter`]), and either lock
 /// while it holds the write lock, because each would wait for itself
 /// forever; another task waits. A guard moved to another task still counts
 /// for the one that took it: a task that hands its guard over and then

@@ -30,7 +30,9 @@
 //! maximum of 0 fail at once with [`Error::InvalidArgument`] (Curator
 //! self-deadlocks on `qty > max` until its timeout), and every lease is an
 //! owned [`Lease`] with a fencing token and a lost signal, released in the
-//! background if dropped.
+//! background if dropped. `acquire(qty)` takes all its leases under one
+//! hold of the internal lock, where Curator takes the lock once per lease
+//! and two acquirers of several leases each can deadlock.
 
 mod acquire;
 mod kazoo;
