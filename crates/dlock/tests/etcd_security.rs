@@ -114,7 +114,12 @@ async fn a_namespace_keeps_every_key_below_it() -> Result<()> {
 /// A private etcd with authentication on: `root`, and `alice` whose only
 /// role may read and write keys below `/app/`.
 fn etcd_with_auth() -> Result<EtcdServer> {
-    let etcd = EtcdServer::start()?;
+    etcd_with_auth_by(EtcdOptions::default())
+}
+
+/// [`etcd_with_auth`], started with `options`.
+fn etcd_with_auth_by(options: EtcdOptions) -> Result<EtcdServer> {
+    let etcd = EtcdServer::start_with(options)?;
     for args in [
         &["user", "add", "root:rootpw"][..],
         &["user", "grant-role", "root", "root"],
@@ -249,6 +254,123 @@ async fn tls_with_a_test_ca_and_client_certificates() -> Result<()> {
         "missing CA file: {err:?}"
     );
 
+    session.close().await;
+    other.close().await;
+    Ok(())
+}
+
+/// The KV requests etcd at `port` has started so far.
+fn kv_requests(port: u16) -> Result<u64> {
+    let (_, body) = dlock_testkit::http_get(port, "/metrics")?;
+    let started = body
+        .lines()
+        .filter(|l| l.starts_with("grpc_server_started_total{"))
+        .filter(|l| l.contains("grpc_service=\"etcdserverpb.KV\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    Ok(started.sum::<f64>() as u64)
+}
+
+/// A waiter whose watch stream was opened with a token that expired since
+/// (unused for `--auth-token-ttl`; its lease renewals do not use it) waits
+/// again as any waiter: etcd refuses the new watch on that stream
+/// (etcd#12385; 3.4 answers it as watch -1 and reads nothing more from
+/// the stream), and the stream is opened again with a fresh token. Before,
+/// the refusal went unheard and the waiter waited for ever after the lock
+/// came free; nor may it turn into a wait that lists, arms, is refused and
+/// lists again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_refused_for_an_expired_token_is_armed_with_a_fresh_one() -> Result<()> {
+    let etcd = EtcdServer::start_with(EtcdOptions {
+        extra_args: vec!["--auth-token-ttl=2".into()],
+        ..EtcdOptions::default()
+    })?;
+    for args in [
+        &["user", "add", "root:rootpw"][..],
+        &["user", "grant-role", "root", "root"],
+        &["auth", "enable"],
+    ] {
+        etcd.etcdctl(args)?;
+    }
+    let url = format!("etcd://root:rootpw@{}", etcd.endpoint());
+    let (a, b) = (connect(&url).await?, connect(&url).await?);
+    let path = "/expiring/lock";
+    let wait_behind = |holder: &Session| {
+        let (holder, b) = (holder.clone(), b.clone());
+        async move {
+            let held = Mutex::new(&holder, path)?.acquire().await?;
+            let waiter = tokio::spawn(async move { Mutex::new(&b, path)?.acquire().await });
+            while holder.children(path).await?.len() < 2 {
+                tokio::task::yield_now().await;
+            }
+            anyhow::Ok((held, waiter))
+        }
+    };
+    // b's watch stream opens with its first token.
+    let (held, waiter) = wait_behind(&a).await?;
+    held.release().await?;
+    waiter.await??.release().await?;
+    // Unused for longer than its lifetime, b's token expires: only time
+    // tells.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (held, waiter) = wait_behind(&a).await?;
+    // The wait settles into one watch, which asks nothing more; a watch
+    // refused and looked at again would ask several times per second.
+    let settled = kv_requests(etcd.port())?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let asked = kv_requests(etcd.port())? - settled;
+    ensure!(asked <= 3, "{asked} KV requests in one second of waiting");
+    ensure!(!waiter.is_finished(), "still held by a");
+    held.release().await?;
+    let got = tokio::time::timeout(Duration::from_secs(10), waiter).await???;
+    got.release().await?;
+    let left = keys_below(&a, "/expiring").await?;
+    ensure!(left.is_empty(), "left behind: {left:#?}");
+    a.close().await;
+    b.close().await;
+    Ok(())
+}
+
+/// With JWT tokens (which carry the auth store's revision they were issued
+/// at), a change to users or roles makes etcd refuse every token issued
+/// before it ("revision of auth store is old"): a session's next request
+/// takes a fresh token and goes through, as with Go's client, instead of
+/// failing for good as if its credentials were wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_to_users_leaves_sessions_working() -> Result<()> {
+    // The test CA's key pair signs and checks the tokens.
+    let keys = TestCerts::generate()?;
+    let etcd = etcd_with_auth_by(EtcdOptions {
+        extra_args: vec![format!(
+            "--auth-token=jwt,pub-key={},priv-key={},sign-method=ES256",
+            keys.server_cert.display(),
+            keys.server_key.display()
+        )],
+        ..EtcdOptions::default()
+    })?;
+    let url = format!("etcd://alice:alicepw@{}/app", etcd.endpoint());
+    let (session, other) = (connect(&url).await?, connect(&url).await?);
+    let path = "/jobs/lock";
+    // A wait behind `other`, through the session's watch stream.
+    let wait_behind_other = || async {
+        let held = Mutex::new(&other, path)?.acquire().await?;
+        let waiting = Mutex::new(&session, path)?;
+        let waiter = tokio::spawn(async move { waiting.acquire().await });
+        while other.children(path).await?.len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        held.release().await?;
+        let got = tokio::time::timeout(Duration::from_secs(10), waiter).await???;
+        got.release().await?;
+        anyhow::Ok(())
+    };
+    wait_behind_other().await?;
+    etcd.etcdctl(&["--user", "root:rootpw", "user", "add", "bob:bobpw"])?;
+    ensure!(
+        session.exists(path).await?.is_none(),
+        "read after the change"
+    );
+    // Its watch stream's token is stale too.
+    wait_behind_other().await?;
     session.close().await;
     other.close().await;
     Ok(())

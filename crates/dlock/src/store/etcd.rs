@@ -373,9 +373,21 @@ impl EtcdStore {
         path: &str,
         lease: SessionId,
     ) -> Result<T> {
-        match tokio::time::timeout(self.lease.op_timeout(), request).await {
+        let limit = self.lease.op_timeout();
+        match tokio::time::timeout(limit, request).await {
             Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(self.fail(map_error(&e, self.endpoint()), path, lease)),
+            Ok(Err(e)) => {
+                let failure = map_error(&e, self.endpoint());
+                if failure == Failure::StaleToken {
+                    // Every token issued before a change to users or roles
+                    // is refused from then on: take a fresh one for the
+                    // retry, as Go's client does (etcd-client renews only
+                    // on `UNAUTHENTICATED`).
+                    let renewed = self.lease.client.refresh_token();
+                    let _ = tokio::time::timeout(limit, renewed).await;
+                }
+                Err(self.fail(failure, path, lease))
+            }
             Err(_) => Err(Error::ConnectionLoss),
         }
     }

@@ -28,6 +28,9 @@ pub(super) enum Failure {
     LeaseGone,
     /// The credentials were rejected (or are needed).
     Auth(String),
+    /// The token predates a change to users or roles ("revision of auth
+    /// store is old"): refused unapplied; a fresh token serves.
+    StaleToken,
     /// The user lacks the permission.
     NoAuth(String),
     /// The revision asked for was compacted away.
@@ -42,7 +45,7 @@ impl Failure {
     /// The contract's error for a request on `path`.
     pub fn into_error(self, path: &str) -> Error {
         match self {
-            Failure::Connection(_) => Error::ConnectionLoss,
+            Failure::Connection(_) | Failure::StaleToken => Error::ConnectionLoss,
             Failure::LeaseGone => Error::SessionExpired,
             Failure::Auth(why) => Error::AuthFailed(why),
             Failure::NoAuth(_) => Error::NoAuth {
@@ -77,6 +80,7 @@ pub(super) fn map_error(e: &etcd_client::Error, endpoint: &str) -> Failure {
                 code::UNAUTHENTICATED => Failure::Auth(message),
                 code::PERMISSION_DENIED => Failure::NoAuth(message),
                 code::OUT_OF_RANGE if lower.contains("compacted") => Failure::Compacted,
+                _ if lower.contains("revision of auth store is old") => Failure::StaleToken,
                 code::INVALID_ARGUMENT | code::FAILED_PRECONDITION
                     if lower.contains("auth") || lower.contains("user name is empty") =>
                 {

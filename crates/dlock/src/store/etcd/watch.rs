@@ -54,6 +54,12 @@
 //!   possible for explicit start revisions, which etcd may still use for a
 //!   catching-up watcher) reads again, fires if what it watched changed,
 //!   or is armed again from the read.
+//! - With authentication on, etcd checks a new watch against the token its
+//!   stream was opened with, which expires unused (`--auth-token-ttl`),
+//!   while unary requests take a fresh one (etcd#12385). etcd 3.4 answers
+//!   such a watch as watch -1 and reads nothing more from the stream, so
+//!   every watch on it would wait for ever: the stream is opened again,
+//!   with a fresh token.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -197,7 +203,7 @@ impl Pending {
 /// delivered is recorded in the [`Mirrors`].
 struct Shared {
     dir: String,
-    /// The last revision delivered (on this stream or an earlier one).
+    /// The last revision delivered on this stream (its start, once open).
     delivered: i64,
     subscribers: HashMap<i64, Pending>,
     /// When the last subscriber left.
@@ -254,6 +260,18 @@ fn judge(kind: Kind, path: &str, event: &etcd_client::Event) -> Verdict {
         }
         (Kind::Children, _) => Verdict::Ignore,
     }
+}
+
+/// Whether etcd cancelled a watch for want of permission: for the stream's
+/// expired or outdated token, or for what it watches.
+fn refused(response: &WatchResponse) -> bool {
+    let reason = response.cancel_reason().to_ascii_lowercase();
+    let refusals = [
+        "permission denied",
+        "auth token",
+        "revision of auth store is old",
+    ];
+    response.canceled() && refusals.iter().any(|r| reason.contains(r))
 }
 
 /// What a put or a delete of a watched node's own key means.
@@ -353,9 +371,14 @@ struct Dispatcher {
     internal_rx: mpsc::UnboundedReceiver<Internal>,
     /// Kept up to date with every shared watch's events.
     mirrors: Mirrors,
+    /// When the stream was last opened again with a fresh auth token.
+    token_renewed: Option<Instant>,
 }
 
 const OPEN_LIMIT: Duration = Duration::from_secs(5);
+/// A watch refused again this soon after the stream's token was renewed
+/// is refused for what it watches, not for the token.
+const TOKEN_RETRY: Duration = Duration::from_secs(10);
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 impl Dispatcher {
@@ -374,6 +397,7 @@ impl Dispatcher {
             internal_tx,
             internal_rx,
             mirrors,
+            token_renewed: None,
         }
     }
 
@@ -617,6 +641,12 @@ impl Dispatcher {
                 sub.covered = sub.covered.max(shared.delivered);
                 sub.unconfirmed = true;
             }
+            // A later subscriber is covered only as far as the new stream
+            // delivers: a member behind the old one replays revisions the
+            // old stream delivered, and one of them may be the deletion
+            // that subscriber waits for (its arming read came after the
+            // old stream's delivery but before the deletion's).
+            shared.delivered = 0;
         }
         let options = |this: &Self, id: i64| match this.pending.get(&id) {
             Some(w) => w.options(id),
@@ -640,6 +670,31 @@ impl Dispatcher {
         }
         self.stream = Some(Stream { sender, responses });
         self.backoff = Duration::from_millis(50);
+    }
+
+    /// After a watch was refused for the stream's token: etcd checks a new
+    /// watch against the token the stream was opened with (etcd#12385),
+    /// which expires when unused (`--auth-token-ttl`, 5 minutes by
+    /// default; renewals of the session's lease do not use it), while the
+    /// unary requests renew theirs. Takes a fresh token and opens the
+    /// stream again with every watch, which resume as after a break.
+    /// `false` (the watch was refused for what it watches) if that was done
+    /// within [`TOKEN_RETRY`] already, or the token could not be had.
+    async fn renew_token(&mut self) -> bool {
+        if self
+            .token_renewed
+            .is_some_and(|at| at.elapsed() < TOKEN_RETRY)
+        {
+            return false;
+        }
+        self.token_renewed = Some(Instant::now());
+        let renewed = tokio::time::timeout(OPEN_LIMIT, self.client.refresh_token()).await;
+        if !matches!(renewed, Ok(Ok(()))) {
+            return false;
+        }
+        tracing::debug!("etcd refused a watch for the stream's auth token; opening it again");
+        self.reopen().await;
+        true
     }
 
     /// The stream failed: open it again after a backoff; watches resume
@@ -717,6 +772,18 @@ impl Dispatcher {
 
     async fn on_response(&mut self, response: WatchResponse) {
         let id = response.watch_id();
+        if refused(&response) {
+            // Refused before it took our id (etcd 3.4 answers -1, and
+            // reads nothing more from the stream): every watch on it is
+            // stuck. Opened again, they resume as after a break.
+            let stuck = !(self.pending.contains_key(&id) || self.shared.contains_key(&id));
+            if self.renew_token().await {
+                return;
+            }
+            if stuck {
+                return self.broken(response.cancel_reason());
+            }
+        }
         if self.shared.contains_key(&id) {
             return self.on_shared_response(id, response).await;
         }
