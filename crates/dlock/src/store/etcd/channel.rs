@@ -18,7 +18,7 @@
 //! goes to the next member (trying them in turn, from the one after):
 //! - when the connection fails, or a ping goes unanswered;
 //! - when a caller gives up on a request, or on a stream it sent a
-//!   message on, that has had no answer for [`STALLED`]: a frozen member
+//!   message on, that has had no answer for [`stalled_after`]: a frozen member
 //!   (a paused process, a stuck disk) keeps its connections open and
 //!   answers nothing, not even pings, and the lease's renewals, which give
 //!   up after a third of its TTL, must reach another member before the
@@ -65,13 +65,27 @@ pub(super) const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
 const CONNECTION_WINDOW: u32 = 5 * 1024 * 1024;
 /// How long a request may go unanswered before a caller that gives up on
-/// it closes its connection (see the module docs).
+/// it closes its connection (see the module docs), at most.
 const STALLED: Duration = Duration::from_secs(1);
+
+/// How long a request may go unanswered before a caller that gives up on
+/// it closes its connection, for leases of `ttl`: [`STALLED`], or less
+/// for a TTL under 4 s — a renewal waits at most a third of the TTL, and
+/// its giving up must count, or a frozen member is never left and the
+/// lease runs out.
+pub(super) fn stalled_after(ttl: Duration) -> Duration {
+    STALLED.min(ttl / 4)
+}
 
 /// A channel over the members at `urls` (`http://host:port`), or `None`
 /// if any of them is not plain HTTP: then tonic's channel is used.
-/// Connections run on `runtime` (the store's).
-pub(super) fn direct(urls: &[String], runtime: &tokio::runtime::Handle) -> Option<Channel> {
+/// Connections run on `runtime` (the store's); a request unanswered for
+/// `stalled` closes its connection when its caller gives up.
+pub(super) fn direct(
+    urls: &[String],
+    runtime: &tokio::runtime::Handle,
+    stalled: Duration,
+) -> Option<Channel> {
     let members = urls
         .iter()
         .map(|url| {
@@ -88,6 +102,7 @@ pub(super) fn direct(urls: &[String], runtime: &tokio::runtime::Handle) -> Optio
             next: AtomicUsize::new(0),
             current: StdMutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
+            stalled,
         }),
     };
     let service = tower::util::BoxCloneSyncService::new(service);
@@ -108,6 +123,8 @@ struct Shared {
     /// Held while connecting, so that concurrent requests on a broken
     /// connection make one new connection, not one each.
     connecting: tokio::sync::Mutex<()>,
+    /// See [`stalled_after`].
+    stalled: Duration,
 }
 
 #[derive(Clone)]
@@ -231,13 +248,16 @@ async fn connect(
     Ok((sender, task.abort_handle()))
 }
 
-/// Whether a wait that began at `since` (if one did) lasted [`STALLED`].
-fn stalled(since: Option<tokio::time::Instant>) -> bool {
-    since.is_some_and(|t| t.elapsed() >= STALLED)
+impl Shared {
+    /// Whether a wait that began at `since` (if one did) lasted
+    /// [`stalled_after`] the TTL.
+    fn stalled(&self, since: Option<tokio::time::Instant>) -> bool {
+        since.is_some_and(|t| t.elapsed() >= self.stalled)
+    }
 }
 
 /// A request's wait for its answer: if the caller gives up on it (drops
-/// it) after [`STALLED`] without one, the connection is closed.
+/// it) after [`stalled_after`] without one, the connection is closed.
 struct Unanswered<'a> {
     shared: &'a Shared,
     connection: &'a Connection,
@@ -247,7 +267,7 @@ struct Unanswered<'a> {
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
-        if stalled(self.since) {
+        if self.shared.stalled(self.since) {
             self.shared.leave(self.connection);
         }
     }
@@ -255,7 +275,7 @@ impl Drop for Unanswered<'_> {
 
 /// Since when a stream's latest message has been waiting for an answer
 /// (`None`: not waiting). If the stream's owner drops it after
-/// [`STALLED`] without one, the connection is closed.
+/// [`stalled_after`] without one, the connection is closed.
 #[derive(Clone)]
 struct Waiting {
     shared: Arc<Shared>,
@@ -277,7 +297,10 @@ impl Waiting {
 
     /// The stream's owner gives up on it.
     fn give_up(&self) {
-        if stalled(*self.since.lock().expect("waiting clock poisoned")) {
+        if self
+            .shared
+            .stalled(*self.since.lock().expect("waiting clock poisoned"))
+        {
             self.shared.leave(&self.connection);
         }
     }

@@ -172,7 +172,9 @@ pub(super) async fn connect_client(
     let limit = Duration::from_secs(config.ttl_secs.clamp(5, 30) as u64);
     // Plain-text members get dlock's own channel (with the same connect
     // timeout and keep-alive); TLS keeps tonic's.
-    let connected = match super::channel::direct(&config.urls, runtime) {
+    let ttl = Duration::from_secs(config.ttl_secs.max(1) as u64);
+    let stalled = super::channel::stalled_after(ttl);
+    let connected = match super::channel::direct(&config.urls, runtime, stalled) {
         Some(channel) => tokio::time::timeout(limit, authenticated(channel, options)).await,
         None => tokio::time::timeout(limit, Client::connect(&config.urls, Some(options))).await,
     };
