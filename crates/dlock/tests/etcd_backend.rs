@@ -839,6 +839,48 @@ async fn an_unreachable_cluster_is_named() -> Result<()> {
     Ok(())
 }
 
+/// A full database (etcd's NOSPACE alarm, raised when the backend passes
+/// its quota) refuses writes until an operator compacts it and disarms the
+/// alarm: a write fails at once, naming it, and is not retried as if the
+/// connection had failed (which ended in `ConnectionLoss` after every
+/// retry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_database_fails_writes_naming_it() -> Result<()> {
+    let server = EtcdServer::start_with(dlock_testkit::EtcdOptions {
+        extra_args: vec!["--quota-backend-bytes=1048576".into()],
+        ..Default::default()
+    })?;
+    let session = etcd_session(server.endpoint(), Duration::from_secs(6)).await?;
+    let data = vec![b'x'; 256 * 1024];
+    let (mut written, mut refused) = (Vec::new(), None);
+    for i in 0..64 {
+        let node = format!("/full/{i}");
+        match session.create(&node, &data, persistent()).await {
+            Ok(_) => written.push(node),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let refused = refused.context("1 MiB of quota took 16 MiB")?;
+    ensure!(
+        matches!(&refused, Error::Backend(why) if why.contains("space exceeded")),
+        "{refused:?}"
+    );
+    // Deletes are still allowed.
+    for node in written {
+        session.delete(&node, None).await?;
+    }
+    ensure!(session
+        .children("/full")
+        .await
+        .unwrap_or_default()
+        .is_empty());
+    session.close().await;
+    Ok(())
+}
+
 /// A multi is one transaction, yet behaves as ZooKeeper's ordered
 /// operations: later operations see earlier ones on the same path, a check
 /// or delete of an implicit directory works (the delete once its children

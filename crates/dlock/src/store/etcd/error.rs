@@ -71,6 +71,14 @@ pub(super) fn map_error(e: &etcd_client::Error, endpoint: &str) -> Failure {
             let status_code: i32 = status.code().into();
             match status_code {
                 code::NOT_FOUND if lower.contains("lease not found") => Failure::LeaseGone,
+                // A full database (NOSPACE, until an operator compacts and
+                // disarms the alarm) or a message over gRPC's size limit:
+                // trying again changes nothing.
+                code::RESOURCE_EXHAUSTED
+                    if lower.contains("space exceeded") || lower.contains("larger than max") =>
+                {
+                    Failure::Other(message)
+                }
                 code::UNAVAILABLE
                 | code::DEADLINE_EXCEEDED
                 | code::CANCELLED
