@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use dlock::store::{CreateMode, CreateOptions};
-use dlock::{LockGuard, Mutex, ReadGuard, ReadWriteLock, Session, WriteGuard};
+use dlock::{FencingToken, LockGuard, Mutex, ReadGuard, ReadWriteLock, Session, WriteGuard};
 
 use crate::exit::Exit;
 use crate::Global;
@@ -176,12 +176,28 @@ async fn gather(
     sessions: &[Session],
 ) -> Result<(Vec<Duration>, f64)> {
     let mut latencies = Vec::new();
-    for task in tasks {
-        latencies.extend(task.await.context("a client panicked")??);
+    let mut tasks = tasks.into_iter();
+    let mut failed = None;
+    for task in tasks.by_ref() {
+        match task.await.context("a client panicked") {
+            Ok(Ok(laps)) => latencies.extend(laps),
+            Ok(Err(e)) | Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
     }
     let elapsed = started.elapsed().as_secs_f64();
+    // One client failed: the others stop too, and their sessions end now,
+    // not a session timeout later in the way of the next run on the path.
+    for task in tasks {
+        task.abort();
+    }
     for s in sessions {
         s.close().await;
+    }
+    if let Some(e) = failed {
+        return Err(e);
     }
     latencies.sort_unstable();
     Ok((latencies, elapsed))
@@ -193,13 +209,20 @@ struct Shared {
     writers: AtomicI64,
     readers: AtomicI64,
     leased: AtomicI64,
+    /// The largest fencing token of an exclusive hold so far.
+    fence: AtomicI64,
     violations: AtomicU64,
 }
 
 impl Shared {
-    fn enter_exclusive(&self) {
+    /// An exclusive hold fenced by `token`. Two holders inside at once are
+    /// caught only if their checks meet; a holder whose token is not
+    /// larger than every earlier exclusive holder's is caught whenever it
+    /// holds: it was let in out of order, while or after a later one held.
+    fn enter_exclusive(&self, token: FencingToken) {
         if self.writers.fetch_add(1, Ordering::SeqCst) != 0
             || self.readers.load(Ordering::SeqCst) != 0
+            || self.fence.fetch_max(token.0, Ordering::SeqCst) >= token.0
         {
             self.violations.fetch_add(1, Ordering::SeqCst);
         }
@@ -239,7 +262,7 @@ impl Client {
         let mutex = Mutex::new(&self.session, &self.path)?;
         let mut laps = Laps::until(self.deadline);
         while laps.go_on() {
-            let inside = || self.shared.enter_exclusive();
+            let inside = |held: &LockGuard| self.shared.enter_exclusive(held.token());
             laps.hold(mutex.acquire(), inside, LockGuard::release)
                 .await?;
         }
@@ -256,10 +279,10 @@ impl Client {
             x ^= x >> 17;
             x ^= x << 5;
             if x % write_every == 0 {
-                let inside = || self.shared.enter_exclusive();
+                let inside = |held: &WriteGuard| self.shared.enter_exclusive(held.token());
                 laps.hold(rw.write(), inside, WriteGuard::release).await?;
             } else {
-                let inside = || self.shared.enter_shared();
+                let inside = |_: &ReadGuard| self.shared.enter_shared();
                 laps.hold(rw.read(), inside, ReadGuard::release).await?;
             }
         }
@@ -270,7 +293,7 @@ impl Client {
         let semaphore = dlock::Semaphore::new(&self.session, &self.path, leases)?;
         let mut laps = Laps::until(self.deadline);
         while laps.go_on() {
-            let inside = || self.shared.enter_lease(leases);
+            let inside = |_: &dlock::Lease| self.shared.enter_lease(leases);
             laps.hold(semaphore.acquire_one(), inside, dlock::Lease::release)
                 .await?;
         }
@@ -286,7 +309,7 @@ impl Client {
                 latch.start()?;
                 latch.await_leadership().await
             };
-            let inside = || self.shared.enter_exclusive();
+            let inside = |term: &dlock::Leadership| self.shared.enter_exclusive(term.epoch());
             laps.hold(lead, inside, |_leadership| latch.close()).await?;
         }
         Ok(laps.latencies)
@@ -344,7 +367,7 @@ impl Laps {
     async fn hold<H, Released>(
         &mut self,
         acquire: impl Future<Output = dlock::Result<H>>,
-        inside: impl FnOnce(),
+        inside: impl FnOnce(&H),
         release: impl FnOnce(H) -> Released,
     ) -> Result<()>
     where
@@ -353,7 +376,7 @@ impl Laps {
         let t0 = Instant::now();
         let held = acquire.await?;
         self.latencies.push(t0.elapsed());
-        inside();
+        inside(&held);
         release(held).await?;
         Ok(())
     }

@@ -302,7 +302,7 @@ pub async fn inspect(global: &Global, args: InspectArgs) -> Result<u8> {
                 p.role.as_str(),
                 format!("{:#x}", p.session),
                 p.token,
-                String::from_utf8_lossy(&p.data),
+                printable(&p.data),
                 p.node,
                 if notes.is_empty() {
                     String::new()
@@ -313,6 +313,19 @@ pub async fn inspect(global: &Global, args: InspectArgs) -> Result<u8> {
         }
     }
     Ok(0)
+}
+
+/// Node data as one line of text: control characters (a newline, a
+/// terminal's escape sequences), which any client may have written, are
+/// shown escaped, not sent to the terminal.
+fn printable(data: &[u8]) -> String {
+    let text = String::from_utf8_lossy(data);
+    text.chars()
+        .flat_map(|c| match c.is_control() {
+            true => c.escape_default().collect::<Vec<_>>(),
+            false => vec![c],
+        })
+        .collect()
 }
 
 /// Arguments of `semaphore`.
@@ -930,4 +943,18 @@ async fn counter_in(session: Session, command: CounterCommand) -> Result<u8> {
             report(&path, &format!("{expected} -> {value}"), &result, json)
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn control_characters_in_node_data_are_shown_escaped() {
+        assert_eq!(
+            printable(b"10.0.0.5\n\x1b[2Jgone"),
+            "10.0.0.5\\n\\u{1b}[2Jgone"
+        );
+        assert_eq!(printable("café\t".as_bytes()), "café\\t");
+    }
 }

@@ -954,7 +954,51 @@ fn an_elect_timeout_closes_its_candidacy(endpoint: &str) {
     assert_eq!(leader.finish(), Some(0));
 }
 
+/// `bench`: every workload runs with a few clients, counts what they did
+/// and finds no violation — for the mutex, the write half and the
+/// election, also none of holders let in out of their fencing tokens'
+/// order.
+fn bench_runs_every_workload_without_violations(endpoint: &str) {
+    let workloads: [(&str, &[&str]); 7] = [
+        ("mutex", &[]),
+        ("rwlock", &["--write-every", "2"]),
+        ("semaphore", &["--leases", "2"]),
+        ("election", &[]),
+        ("counter", &["--rounds", "5"]),
+        ("double-barrier", &[]),
+        ("raw", &[]),
+    ];
+    for (workload, extra) in workloads {
+        let path = unique(&format!("bench-{workload}"));
+        let out = dlock_on(endpoint)
+            .args(["bench", workload, "--clients", "3", "--seconds", "0.3"])
+            .args(["--path", &path])
+            .args(extra)
+            .output()
+            .unwrap();
+        let line = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{workload}: {line}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let fields: std::collections::HashMap<&str, &str> = line
+            .split_whitespace()
+            .filter_map(|field| field.split_once('='))
+            .collect();
+        assert_eq!(fields.get("recipe"), Some(&workload), "{line}");
+        assert_eq!(fields.get("violations"), Some(&"0"), "{line}");
+        let ops: u64 = fields["ops"].parse().unwrap();
+        assert!(ops > 0, "{line}");
+        if workload == "counter" {
+            // Counters persist by design.
+            common::remove(endpoint, &[&path]);
+        }
+    }
+}
+
 on_every_server!(
+    bench_runs_every_workload_without_violations,
     lock_processes_never_overlap,
     the_command_gets_the_token_and_its_exit_code_is_kept,
     a_frozen_holder_loses_the_lock_and_stops_its_command,
