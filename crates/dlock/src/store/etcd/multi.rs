@@ -394,6 +394,11 @@ pub(super) fn plan(ops: &[Op], cx: &Context<'_>) -> std::result::Result<Plan, St
                             ));
                         }
                         Some(s) if s.exists && s.created.is_some() => {}
+                        // Once per ancestor: creates in one directory share
+                        // it, and etcd takes at most 128 compares.
+                        _ if conds
+                            .iter()
+                            .any(|(_, c)| matches!(c, Cond::NotEphemeral(a) if a == ancestor)) => {}
                         _ => conds.push((index, Cond::NotEphemeral(ancestor.to_string()))),
                     }
                 }
