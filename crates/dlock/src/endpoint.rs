@@ -391,6 +391,13 @@ impl FromStr for Endpoint {
                                 return Err(fail("option \"token\" has an empty value".into()));
                             }
                             let value = percent_decode(value).map_err(&fail)?;
+                            // An HTTP header cannot carry it.
+                            if value.chars().any(char::is_control) {
+                                return Err(fail(
+                                    "option \"token\" holds a control character (a newline?)"
+                                        .into(),
+                                ));
+                            }
                             if token.replace(value).is_some() {
                                 return Err(fail("option \"token\" is given twice".into()));
                             }
@@ -657,6 +664,14 @@ mod tests {
         let err = "consul://u:p@h:1".parse::<Endpoint>().unwrap_err();
         assert!(err.to_string().contains("ACL token"), "{err}");
         assert!(refused("consul://h:1?lock-delay=soon").contains("whole seconds"));
+        // A token an HTTP header cannot carry is refused here, not taken
+        // for an agent that cannot be reached.
+        let err = "consul://h:1?token=s3cret%0A"
+            .parse::<Endpoint>()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("control character"), "{err}");
+        assert!(!err.contains("s3cret"), "{err}");
     }
 
     #[test]

@@ -261,6 +261,39 @@ async fn a_lock_delay_refuses_the_name_for_its_duration() -> Result<()> {
     Ok(())
 }
 
+/// An agent that answers but cannot serve — a client agent cut off from its
+/// servers answers HTTP 500, "No known Consul servers" — is left for the
+/// next agent the endpoint names, as a silent one is: a session opens, and
+/// locks, through the next. (Before, every try went to the first, until
+/// the open gave up: `Unreachable`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_cannot_serve_is_left_for_the_next() -> Result<()> {
+    let broken = ConsulServer::start_with(ConsulOptions {
+        client_without_servers: true,
+        ..ConsulOptions::default()
+    })?;
+    let (status, body) = broken.http("PUT", "/v1/kv/probe", Some("x"))?;
+    ensure!(
+        status == 500,
+        "a client agent without servers: {status} {body}"
+    );
+    let healthy = ConsulServer::start()?;
+    let url = format!("consul://{},{}", broken.endpoint(), healthy.endpoint());
+    let options = SessionOptions::default().with_session_timeout(TTL);
+    let session = dlock::connect_with(&url, options).await?;
+    let held = Mutex::new(&session, "/left/lock")?
+        .acquire_timeout(WITHIN)
+        .await?;
+    let nodes = kv_get(&healthy, "left/lock/", "?recurse")?.unwrap_or_default();
+    ensure!(
+        nodes.len() == 1,
+        "the lock's node, on the agent that serves: {nodes:?}"
+    );
+    held.release().await?;
+    session.close().await;
+    Ok(())
+}
+
 /// An ACL token whose policy allows `key_prefix "app/"` works below that
 /// prefix; outside it every write is `NoAuth` naming the path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

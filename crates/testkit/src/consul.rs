@@ -33,6 +33,12 @@ pub struct ConsulOptions {
     pub raft_multiplier: u32,
     /// More command-line flags, placed after the defaults.
     pub extra_args: Vec<String>,
+    /// A client agent that knows no server, instead of a dev agent (a
+    /// single server): it answers every request that needs a server with
+    /// HTTP 500 ("No known Consul servers"), as a client agent cut off from
+    /// its servers does. Ready once its HTTP API answers. Single agents
+    /// only.
+    pub client_without_servers: bool,
     /// How long to wait until the agent (every member) knows a leader and
     /// is registered (default 30 s).
     pub startup_timeout: Duration,
@@ -44,6 +50,7 @@ impl Default for ConsulOptions {
             port: None,
             raft_multiplier: 1,
             extra_args: Vec::new(),
+            client_without_servers: false,
             startup_timeout: Duration::from_secs(30),
         }
     }
@@ -124,6 +131,7 @@ impl Flavor for Consul {
         let p = layout.ports();
         let mut args: Vec<String> = vec!["agent".into()];
         match layout.me {
+            None if self.opts.client_without_servers => {}
             None => args.push("-dev".into()),
             Some(me) => {
                 args.extend(["-server".into(), "-bootstrap-expect".into()]);
@@ -175,6 +183,10 @@ impl Flavor for Consul {
     }
 
     fn ready(&self, m: &Member) -> bool {
+        if self.opts.client_without_servers {
+            let answer = http_request(m.port(), "GET", "/v1/agent/self", None);
+            return matches!(answer, Ok((200, _)));
+        }
         consul_leader(m.port()).is_some() && consul_node_healthy(m.port(), &node_name(m.port()))
     }
 

@@ -74,15 +74,23 @@
 //! a session create with 500 meanwhile) tries again for up to 15 s.
 //!
 //! **Agents:** requests go to the endpoint's first agent, and to the next
-//! one when an agent refuses the connection or leaves a request
-//! unanswered (an agent that hangs still accepts connections): the
-//! session's renewals carry on through the others, and a store opens on
-//! the next agent when the first is silent (`tests/faults.rs`,
-//! `a_consul_session_outlives_a_frozen_agent`). A Consul session lives on
-//! the node of the agent that made it, though: if that node leaves the
-//! cluster (a client agent stopped for good, a dead server removed by
-//! autopilot), Consul invalidates the session, and the holds in it are
-//! lost whichever agent renews it.
+//! one when an agent refuses the connection, leaves a request unanswered
+//! (an agent that hangs still accepts connections) or answers that it
+//! cannot serve (5xx, such as a client agent cut off from its servers, or
+//! 429): the session's renewals carry on through the others, and a store
+//! opens on the next agent when the first is silent or broken
+//! (`tests/faults.rs`, `a_consul_session_outlives_a_frozen_agent`;
+//! `tests/consul_backend.rs`, `an_agent_that_cannot_serve_is_left_for_the_next`).
+//! A Consul session lives on the node of the agent that made it, though:
+//! if that node leaves the cluster, Consul invalidates the session, and the
+//! holds in it are lost whichever agent renews it. A client agent leaves
+//! not only when stopped for good: one stopped with SIGTERM (a plain
+//! `systemctl restart consul`) leaves gracefully by default
+//! (`leave_on_terminate`), and the leader then deletes its node's sessions
+//! at once; the holder learns at its next renewal, up to a third of the
+//! TTL later, while a waiter may already hold (fencing tokens still tell
+//! the two apart). So name servers in the endpoint, or agents that run
+//! with `leave_on_terminate = false`.
 //!
 //! **A holder that dies without closing** (killed, partitioned) keeps its
 //! keys until Consul invalidates the session: Consul waits twice the TTL

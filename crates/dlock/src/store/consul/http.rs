@@ -89,6 +89,19 @@ impl Http {
                 .ok()
                 .filter(|t| !t.is_empty())
         });
+        // Else every request would fail to be built, and read as an agent
+        // that cannot be reached.
+        if token
+            .as_deref()
+            .is_some_and(|t| hyper::header::HeaderValue::from_str(t).is_err())
+        {
+            return Err(Error::InvalidEndpoint {
+                url: endpoint.to_string(),
+                reason: "the ACL token (the endpoint's, or CONSUL_HTTP_TOKEN) holds a character \
+                         an HTTP header cannot carry, such as a newline"
+                    .into(),
+            });
+        }
         let tls = match tls {
             Some(files) => Some((tls_connector(endpoint, files)?, files.domain.clone())),
             None => None,
@@ -125,6 +138,15 @@ impl Http {
             match tokio::time::timeout(timeout, once).await {
                 Ok(Ok(resp)) => {
                     self.current.store(host, Ordering::Relaxed);
+                    // An agent that answers but cannot serve (a client
+                    // agent that lost its servers: "No known Consul
+                    // servers"; a server cut off from the quorum: "No
+                    // cluster leader", after its hold) is left as a silent
+                    // one is: its caller's retry, and the renewals, go to
+                    // the next agent.
+                    if resp.status >= 500 || resp.status == 429 {
+                        self.move_on_from(host);
+                    }
                     return Ok(resp);
                 }
                 Ok(Err(Failed::Connect(why))) => last = why,
