@@ -36,6 +36,21 @@
 //! - **Chroot**: a missing chroot node is created (persistent) on connect,
 //!   as Curator creates its namespace; every path stays relative to it.
 //!
+//! # A limit of the client crate: 128 KiB of watched paths per session
+//!
+//! On a reconnect, `zookeeper-client` (0.11.2, the newest there is)
+//! registers the session's watches again with `SetWatches`, in batches of
+//! at most 128 KiB of paths, each sent with the fixed xid -8 — and it files
+//! sent requests by xid, so a second batch overwrites the first and the
+//! second reply finds no request. Past 128 KiB of watched paths (about
+//! 1,300 watches on 100-byte paths: a `ChildrenCache` or an `observe` of a
+//! group that large, or that many waiters in one process) a reconnect
+//! wedges: measured with 2,500 watches on 90-byte paths and a 1 s cut of
+//! the connection, the status read `Reconnected` and the next request went
+//! unanswered for more than 10 s, while 1,000 watches came back whole.
+//! Until the crate is fixed, keep a ZooKeeper session's watches below that
+//! (one session per large cache).
+//!
 //! # Faults
 //!
 //! [`Session::faults`](crate::Session::faults) is available; what each hook does on ZooKeeper:
