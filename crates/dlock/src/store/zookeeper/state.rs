@@ -299,6 +299,14 @@ impl Inner {
                     (None, Some(deadline)) => tokio::select! {
                         state = states.changed() => state,
                         () = tokio::time::sleep_until(deadline) => {
+                            // Connected again: the timer came due with the
+                            // watcher's news of it (a busy runtime) and won.
+                            let now = states.peek_state();
+                            if matches!(now, zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly) {
+                                expiry = None;
+                                seen_first = Some(now);
+                                continue;
+                            }
                             if let Some(inner) = weak.upgrade() {
                                 tracing::debug!("ZooKeeper connection down for the session timeout: simulated expiry");
                                 inner.lose(session);
@@ -355,6 +363,17 @@ impl Inner {
             // ensemble member dies under load).
             zk::Error::Custom(e) => {
                 tracing::debug!(%path, error = %e, "connection failure: treated as a connection loss");
+                Error::ConnectionLoss
+            }
+            // The client tears a connection down with whatever broke it,
+            // failing every request in flight with that error: a reply it
+            // could not read or place. Those requests' fate is unknown, as
+            // after a connection loss. A throttled request was not applied
+            // (ZooKeeper's `throttled_op_wait_time`): it may go again.
+            zk::Error::UnexpectedError(_)
+            | zk::Error::UnmarshalError { .. }
+            | zk::Error::Throttled => {
+                tracing::debug!(%path, error = %e, "treated as a connection loss");
                 Error::ConnectionLoss
             }
             zk::Error::SessionExpired | zk::Error::SessionMoved => {
