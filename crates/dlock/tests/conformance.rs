@@ -1301,6 +1301,7 @@ macro_rules! the_contract_on {
     ($($backends:tt)+) => {
         per_backend!($($backends)+ {
     fencing_tokens_only_grow,
+    a_children_watch_hears_its_node_go_past_a_tombstone,
     ephemeral_nodes_die_with_their_session,
     ephemeral_nodes_cannot_have_children,
     versions_guard_writes,
@@ -1356,6 +1357,29 @@ the_contract_on!({
 //   numbering (`%010d` of the parent's creations, cversion): etcd has no
 //   per-directory counter; its queues order by create revision and the
 //   10-digit suffix is only unique, not counted.
+/// A children watch on a node with data and no children hears the node's
+/// deletion at once — also after a child came and went. (On Consul the
+/// prefix's index then stays at the child's tombstone, which the deletion
+/// of the node's own key, not below it, does not move: the watch heard it
+/// only when its blocking query's 30 s wait ran out.)
+async fn a_children_watch_hears_its_node_go_past_a_tombstone(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let node = h.path("/watched");
+    s.create(&node, b"x", persistent()).await?;
+    let child = format!("{node}/child");
+    s.create(&child, b"", persistent()).await?;
+    s.delete(&child, None).await?;
+    let (children, watch) = s.children_watch(&node).await?;
+    ensure!(children.is_empty(), "{children:?}");
+    s.delete(&node, None).await?;
+    let heard = tokio::time::timeout(Duration::from_secs(10), watch.changed()).await;
+    ensure!(
+        matches!(heard, Ok(dlock::store::WatchEvent::NodeDeleted)),
+        "{heard:?}"
+    );
+    Ok(())
+}
+
 per_backend!({
     embedded_numbering => crate::common::embedded(),
     zookeeper_numbering => crate::common::zookeeper(),
