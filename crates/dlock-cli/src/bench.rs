@@ -175,32 +175,45 @@ async fn gather(
     started: Instant,
     sessions: &[Session],
 ) -> Result<(Vec<Duration>, f64)> {
-    let mut latencies = Vec::new();
-    let mut tasks = tasks.into_iter();
-    let mut failed = None;
-    for task in tasks.by_ref() {
-        match task.await.context("a client panicked") {
-            Ok(Ok(laps)) => latencies.extend(laps),
-            Ok(Err(e)) | Err(e) => {
-                failed = Some(e);
-                break;
-            }
-        }
-    }
+    let laps = join_clients(tasks, sessions).await?;
     let elapsed = started.elapsed().as_secs_f64();
-    // One client failed: the others stop too, and their sessions end now,
-    // not a session timeout later in the way of the next run on the path.
-    for task in tasks {
-        task.abort();
-    }
     for s in sessions {
         s.close().await;
     }
-    if let Some(e) = failed {
-        return Err(e);
-    }
+    let mut latencies: Vec<Duration> = laps.into_iter().flatten().collect();
     latencies.sort_unstable();
     Ok((latencies, elapsed))
+}
+
+/// Every client's result, once all finished. At the first failure, as it
+/// happens, the others are stopped and every session is closed — else the
+/// others could wait for ever (a double barrier's member that never comes)
+/// and their nodes hold up the next run on the path — and it is returned.
+async fn join_clients<T>(
+    tasks: Vec<tokio::task::JoinHandle<Result<T>>>,
+    sessions: &[Session],
+) -> Result<Vec<T>> {
+    use futures::StreamExt as _;
+    let mut running: futures::stream::FuturesUnordered<_> = tasks.into_iter().collect();
+    let mut done = Vec::with_capacity(running.len());
+    while let Some(joined) = running.next().await {
+        match joined
+            .context("a client panicked")
+            .and_then(|client| client)
+        {
+            Ok(result) => done.push(result),
+            Err(e) => {
+                for task in running.iter() {
+                    task.abort();
+                }
+                for s in sessions {
+                    s.close().await;
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(done)
 }
 
 /// Who is inside the critical section, checked across all clients.
@@ -220,9 +233,10 @@ impl Shared {
     /// larger than every earlier exclusive holder's is caught whenever it
     /// holds: it was let in out of order, while or after a later one held.
     fn enter_exclusive(&self, token: FencingToken) {
+        let before = self.fence.fetch_max(token.0, Ordering::SeqCst);
         if self.writers.fetch_add(1, Ordering::SeqCst) != 0
             || self.readers.load(Ordering::SeqCst) != 0
-            || self.fence.fetch_max(token.0, Ordering::SeqCst) >= token.0
+            || before >= token.0
         {
             self.violations.fetch_add(1, Ordering::SeqCst);
         }
@@ -437,8 +451,7 @@ async fn counter_bench(args: &Bench, path: &str, sessions: Vec<Session>) -> Resu
         }));
     }
     let (mut latencies, mut failed) = (Vec::new(), 0);
-    for task in tasks {
-        let (l, f) = task.await.context("a client panicked")??;
+    for (l, f) in join_clients(tasks, &sessions).await? {
         latencies.extend(l);
         failed += f;
     }

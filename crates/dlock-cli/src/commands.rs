@@ -318,7 +318,7 @@ pub async fn inspect(global: &Global, args: InspectArgs) -> Result<u8> {
 /// Node data as one line of text: control characters (a newline, a
 /// terminal's escape sequences), which any client may have written, are
 /// shown escaped, not sent to the terminal.
-fn printable(data: &[u8]) -> String {
+pub(crate) fn printable(data: &[u8]) -> String {
     let text = String::from_utf8_lossy(data);
     text.chars()
         .flat_map(|c| match c.is_control() {

@@ -10,6 +10,7 @@ use dlock::recipes::group_member::{member_events, members_of, watch_group};
 use dlock::{GroupMember, LeaderParticipant, MemberEvent, Session};
 use futures::StreamExt;
 
+use crate::commands::printable;
 use crate::run::{self, pass_on, Signals};
 use crate::Global;
 
@@ -159,7 +160,7 @@ async fn list(session: &Session, path: &str, json: bool) -> Result<u8> {
         println!("{}", serde_json::Value::Object(object));
     } else {
         for (id, payload) in &members {
-            println!("{id} {}", text(payload));
+            println!("{} {}", printable(id.as_bytes()), printable(payload));
         }
     }
     Ok(0)
@@ -178,8 +179,8 @@ fn print_event(event: &MemberEvent, json: bool) {
         );
     } else {
         match payload {
-            Some(p) => println!("{kind} {id} {}", text(p)),
-            None => println!("{kind} {id}"),
+            Some(p) => println!("{kind} {} {}", printable(id.as_bytes()), printable(p)),
+            None => println!("{kind} {}", printable(id.as_bytes())),
         }
     }
 }

@@ -688,7 +688,7 @@ async fn waiting<T>(path: &str, session: &Session, acquire: impl Future<Output =
 }
 
 fn describe(p: &dlock::Contender) -> String {
-    let data = String::from_utf8_lossy(&p.data);
+    let data = crate::commands::printable(&p.data);
     format!(
         "{} (session {:#x}{}{})",
         dlock::path::node_name(&p.node),

@@ -255,14 +255,14 @@ async fn watch_recipe_parts(
     Ok(())
 }
 
-/// Whether `seen` is a kazoo semaphore: its acquirers queue at the sibling
-/// [`kazoo_semaphore_lock`], not below it.
+/// Whether `seen` is a kazoo semaphore (every lease and acquirer kazoo's):
+/// its acquirers queue at the sibling [`kazoo_semaphore_lock`], not below
+/// it.
 fn is_kazoo_semaphore(seen: &Inspection) -> bool {
+    let all = &seen.participants;
     seen.recipe == RecipeKind::Semaphore
-        && seen
-            .participants
-            .iter()
-            .any(|p| p.foreign == Some(dlock::Foreign::Kazoo))
+        && !all.is_empty()
+        && all.iter().all(|p| p.foreign == Some(dlock::Foreign::Kazoo))
 }
 
 /// Where the acquirers of a kazoo semaphore at `path` queue (kazoo's
@@ -1041,7 +1041,7 @@ mod tests {
             .expect("the acquirers' queue is watched for the semaphore");
         let waiting = kazoo(&b)?;
         let waiter = tokio::spawn(async move { waiting.acquire_one().await });
-        armed.watch.changed().await;
+        tokio::time::timeout(Duration::from_secs(20), armed.watch.changed()).await?;
         let again = scan_from(&a, &armed.rescan, armed.depth, Limits::default(), false).await?;
         model.update_under(&armed.rescan, &again, Instant::now());
         let roles = |model: &Model| -> Vec<(String, &'static str)> {

@@ -391,10 +391,10 @@ impl FromStr for Endpoint {
                                 return Err(fail("option \"token\" has an empty value".into()));
                             }
                             let value = percent_decode(value).map_err(&fail)?;
-                            // An HTTP header cannot carry it.
-                            if value.chars().any(char::is_control) {
+                            if !fits_a_header(&value) {
                                 return Err(fail(
-                                    "option \"token\" holds a control character (a newline?)"
+                                    "option \"token\" holds a character an HTTP header cannot \
+                                     carry (a control character such as a newline, or non-ASCII)"
                                         .into(),
                                 ));
                             }
@@ -499,6 +499,14 @@ fn raw_credentials(url: &str) -> Option<&str> {
 }
 
 /// Decodes `%XX` escapes (user names and passwords may hold any byte).
+/// Whether `value` can be sent as an HTTP header's value: visible ASCII,
+/// spaces and tabs (as `http::HeaderValue::from_str` takes them).
+pub(crate) fn fits_a_header(value: &str) -> bool {
+    value
+        .bytes()
+        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+}
+
 fn percent_decode(s: &str) -> std::result::Result<String, String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -670,7 +678,7 @@ mod tests {
             .parse::<Endpoint>()
             .unwrap_err()
             .to_string();
-        assert!(err.contains("control character"), "{err}");
+        assert!(err.contains("cannot carry"), "{err}");
         assert!(!err.contains("s3cret"), "{err}");
     }
 

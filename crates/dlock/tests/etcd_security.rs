@@ -273,11 +273,11 @@ fn kv_requests(port: u16) -> Result<u64> {
 /// A waiter whose watch stream was opened with a token that expired since
 /// (unused for `--auth-token-ttl`; its lease renewals do not use it) waits
 /// again as any waiter: etcd refuses the new watch on that stream
-/// (etcd#12385; 3.4 answers it as watch -1 and reads nothing more from
-/// the stream), and the stream is opened again with a fresh token. Before,
-/// the refusal went unheard and the waiter waited for ever after the lock
-/// came free; nor may it turn into a wait that lists, arms, is refused and
-/// lists again.
+/// (etcd#12385; 3.4.23 answers it as watch -1, not by the id asked for),
+/// and the stream is opened again with a fresh token. Before, the refusal
+/// went unheard and the waiter waited for ever after the lock came free;
+/// nor may it turn into a wait that lists, arms, is refused and lists
+/// again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_refused_for_an_expired_token_is_armed_with_a_fresh_one() -> Result<()> {
     let etcd = EtcdServer::start_with(EtcdOptions {
@@ -313,12 +313,14 @@ async fn a_watch_refused_for_an_expired_token_is_armed_with_a_fresh_one() -> Res
     // tells.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let (held, waiter) = wait_behind(&a).await?;
-    // The wait settles into one watch, which asks nothing more; a watch
-    // refused and looked at again would ask several times per second.
+    // The wait settles into one watch, which asks nothing more (the
+    // window may still see the waiter's listing and its gap check after
+    // the reopen); a watch refused and looked at again would ask dozens of
+    // times per second.
     let settled = kv_requests(etcd.port())?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let asked = kv_requests(etcd.port())? - settled;
-    ensure!(asked <= 3, "{asked} KV requests in one second of waiting");
+    ensure!(asked <= 10, "{asked} KV requests in one second of waiting");
     ensure!(!waiter.is_finished(), "still held by a");
     held.release().await?;
     let got = tokio::time::timeout(Duration::from_secs(10), waiter).await???;

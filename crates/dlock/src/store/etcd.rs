@@ -378,14 +378,7 @@ impl EtcdStore {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) => {
                 let failure = map_error(&e, self.endpoint());
-                if failure == Failure::StaleToken {
-                    // Every token issued before a change to users or roles
-                    // is refused from then on: take a fresh one for the
-                    // retry, as Go's client does (etcd-client renews only
-                    // on `UNAUTHENTICATED`).
-                    let renewed = self.lease.client.refresh_token();
-                    let _ = tokio::time::timeout(limit, renewed).await;
-                }
+                self.lease.renew_stale_token(&failure).await;
                 Err(self.fail(failure, path, lease))
             }
             Err(_) => Err(Error::ConnectionLoss),

@@ -299,8 +299,9 @@ async fn mutex_at(session: &Session, path: &str) -> Result<Vec<Contender>> {
 /// count allows it; so a lease node of the head's session created after its
 /// lock node is that acquirer's, still waiting — its newest one, when it
 /// asked for several (those before it were admitted). `None` if its
-/// `leases` or `locks` holds anything but those nodes: then they are
-/// ordinary directories (`/app/locks/nightly` makes `/app` no semaphore).
+/// `leases` and `locks` hold nothing, or anything but those nodes: then
+/// they are ordinary directories (`/app/locks/nightly` makes `/app` no
+/// semaphore).
 async fn semaphore_at(session: &Session, path: &str) -> Result<Option<Vec<Contender>>> {
     // The size only decides `holds`, which is worked out below instead.
     let leases = crate::Semaphore::new(session, path, u32::MAX)?
@@ -312,7 +313,9 @@ async fn semaphore_at(session: &Session, path: &str) -> Result<Option<Vec<Conten
         list.iter().all(|p| is(path::node_name(&p.node)))
     };
     let is_lease = |name: &str| is_sequenced(name, semaphore::LEASE_NAME);
-    if !named(&leases, &is_lease) || !named(&acquirers, &mutex::is_node) {
+    // Empty, they are no sign either (a `leases/` made for anything).
+    let none = leases.is_empty() && acquirers.is_empty();
+    if none || !named(&leases, &is_lease) || !named(&acquirers, &mutex::is_node) {
         return Ok(None);
     }
     let head = acquirers.iter().find(|p| p.holds);

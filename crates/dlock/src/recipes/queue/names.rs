@@ -93,15 +93,23 @@ pub(crate) fn creation_prefix(name: &str) -> Option<&str> {
 /// assert!(!is_sequenced("clock-sync", "lock-"));
 /// ```
 pub(crate) fn is_sequenced(name: &str, marker: &str) -> bool {
-    name.rsplit_once(marker).is_some_and(|(_, seq)| {
-        let digits = seq.strip_prefix('-').unwrap_or(seq);
-        (9..=10).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit())
-    })
+    name.rsplit_once(marker)
+        .is_some_and(|(_, seq)| is_sequence(seq))
+}
+
+/// Whether `seq` is a sequence suffix as ZooKeeper prints it (`%010d`):
+/// ten digits, or once the counter overflowed a minus sign and nine or ten.
+fn is_sequence(seq: &str) -> bool {
+    let (digits, lengths) = match seq.strip_prefix('-') {
+        Some(digits) => (digits, 9..=10),
+        None => (seq, 10..=10),
+    };
+    lengths.contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// Whether `name` is a kazoo lock contender's node,
 /// `<32 hex digits>__lock__<seq>` or `<32 hex digits>__rlock__<seq>`
-/// (`<seq>`: 10 digits, perhaps after a minus sign) — as kazoo writes it,
+/// (`<seq>`: a sequence suffix, see `is_sequence`) — as kazoo writes it,
 /// or dlock in [`Layout::Kazoo`].
 ///
 /// ```ignore
@@ -117,11 +125,9 @@ pub(crate) fn is_kazoo_node(name: &str) -> bool {
     else {
         return false;
     };
-    let digits = seq.strip_prefix('-').unwrap_or(seq);
     hex.bytes()
         .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        && digits.len() == 10
-        && digits.bytes().all(|b| b.is_ascii_digit())
+        && is_sequence(seq)
 }
 
 #[cfg(test)]

@@ -93,7 +93,7 @@ impl Http {
         // that cannot be reached.
         if token
             .as_deref()
-            .is_some_and(|t| hyper::header::HeaderValue::from_str(t).is_err())
+            .is_some_and(|t| !crate::endpoint::fits_a_header(t))
         {
             return Err(Error::InvalidEndpoint {
                 url: endpoint.to_string(),

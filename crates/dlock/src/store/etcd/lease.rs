@@ -142,6 +142,8 @@ pub(super) struct Lease {
     pub machine: StatusMachine<LeaseSlot>,
     /// Wakes the keep-alive loop (the end of a suspension).
     kick: Notify,
+    /// When the auth token was last renewed for a stale one.
+    token_renewed: tokio::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -302,6 +304,7 @@ impl Lease {
                 },
             ),
             kick: Notify::new(),
+            token_renewed: tokio::sync::Mutex::new(None),
         });
         lease.spawn_renewals(id);
         Ok(lease)
@@ -334,9 +337,31 @@ impl Lease {
             Ok(Err(e)) => match map_error(&e, &self.config.endpoint) {
                 // Already gone: what we wanted.
                 Failure::LeaseGone => Ok(()),
-                other => Err(other.into_error("")),
+                other => {
+                    self.renew_stale_token(&other).await;
+                    Err(other.into_error(""))
+                }
             },
             Err(_) => Err(Error::ConnectionLoss),
+        }
+    }
+
+    /// After a request failed with `failure`: if for a token older than a
+    /// change to users or roles, takes a fresh one for the retry, as Go's
+    /// client does (etcd-client renews only on `UNAUTHENTICATED`). Once
+    /// for all the requests that failed together: each renewal is a write
+    /// on the cluster.
+    pub async fn renew_stale_token(&self, failure: &Failure) {
+        if *failure != Failure::StaleToken {
+            return;
+        }
+        let mut renewed = self.token_renewed.lock().await;
+        if renewed.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
+            return;
+        }
+        let renewing = self.client.refresh_token();
+        if let Ok(Ok(())) = tokio::time::timeout(self.op_timeout(), renewing).await {
+            *renewed = Some(std::time::Instant::now());
         }
     }
 

@@ -56,12 +56,14 @@
 //!   or is armed again from the read.
 //! - With authentication on, etcd checks a new watch against the token its
 //!   stream was opened with, which expires unused (`--auth-token-ttl`),
-//!   while unary requests take a fresh one (etcd#12385). etcd 3.4 answers
-//!   such a watch as watch -1 and reads nothing more from the stream, so
-//!   every watch on it would wait for ever: the stream is opened again,
-//!   with a fresh token.
+//!   while unary requests take a fresh one (etcd#12385). etcd 3.4.23
+//!   answers a refused watch as watch -1, not by the id it was asked for,
+//!   and its watcher waited for ever: the stream is opened again with a
+//!   fresh token, and a watch refused again soon after (for what it
+//!   watches) is named by the order of the creates still unanswered, and
+//!   its watcher looks again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use etcd_client::{
@@ -270,6 +272,7 @@ fn refused(response: &WatchResponse) -> bool {
         "permission denied",
         "auth token",
         "revision of auth store is old",
+        "user name is empty",
     ];
     response.canceled() && refusals.iter().any(|r| reason.contains(r))
 }
@@ -373,6 +376,10 @@ struct Dispatcher {
     mirrors: Mirrors,
     /// When the stream was last opened again with a fresh auth token.
     token_renewed: Option<Instant>,
+    /// The watches asked for on the stream and not yet answered, in the
+    /// order asked: etcd answers creates in that order, and a refused one
+    /// as watch -1 (3.4.23), which only this order names.
+    unanswered: VecDeque<i64>,
 }
 
 const OPEN_LIMIT: Duration = Duration::from_secs(5);
@@ -398,6 +405,7 @@ impl Dispatcher {
             internal_rx,
             mirrors,
             token_renewed: None,
+            unanswered: VecDeque::new(),
         }
     }
 
@@ -479,7 +487,7 @@ impl Dispatcher {
         self.next_id += 1;
         let request = watch.options(id);
         self.pending.insert(id, watch);
-        self.open(request).await;
+        self.open(id, request).await;
     }
 
     /// Adds a node watch to its directory's shared watch, opening that if
@@ -509,7 +517,7 @@ impl Dispatcher {
                 );
                 self.mirrors.reset(&dir);
                 self.shared_by_dir.insert(dir, id);
-                self.open(self.shared[&id].options(id)).await;
+                self.open(id, self.shared[&id].options(id)).await;
                 id
             }
         };
@@ -537,13 +545,12 @@ impl Dispatcher {
 
     /// Asks the server for a watch (already registered, pending or shared)
     /// on the open stream, or opens the stream.
-    async fn open(&mut self, (key, options): (Vec<u8>, WatchOptions)) {
+    async fn open(&mut self, id: i64, (key, options): (Vec<u8>, WatchOptions)) {
         match &mut self.stream {
-            Some(stream) => {
-                if let Err(e) = stream.sender.watch(key, Some(options)).await {
-                    self.broken(&e.to_string());
-                }
-            }
+            Some(stream) => match stream.sender.watch(key, Some(options)).await {
+                Ok(()) => self.unanswered.push_back(id),
+                Err(e) => self.broken(&e.to_string()),
+            },
             None if self.retry_at.is_none() => self.reopen().await,
             // A reopen is scheduled; it will include this watch.
             None => {}
@@ -617,6 +624,7 @@ impl Dispatcher {
     async fn reopen(&mut self) {
         self.retry_at = None;
         self.stream = None;
+        self.unanswered.clear();
         self.pending.retain(|_, w| !w.tx.is_closed());
         let mut ids: Vec<i64> = self
             .pending
@@ -662,14 +670,30 @@ impl Dispatcher {
             Err(_) => return self.broken("opening the watch stream timed out"),
         };
         let (mut sender, responses) = stream.split();
+        self.unanswered.push_back(ids[0]);
         for id in &ids[1..] {
             let (key, options) = options(self, *id);
             if let Err(e) = sender.watch(key, Some(options)).await {
                 return self.broken(&e.to_string());
             }
+            self.unanswered.push_back(*id);
         }
         self.stream = Some(Stream { sender, responses });
         self.backoff = Duration::from_millis(50);
+    }
+
+    /// Watch `id` was refused: its watchers (every one of a shared watch)
+    /// look again, as after any cancel by the server.
+    fn refuse(&mut self, id: i64) {
+        if self.shared.contains_key(&id) {
+            for (_, sub) in self.remove_shared(id).subscribers {
+                let event = sub.look_again();
+                let _ = sub.tx.send(event);
+            }
+        } else if let Some(watch) = self.pending.remove(&id) {
+            let event = watch.look_again();
+            let _ = watch.tx.send(event);
+        }
     }
 
     /// After a watch was refused for the stream's token: etcd checks a new
@@ -772,16 +796,28 @@ impl Dispatcher {
 
     async fn on_response(&mut self, response: WatchResponse) {
         let id = response.watch_id();
+        if response.created() {
+            if let Some(at) = self.unanswered.iter().position(|&asked| asked == id) {
+                self.unanswered.remove(at);
+            }
+        }
         if refused(&response) {
-            // Refused before it took our id (etcd 3.4 answers -1, and
-            // reads nothing more from the stream): every watch on it is
-            // stuck. Opened again, they resume as after a break.
-            let stuck = !(self.pending.contains_key(&id) || self.shared.contains_key(&id));
             if self.renew_token().await {
                 return;
             }
-            if stuck {
-                return self.broken(response.cancel_reason());
+            // Refused as watch -1 (etcd 3.4.23; earlier 3.4 releases
+            // answered with our id): the oldest create still unanswered.
+            let ours = self.pending.contains_key(&id) || self.shared.contains_key(&id);
+            if !ours {
+                if let Some(asked) = self.unanswered.pop_front() {
+                    tracing::debug!(
+                        watch = asked,
+                        reason = response.cancel_reason(),
+                        "etcd refused a watch"
+                    );
+                    self.refuse(asked);
+                }
+                return;
             }
         }
         if self.shared.contains_key(&id) {

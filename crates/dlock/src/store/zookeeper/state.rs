@@ -368,14 +368,16 @@ impl Inner {
             // The client tears a connection down with whatever broke it,
             // failing every request in flight with that error: a reply it
             // could not read or place. Those requests' fate is unknown, as
-            // after a connection loss. A throttled request was not applied
+            // after a connection loss (while connected, the same errors are
+            // the request's own). A throttled request was not applied
             // (ZooKeeper's `throttled_op_wait_time`): it may go again.
-            zk::Error::UnexpectedError(_)
-            | zk::Error::UnmarshalError { .. }
-            | zk::Error::Throttled => {
-                tracing::debug!(%path, error = %e, "treated as a connection loss");
+            zk::Error::UnexpectedError(_) | zk::Error::UnmarshalError { .. }
+                if client.state() != zk::SessionState::SyncConnected =>
+            {
+                tracing::debug!(%path, error = %e, "torn down with its connection: a connection loss");
                 Error::ConnectionLoss
             }
+            zk::Error::Throttled => Error::ConnectionLoss,
             zk::Error::SessionExpired | zk::Error::SessionMoved => {
                 self.lose(client.session_id().0);
                 Error::SessionExpired
