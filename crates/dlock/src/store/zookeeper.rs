@@ -33,6 +33,9 @@
 //!   with the `digest` scheme and every node it creates (parents and the
 //!   chroot included) gets the ACL `auth` (creator only); without, nodes are
 //!   open to anyone (`world:anyone`), as Curator's default ACL provider does.
+//!   `digest` takes any password: a mistyped one is another identity, not
+//!   an error, until it meets a node the right one made (`NoAuth`) — and
+//!   the parents it made itself refuse the right one likewise.
 //! - **Chroot**: a missing chroot node is created (persistent) on connect,
 //!   as Curator creates its namespace; every path stays relative to it.
 //!
@@ -107,8 +110,11 @@ const PARENT_TRIES: u32 = 5;
 /// # Errors
 ///
 /// [`Error::Unreachable`] (naming the hosts) if no server answers within
-/// about the session timeout; [`Error::AuthFailed`] if the credentials are
-/// rejected; [`Error::InvalidEndpoint`] for another kind of endpoint.
+/// about the session timeout; [`Error::AuthFailed`] if the server rejects
+/// the authentication (ZooKeeper's `digest` scheme takes any password: a
+/// wrong one makes another identity, refused with [`Error::NoAuth`] on the
+/// nodes the right one made); [`Error::InvalidEndpoint`] for another kind
+/// of endpoint.
 pub async fn open(endpoint: &Endpoint, options: &SessionOptions) -> Result<Arc<dyn Store>> {
     let config = Config::from_endpoint(endpoint, options.session_timeout).await?;
     let client = state::open(&config).await?;
