@@ -385,10 +385,8 @@ impl Model {
         let mut since = HashMap::new();
         for recipe in &recipes {
             for p in &recipe.participants {
-                let known = self
-                    .since
-                    .get(&Presence::of(p))
-                    .filter(|s| s.role == p.role);
+                let presence = Presence::of(p);
+                let known = self.since.get(&presence).filter(|s| s.role == p.role);
                 if known.is_none() && p.role == Role::Holder && self.scans > 0 {
                     self.handoffs
                         .entry(recipe.path.clone())
@@ -400,7 +398,7 @@ impl Model {
                     at: now,
                     before_top: self.scans == 0,
                 };
-                since.insert(Presence::of(p), known.copied().unwrap_or(first));
+                since.insert(presence, known.copied().unwrap_or(first));
             }
         }
         let present: HashSet<&str> = recipes.iter().map(|r| r.path.as_str()).collect();
@@ -454,19 +452,15 @@ impl Model {
                                     Some(waiting)
                                 }
                             };
+                            let since = self.since.get(&Presence::of(p));
                             ParticipantRow {
                                 role: p.role.as_str(),
                                 position,
                                 fence: p.token.0,
                                 session: format!("{:#x}", p.session),
-                                for_time: self
-                                    .since
-                                    .get(&Presence::of(p))
+                                for_time: since
                                     .map_or(Duration::ZERO, |s| now.duration_since(s.at)),
-                                before_top: self
-                                    .since
-                                    .get(&Presence::of(p))
-                                    .is_none_or(|s| s.before_top),
+                                before_top: since.is_none_or(|s| s.before_top),
                                 data: String::from_utf8_lossy(&p.data).into_owned(),
                                 access: p.access.map(dlock::Access::as_str),
                                 foreign: p.foreign.map(dlock::Foreign::as_str),

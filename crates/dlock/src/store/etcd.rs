@@ -373,8 +373,7 @@ impl EtcdStore {
         path: &str,
         lease: SessionId,
     ) -> Result<T> {
-        let limit = self.lease.op_timeout();
-        match tokio::time::timeout(limit, request).await {
+        match tokio::time::timeout(self.lease.op_timeout(), request).await {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) => {
                 let failure = map_error(&e, self.endpoint());

@@ -112,7 +112,7 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
     };
     let inspection = if let Some(dot_lock) = dot_lock {
         match dot_lock {
-            Ok(layout) => Inspection {
+            DotLock::Record(layout) => Inspection {
                 limit: kv_limit(session, path, layout).await?,
                 ..found(
                     RecipeKind::KvSemaphore,
@@ -121,7 +121,7 @@ pub async fn inspect(session: &Session, path: &str) -> Result<Inspection> {
             },
             // Consul's `api.Lock` key (a ConsulLock): a mutex's one holder,
             // or none.
-            Err(holder) => found(RecipeKind::Mutex, Vec::from_iter(holder)),
+            DotLock::LockKey(holder) => found(RecipeKind::Mutex, Vec::from_iter(holder)),
         }
     } else if let Some(all) = match semaphore::is_layout(&names) {
         true => semaphore_at(session, path).await?,
@@ -375,32 +375,36 @@ async fn kazoo_semaphore_at(session: &Session, path: &str) -> Result<Vec<Contend
     Ok(all)
 }
 
-/// What the `.lock` child of `path` is: a KV semaphore's record, in dlock's
-/// or Consul's layout (`Ok`), or the key of Consul's `api.Lock` layout
-/// (`Err`), with its holder if a session owns it. `None`: someone else's
-/// file of that name, no recipe's.
-async fn dot_lock_at(
-    session: &Session,
-    path: &str,
-) -> Result<Option<std::result::Result<crate::Layout, Option<Contender>>>> {
+/// What a `.lock` child is.
+enum DotLock {
+    /// A KV semaphore's record, in dlock's or Consul's layout.
+    Record(crate::Layout),
+    /// The key of Consul's `api.Lock` layout, with its holder if a session
+    /// owns it.
+    LockKey(Option<Contender>),
+}
+
+/// What the `.lock` child of `path` is; `None`: someone else's file of
+/// that name, no recipe's.
+async fn dot_lock_at(session: &Session, path: &str) -> Result<Option<DotLock>> {
     let node = path::join(path, kv_semaphore::RECORD);
     let Some((data, stat)) = session.get_data(&node).await.found()? else {
-        return Ok(Some(Ok(crate::Layout::Curator)));
+        return Ok(Some(DotLock::Record(crate::Layout::Curator)));
     };
     if stat.ephemeral_owner != 0 {
         let foreign = consul_client(session, &node).await?;
         let holder = key_contender(Role::Holder, node, data, &stat, foreign);
-        return Ok(Some(Err(Some(holder))));
+        return Ok(Some(DotLock::LockKey(Some(holder))));
     }
     let record_in = |layout| kv_semaphore::Record::decode(layout, &node, &data).is_ok();
     if record_in(crate::Layout::Consul) {
-        return Ok(Some(Ok(crate::Layout::Consul)));
+        return Ok(Some(DotLock::Record(crate::Layout::Consul)));
     }
     // `api.Lock`'s key, released and not yet destroyed: a free lock.
     if session.tag(&node).await.found()?.flatten() == Some(CONSUL_LOCK_FLAGS) {
-        return Ok(Some(Err(None)));
+        return Ok(Some(DotLock::LockKey(None)));
     }
-    Ok(record_in(crate::Layout::Curator).then_some(Ok(crate::Layout::Curator)))
+    Ok(record_in(crate::Layout::Curator).then_some(DotLock::Record(crate::Layout::Curator)))
 }
 
 /// [`Foreign::Consul`] if a key of Consul's layouts at `node` is held by

@@ -33,7 +33,8 @@ pub(super) enum Kind {
     },
     /// A path that did not exist (no key, nothing below).
     Absent { key: String },
-    /// A path with no key but keys below (an implicit directory).
+    /// A path that exists — keys below it (an implicit directory), and
+    /// perhaps a key of its own: it ends when neither is left.
     Implicit { key: String },
     /// The children below `below` (the node's key is `key`; the root's
     /// is `None`), with this digest.
@@ -63,67 +64,17 @@ async fn run(http: &Http, kind: &Kind) -> WatchEvent {
         // A prefix's index follows the keys below it and the tombstones
         // there, not the node's own key: with a tombstone below, the
         // deletion of that key moved nothing the query blocks on, and was
-        // heard only when the query's wait ran out. So it is followed
-        // beside.
-        Kind::Children {
-            key: Some(key),
-            below,
-            ..
-        } => tokio::select! {
-            event = follow(http, kind) => event,
-            () = own_key_gone(http, key, below) => WatchEvent::NodeDeleted,
-        },
+        // heard only when the query's wait ran out. So the node is also
+        // followed as a path, its key included, which ends when neither
+        // the key nor anything below it is left.
+        Kind::Children { key: Some(key), .. } => {
+            let node = Kind::Implicit { key: key.clone() };
+            tokio::select! {
+                event = follow(http, kind) => event,
+                gone = follow(http, &node) => gone,
+            }
+        }
         _ => follow(http, kind).await,
-    }
-}
-
-/// Returns once the key `key` is gone and nothing is `below` it (the node
-/// is gone; a key gone with keys below leaves an implicit directory, whose
-/// end the children's query hears).
-async fn own_key_gone(http: &Http, key: &str, below: &str) {
-    let mut pause = Duration::from_millis(50);
-    loop {
-        let read = http
-            .send(
-                Method::GET,
-                &format!("/v1/kv/{}?consistent", encode_key(key)),
-                None,
-                WAIT,
-            )
-            .await;
-        let found = match read {
-            Ok(resp) if resp.status == 404 => None,
-            Ok(resp) if resp.status == 200 => resp
-                .json::<Vec<Entry>>("a read")
-                .ok()
-                .and_then(|entries| entries.into_iter().find(|e| e.key == key)),
-            _ => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(2));
-                continue;
-            }
-        };
-        let Some(entry) = found else {
-            let listed = http
-                .send(
-                    Method::GET,
-                    &format!("/v1/kv/{}?consistent&keys", encode_key(below)),
-                    None,
-                    WAIT,
-                )
-                .await;
-            match listed {
-                Ok(resp) if resp.status == 404 => return,
-                _ => return std::future::pending().await,
-            }
-        };
-        let data = Kind::Data {
-            key: key.to_string(),
-            created: entry.create_index,
-            modified: entry.modify_index,
-        };
-        // A data change is no event of a children watch: look again.
-        follow(http, &data).await;
     }
 }
 

@@ -382,16 +382,17 @@ impl tower::Service<Request<Body>> for Direct {
             uri.scheme = Some(Scheme::HTTP);
             uri.authority = Some(connection.member.clone());
             *head.uri_mut() = Uri::from_parts(uri)?;
-            if is_long_lived(head.uri().path()) {
-                // etcd then ends the stream when its member has no leader
-                // (refuses it at once, if it has none now: a status that
-                // retires the member), as Go's client asks for its
+            let (chunks, ended) = ready_frames(&mut body)?;
+            if !ended {
+                // A body still open is a stream (the watch stream, lease
+                // keep-alives). etcd then ends it when its member has no
+                // leader (refuses it at once, if it has none now: a status
+                // that retires the member), as Go's client asks for its
                 // watches: else a member cut off from the others, which
-                // still answers pings, keeps the stream open and silent.
+                // still answers pings, keeps it open and silent.
                 head.headers_mut()
                     .insert("hasleader", http::HeaderValue::from_static("true"));
             }
-            let (chunks, ended) = ready_frames(&mut body)?;
             let (response, mut stream) = sender.send_request(head, false).map_err(lost)?;
             let count = chunks.len();
             for (i, chunk) in chunks.into_iter().enumerate() {
@@ -437,12 +438,6 @@ impl tower::Service<Request<Body>> for Direct {
             }))
         })
     }
-}
-
-/// Whether the gRPC method at `path` is one of etcd's streams that stay
-/// open for a session's life: the watch stream and lease keep-alives.
-fn is_long_lived(path: &str) -> bool {
-    path.ends_with("/Watch") || path.ends_with("/LeaseKeepAlive")
 }
 
 /// Sends the rest of a streaming request body as its messages come; each

@@ -682,20 +682,6 @@ impl Dispatcher {
         self.backoff = Duration::from_millis(50);
     }
 
-    /// Watch `id` was refused: its watchers (every one of a shared watch)
-    /// look again, as after any cancel by the server.
-    fn refuse(&mut self, id: i64) {
-        if self.shared.contains_key(&id) {
-            for (_, sub) in self.remove_shared(id).subscribers {
-                let event = sub.look_again();
-                let _ = sub.tx.send(event);
-            }
-        } else if let Some(watch) = self.pending.remove(&id) {
-            let event = watch.look_again();
-            let _ = watch.tx.send(event);
-        }
-    }
-
     /// After a watch was refused for the stream's token: etcd checks a new
     /// watch against the token the stream was opened with (etcd#12385),
     /// which expires when unused (`--auth-token-ttl`, 5 minutes by
@@ -795,7 +781,7 @@ impl Dispatcher {
     }
 
     async fn on_response(&mut self, response: WatchResponse) {
-        let id = response.watch_id();
+        let mut id = response.watch_id();
         if response.created() {
             if let Some(at) = self.unanswered.iter().position(|&asked| asked == id) {
                 self.unanswered.remove(at);
@@ -806,18 +792,18 @@ impl Dispatcher {
                 return;
             }
             // Refused as watch -1 (etcd 3.4.23; earlier 3.4 releases
-            // answered with our id): the oldest create still unanswered.
-            let ours = self.pending.contains_key(&id) || self.shared.contains_key(&id);
-            if !ours {
-                if let Some(asked) = self.unanswered.pop_front() {
-                    tracing::debug!(
-                        watch = asked,
-                        reason = response.cancel_reason(),
-                        "etcd refused a watch"
-                    );
-                    self.refuse(asked);
-                }
-                return;
+            // answered with our id): the oldest create still unanswered,
+            // which ends as any watch the server cancels.
+            if !(self.pending.contains_key(&id) || self.shared.contains_key(&id)) {
+                let Some(asked) = self.unanswered.pop_front() else {
+                    return;
+                };
+                tracing::debug!(
+                    watch = asked,
+                    reason = response.cancel_reason(),
+                    "etcd refused a watch"
+                );
+                id = asked;
             }
         }
         if self.shared.contains_key(&id) {
