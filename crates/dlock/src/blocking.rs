@@ -54,18 +54,32 @@ impl Drop for Runtime {
         // before its session, say) left their deletes to this runtime, which
         // would cancel them on its way out. Finish them and close the
         // session, so its nodes go now, not at its timeout; bounded by that
-        // timeout, which would take them anyway.
+        // timeout, which would take them anyway, and by a process's patience
+        // at exit (Consul's sessions may live for a day).
         let session = self.session.clone();
-        let bound = session.session_timeout();
-        tokio.block_on(async move {
-            let ended = async {
-                session.background_idle().await;
-                session.close().await;
-            };
-            let _ = tokio::time::timeout(bound, ended).await;
-        });
+        let bound = session.session_timeout().min(LAST_DROP_BOUND);
+        let finish = move || {
+            tokio.block_on(async move {
+                let ended = async {
+                    session.background_idle().await;
+                    session.close().await;
+                };
+                let _ = tokio::time::timeout(bound, ended).await;
+            });
+        };
+        // Inside an async runtime (the last handle dropped by a task), which
+        // must not block — nor start, or drop, a runtime: a thread of its
+        // own finishes.
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) => drop(std::thread::spawn(finish)),
+            Err(_) => finish(),
+        }
     }
 }
+
+/// How long the last handle's drop waits at most for the deletes that
+/// dropped guards left, and the session's close.
+const LAST_DROP_BOUND: Duration = Duration::from_secs(30);
 
 /// Connects a new session to `endpoint` (see [`Endpoint`](crate::Endpoint)).
 pub fn connect(endpoint: &str) -> Result<Session> {

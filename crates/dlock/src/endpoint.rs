@@ -281,6 +281,9 @@ impl FromStr for Endpoint {
         let (scheme, rest) = url.split_once("://").ok_or_else(|| {
             fail("expected embedded, zk://host:port, etcd://host:port or consul://host:port".into())
         })?;
+        // As in any URL, the scheme's case does not matter.
+        let scheme = scheme.to_ascii_lowercase();
+        let scheme = scheme.as_str();
         if !matches!(
             scheme,
             "zk" | "zookeeper" | "etcd" | "etcds" | "consul" | "consuls"
@@ -330,6 +333,18 @@ impl FromStr for Endpoint {
                 .ok_or_else(|| fail(format!("host {host:?} needs a port (host:port)")))?;
             if name.is_empty() {
                 return Err(fail(format!("host {host:?} has no name")));
+            }
+            // Else a failure to connect, later, that names no cause.
+            if name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(fail(format!(
+                    "host {host:?} holds a space or a control character"
+                )));
+            }
+            let bracketed = name.starts_with('[') && name.ends_with(']');
+            if name.contains(':') && !bracketed {
+                return Err(fail(format!(
+                    "host {host:?}: an IPv6 address goes in brackets, as [::1]:2379"
+                )));
             }
             let port_ok = !port.is_empty()
                 && port.bytes().all(|b| b.is_ascii_digit())
@@ -633,6 +648,13 @@ mod tests {
         assert!(refused("etcdx://h:1").contains("unknown scheme"));
         assert!(refused("zk://h:+2181").contains("not a number 1-65535"));
         assert!(refused("zk://h:0").contains("not a number 1-65535"));
+        assert!(refused("zk://h1:2181, h2:2181").contains("a space"));
+        assert!(refused("etcd://::1:2379").contains("in brackets"));
+        assert!("etcd://[::1]:2379".parse::<Endpoint>().is_ok());
+        assert_eq!(
+            "ZK://h:1".parse::<Endpoint>().unwrap(),
+            "zk://h:1".parse::<Endpoint>().unwrap()
+        );
     }
 
     #[test]

@@ -103,6 +103,27 @@ fn a_guard_dropped_with_its_session_frees_the_lock_at_once(endpoint: &str, root:
     waiter.close();
 }
 
+/// The last handle of a blocking session dropped by an async task (it may
+/// not block there, nor drop a runtime) still frees its lock at once, and
+/// does not panic: a thread of its own finishes it.
+fn a_session_dropped_inside_an_async_runtime_still_frees_its_lock(endpoint: &str, root: &str) {
+    let path = format!("{root}/lock");
+    let waiter = dlock::blocking::connect(endpoint).unwrap();
+    let bound = waiter.session().session_timeout() / 2;
+    let holder = dlock::blocking::connect(endpoint).unwrap();
+    let guard = holder.mutex(&path).unwrap().acquire().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        drop(guard);
+        drop(holder);
+    });
+    let again = waiter.mutex(&path).unwrap().acquire_timeout(bound).unwrap();
+    again.release().unwrap();
+    waiter.close();
+}
+
 fn semaphores_and_latches_from_threads(endpoint: &str, root: &str) {
     let path = root;
     let a = dlock::blocking::connect(endpoint).unwrap();
@@ -207,6 +228,7 @@ macro_rules! cases {
                 threads_exclude_each_other_through_the_blocking_api,
                 timeouts_try_and_dropped_guards,
                 a_guard_dropped_with_its_session_frees_the_lock_at_once,
+                a_session_dropped_inside_an_async_runtime_still_frees_its_lock,
                 semaphores_and_latches_from_threads,
                 a_fault_injected_from_a_plain_thread);
         }

@@ -212,6 +212,9 @@ async fn a_writer_downgrades_to_reader(h: &Harness) -> Result<()> {
 /// a downgrading writer stays out until the downgraded read is released.
 /// Twice: the second time writer 2's client has just waited there, so a
 /// backend that keeps what its watches delivered (etcd) may answer from it.
+/// The read hold keeps the write hold's fencing token, so writer 2, which
+/// holds after it, has a larger one (its node is older than the read
+/// node: before, the read hold's token was the larger).
 async fn a_queued_writer_cannot_slip_into_a_downgrade(h: &Harness) -> Result<()> {
     let (s1, s2) = (h.session().await, h.session().await);
     let path = h.path("/rw");
@@ -222,6 +225,10 @@ async fn a_queued_writer_cannot_slip_into_a_downgrade(h: &Harness) -> Result<()>
         let mut writer2 = tokio::spawn(async move { anyhow::Ok(lock2.write().await?) });
         await_children(&s1, &path, 2, WITHIN).await?;
         let r1 = w1.read().await?;
+        ensure!(
+            r1.token() == w1.token(),
+            "round {round}: the read hold's token"
+        );
         w1.release().await?;
         // Writer 2 is woken by the write node's deletion and must see our
         // read node ahead of it: it keeps waiting, watching the read node.
@@ -236,8 +243,15 @@ async fn a_queued_writer_cannot_slip_into_a_downgrade(h: &Harness) -> Result<()>
             tokio::time::timeout(SHORT, &mut writer2).await.is_err(),
             "round {round}: writer 2 slipped in"
         );
+        let read_token = r1.token();
         r1.release().await?;
-        finished(writer2, WITHIN).await?.release().await?;
+        let w2 = finished(writer2, WITHIN).await?;
+        ensure!(
+            w2.token() > read_token,
+            "round {round}: writer 2's token {} after {read_token}",
+            w2.token()
+        );
+        w2.release().await?;
     }
     Ok(())
 }

@@ -296,6 +296,25 @@ async fn a_timed_out_waiter_whose_delete_fails_still_times_out(h: &Harness) -> R
     Ok(())
 }
 
+/// A hold lost with its session while deletes fail (the outage that lost
+/// it, likely) reports the loss on release, not the delete's
+/// `ConnectionLoss`: the caller must learn its work was unprotected.
+async fn a_lost_hold_reports_the_loss_whatever_its_delete_says(h: &Harness) -> Result<()> {
+    let (s, observer) = (h.impatient_session().await, h.session().await);
+    let path = h.path("/locks/lost-undeleted");
+    let guard = Mutex::new(&s, &path)?.acquire().await?;
+    let faults = s.faults().context("faults")?;
+    faults.fail_next_deletes(u32::MAX);
+    faults.expire().await?;
+    tokio::time::timeout(WITHIN, guard.lost())
+        .await
+        .context("the lost signal")?;
+    let released = guard.release().await;
+    faults.fail_next_deletes(0);
+    ensure!(matches!(released, Err(Error::Lost { .. })), "{released:?}");
+    await_children(&observer, &path, 0, WITHIN).await
+}
+
 /// Every release of a re-entered hold whose lock was lost reports the
 /// loss, not only the last one: each hold's work was unprotected.
 async fn every_release_of_a_lost_reentrant_hold_reports_the_loss(h: &Harness) -> Result<()> {
@@ -562,6 +581,7 @@ per_backend!({
     timed_acquires_end_while_the_connection_is_down,
     a_timed_acquire_stops_retrying_failing_requests_at_its_deadline,
     every_release_of_a_lost_reentrant_hold_reports_the_loss,
+    a_lost_hold_reports_the_loss_whatever_its_delete_says,
     a_timed_out_waiter_whose_delete_fails_still_times_out,
     a_late_twin_of_our_node_is_deleted_not_waited_for,
     a_lost_create_reply_leaves_one_node,

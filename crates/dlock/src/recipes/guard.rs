@@ -67,7 +67,12 @@ impl Acquisition {
     }
 
     /// The fencing token of this acquisition: larger than that of every
-    /// earlier acquisition of any recipe in the store.
+    /// earlier exclusive hold of the same lock (a mutex's, a write lock's,
+    /// a leader's) — the transaction id of its node's creation, where the
+    /// queue serves nodes in the order they were made. A read hold made by
+    /// downgrading a write hold keeps the write hold's token: its node is
+    /// newer than the writers queued behind it, which hold after it.
+    /// Tokens of different locks are not ordered by when they were held.
     pub fn token(&self) -> FencingToken {
         self.token
     }
@@ -227,9 +232,14 @@ deref_hold!(LockGuard => held.acquisition: Acquisition);
 
 impl LockGuard {
     pub(crate) fn new(node: Arc<HeldNode>) -> Self {
+        Self::of(Acquisition::new(node))
+    }
+
+    /// A guard of `acquisition`.
+    pub(crate) fn of(acquisition: Acquisition) -> Self {
         LockGuard {
             held: Arc::new(Held {
-                acquisition: Acquisition::new(node),
+                acquisition,
                 holds: AtomicUsize::new(1),
             }),
             state: GuardState::Held,

@@ -105,6 +105,18 @@ impl Harness {
             .await
     }
 
+    /// A new session whose requests give up after two quick retries (some
+    /// 50 ms): for what a request failing through every retry leaves.
+    pub async fn impatient_session(&self) -> Session {
+        let quick = dlock::RetryPolicy {
+            base_sleep: Duration::from_millis(10),
+            max_sleep: Duration::from_millis(40),
+            max_retries: 2,
+        };
+        let options = SessionOptions::default().with_session_timeout(self.timeout());
+        self.session_with(options.with_retry(quick)).await
+    }
+
     /// A new session with options.
     pub async fn session_with(&self, options: SessionOptions) -> Session {
         let session = match &self.backend {

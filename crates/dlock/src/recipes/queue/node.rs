@@ -384,10 +384,19 @@ impl HeldNode {
         // protection prefix is recycled with its delete); a hold taken away
         // has no node left, and its name may be someone else's by now.
         let (path, czxid) = (&self.created.path, self.created.stat.czxid);
-        let Gone(gone) = match fate {
-            Fate::Expired | Fate::Removed => Gone(false),
-            _ if self.shared_name => self.session.delete_protected_created(path, czxid).await?,
-            _ => self.session.delete_protected(path).await?,
+        let deleted = match fate {
+            Fate::Expired | Fate::Removed => Ok(Gone(false)),
+            _ if self.shared_name => self.session.delete_protected_created(path, czxid).await,
+            _ => self.session.delete_protected(path).await,
+        };
+        // A hold lost before is reported so whatever the delete says (one
+        // that failed goes on in the background): the outage that failed
+        // it is likely the one that lost the hold, and the caller must
+        // learn that its work was unprotected.
+        let gone = match deleted {
+            Ok(Gone(gone)) => gone,
+            Err(_) if lost => true,
+            Err(e) => return Err(e),
         };
         // Gone before our delete, in a live session: taken away by someone
         // else (revoked by force) while nobody watched for it.

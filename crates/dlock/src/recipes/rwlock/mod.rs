@@ -24,11 +24,11 @@ use std::time::Duration;
 
 use super::deadline::{timed_acquire, Deadline};
 use super::etcd_go;
-use super::guard::{deref_hold, LockGuard};
+use super::guard::{deref_hold, Acquisition, LockGuard};
 use super::queue::{position, FirstN, HeldNode, Participant, Predicate, Verdict, WaitQueue};
 use crate::error::{Error, Result};
 use crate::session::Session;
-use crate::store::{sequence_key, Child, CreateMode};
+use crate::store::{sequence_key, Child, CreateMode, FencingToken};
 
 use self::owners::{Half, Holds};
 
@@ -262,6 +262,14 @@ impl ReadWriteLock {
         }
     }
 
+    /// The read guard of a downgrade, fenced by the write hold's `token`.
+    fn downgraded(&self, node: Arc<HeldNode>, token: FencingToken) -> ReadGuard {
+        self.holds.note(Half::Read, &node);
+        ReadGuard {
+            guard: LockGuard::of(Acquisition::with_token(node, token)),
+        }
+    }
+
     /// Every participant (readers and writers) in queue order, marking those
     /// that hold.
     pub async fn participants(&self) -> Result<Vec<Participant>> {
@@ -319,9 +327,8 @@ impl WriteGuard {
         let same_session = created.stat.ephemeral_owner == held.created.stat.ephemeral_owner;
         // Ours from here: dropped (this future cancelled), it goes in the
         // background.
-        let guard = self
-            .lock
-            .read_guard(q.hold(q.dir.as_str(), "read lock", created.clone()));
+        let node = q.hold(q.dir.as_str(), "read lock", created.clone());
+        let guard = self.lock.downgraded(node, self.guard.token());
         // The read node has taken the write node's place only if that node
         // was still there when it was made, so still there after: deleted
         // before (revoked by force, or at its hold limit), a writer queued

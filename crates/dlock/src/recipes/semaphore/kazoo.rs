@@ -98,7 +98,15 @@ impl Pool {
     ) -> Result<Option<Arc<HeldNode>>> {
         let prefix = uuid::Uuid::new_v4().simple().to_string();
         loop {
-            let (leases, watch) = self.session.children_watch(&self.path).await?;
+            let (leases, watch) = match self.session.children_watch(&self.path).await {
+                // Deleted since it was assured: made again when the caller
+                // goes again.
+                Err(gone @ Error::NoNode { .. }) => {
+                    self.assured.store(false, Ordering::Relaxed);
+                    return Err(gone);
+                }
+                listed => listed?,
+            };
             if leases.len() < self.max as usize {
                 let (created, _) = self
                     .session
