@@ -329,6 +329,39 @@ impl Session {
         Ok(create::run(&*self.inner.store, request).await?.0)
     }
 
+    /// [`create`](Self::create), retried as the policy says, as a task of
+    /// its own that a cancelled caller cannot cut short: a create that
+    /// lands after its caller went away deletes the node it made. (A
+    /// caller's own clean-up, racing it, may reach the server first: etcd
+    /// and Consul do not order one client's requests.) For an ephemeral
+    /// node at a name no other create of ours takes.
+    pub(crate) async fn create_or_undo(
+        &self,
+        path: &str,
+        data: &[u8],
+        opts: CreateOptions,
+    ) -> Result<Created> {
+        let (session, path, data) = (self.clone(), path.to_string(), data.to_vec());
+        // Its retries bounded as the timed wait awaiting it bounds its own.
+        let create = crate::recipes::deadline::within_this_wait(async move {
+            let created = session
+                .retrying(|| session.create(&path, &data, opts))
+                .await;
+            (session, created)
+        });
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.spawn_background(async move {
+            let (session, created) = create.await;
+            if let Err(Ok(orphan)) = tx.send(created) {
+                let (path, czxid) = (&orphan.path, orphan.stat.czxid);
+                if let Err(e) = session.delete_created(path, czxid).await {
+                    tracing::warn!(%path, error = %e, "deleting a node made for a cancelled caller failed");
+                }
+            }
+        });
+        rx.await.unwrap_or(Err(Error::Closed))
+    }
+
     /// Deletes a node, if its version matches (`None`: any version).
     pub async fn delete(&self, path: &str, version: Option<i32>) -> Result<()> {
         path::validate(path)?;
@@ -662,6 +695,9 @@ impl Session {
     /// first two tries pause as the policy's first retry, and each one
     /// counts; `false` once [`retry_pause`](Self::retry_pause) says so.
     async fn backoff(&self, retry: &mut u32) -> bool {
+        if *retry >= self.inner.options.retry.max_retries {
+            return false;
+        }
         let paused = self.retry_pause(retry.saturating_sub(1)).await;
         *retry += u32::from(paused);
         paused
@@ -893,7 +929,7 @@ impl Session {
     /// Runs `attempt` in the background until it ends other than with a
     /// retryable error, pausing between tries as the retry policy says
     /// (the session's retries were spent in the foreground already).
-    fn retry_in_background<F, Fut>(&self, mut attempt: F)
+    pub(crate) fn retry_in_background<F, Fut>(&self, mut attempt: F)
     where
         F: FnMut(Session) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<()>> + Send,
@@ -905,15 +941,26 @@ impl Session {
                 .await
                 .is_err_and(|e| e.is_retryable())
             {
-                tokio::time::sleep(session.inner.options.retry.sleep_for(retry.min(8))).await;
+                session.background_pause(retry).await;
                 retry += 1;
             }
         });
     }
 
+    /// The pause of a background loop before its try number `retry` + 1
+    /// after a retryable failure: as the retry policy says, and at least
+    /// [`BACKGROUND_PAUSE`], whatever the policy (one that never sleeps —
+    /// a counter's single optimistic try — would make a loop that outlives
+    /// every retry spin).
+    pub(crate) async fn background_pause(&self, retry: u32) {
+        let pause = self.inner.options.retry.sleep_for(retry.min(8));
+        tokio::time::sleep(pause.max(BACKGROUND_PAUSE)).await;
+    }
+
     /// Runs a future in the background, counted by
-    /// [`background_tasks`](Self::background_tasks). Works from `Drop` too,
-    /// on the runtime the session was created on.
+    /// [`background_tasks`](Self::background_tasks), on the runtime of the
+    /// caller; from `Drop` outside any runtime too, on the one the session
+    /// was created on.
     pub(crate) fn spawn_background(
         &self,
         task: impl std::future::Future<Output = ()> + Send + 'static,
@@ -926,11 +973,23 @@ impl Session {
             return;
         };
         self.inner.background.send_modify(|n| *n += 1);
-        let counter = self.inner.background.clone();
+        let counted = Counted(self.inner.background.clone());
         runtime.spawn(async move {
+            let _counted = counted;
             task.await;
-            counter.send_modify(|n| *n -= 1);
         });
+    }
+}
+
+/// One background task counted: uncounted when it ends — also when it
+/// panics, or is dropped unfinished with its runtime (else
+/// [`background_idle`](Session::background_idle) would wait for it for
+/// ever).
+struct Counted(watch::Sender<usize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
     }
 }
 
@@ -957,13 +1016,22 @@ fn armed(watch: Option<Watch>) -> Watch {
     watch.expect("the store armed the requested watch")
 }
 
-/// A version no node has is refused: ZooKeeper would take -1 for "any
-/// version", the other stores for none, and a compare-and-set must not
-/// mean one thing on one store and another on the next (`None` is "any").
+/// The shortest pause of a background retry loop
+/// ([`Session::background_pause`]).
+const BACKGROUND_PAUSE: Duration = Duration::from_millis(10);
+
+/// Version -1 is refused: ZooKeeper takes it for "any version", the other
+/// stores for none, and a compare-and-set must not mean one thing on one
+/// store and another on the next (`None` is "any"). Other negative
+/// versions are a node's own: ZooKeeper's (and the embedded store's)
+/// versions wrap past 2^31 writes (ZOOKEEPER-4743), and a compare-and-set
+/// on them goes on working (CURATOR-688).
 fn check_version(path: &str, version: Option<i32>) -> Result<()> {
     match version {
-        Some(v) if v < 0 => Err(Error::InvalidArgument(format!(
-            "version {v} of {path}: versions are 0 or more (None matches any version)"
+        Some(-1) => Err(Error::InvalidArgument(format!(
+            "version -1 of {path}: ZooKeeper reads -1 as any version, so no \
+             compare-and-set can name it (a node's version reaches -1 once in 2^32 \
+             writes; None matches any version)"
         ))),
         _ => Ok(()),
     }

@@ -1426,9 +1426,12 @@ async fn releasing_twice_and_closing_twice(h: &Harness) -> Result<()> {
 }
 
 // Every case on every backend.
-/// A negative version is refused alike everywhere, and nothing is written:
-/// ZooKeeper took -1 for "any version" (an unconditional write), the other
-/// stores for a version no node has.
+/// Version -1 is refused alike everywhere, and nothing is written:
+/// ZooKeeper took it for "any version" (an unconditional write), the other
+/// stores for a version no node has. Other negative versions are versions
+/// (ZooKeeper's wrap past 2^31 writes): one the node does not have is
+/// `BadVersion`, as any other (before, they were refused, and a counter
+/// whose version had wrapped could never be written again).
 async fn negative_versions_are_refused(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let node = h.path("/versions/n");
@@ -1447,6 +1450,11 @@ async fn negative_versions_are_refused(h: &Harness) -> Result<()> {
         version: Some(-1),
     };
     refused(s.multi(&[check]).await.map(drop), "multi")?;
+    let wrapped = s.set_data(&node, b"x", Some(-2)).await.map(drop);
+    ensure!(
+        matches!(wrapped, Err(Error::BadVersion { .. })),
+        "set_data at -2: {wrapped:?}"
+    );
     ensure!(
         s.get_data(&node).await?.0 == b"kept",
         "the node was written"

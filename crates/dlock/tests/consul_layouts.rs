@@ -215,7 +215,82 @@ async fn a_consul_lock_never_takes_a_semaphores_record(h: &Harness) -> Result<()
     Ok(())
 }
 
+/// A timed acquire whose creates keep failing on a live connection (a
+/// cluster without a leader, an overloaded one) ends within the clean-up
+/// grace of its deadline with `Timeout`, leaving nothing: the create of its
+/// key, run as a task of its own, is not retried past the deadline (before,
+/// with the default policy, it went on for about 11 s).
+async fn a_timed_acquire_stops_retrying_failing_creates_at_its_deadline(h: &Harness) -> Result<()> {
+    let s = h.session().await;
+    let faults = s.faults().context("faults")?;
+    let timeout = Duration::from_millis(300);
+    // The grace (1 s), and twice as much again for a loaded machine.
+    let bound = timeout + Duration::from_secs(3);
+    let (lock, sem) = (h.path("/failing-lock"), h.path("/failing-sem"));
+    faults.fail_next_creates(u32::MAX);
+    let started = tokio::time::Instant::now();
+    let locked = ConsulLock::new(&s, &lock)?.acquire_timeout(timeout).await;
+    let took = started.elapsed();
+    ensure!(
+        matches!(locked, Err(Error::Timeout(t)) if t == timeout),
+        "lock: {locked:?}"
+    );
+    ensure!(
+        took <= bound,
+        "the lock ended after {took:?}, past {bound:?}"
+    );
+    let started = tokio::time::Instant::now();
+    let leased = KvSemaphore::new(&s, &sem, 1)?
+        .acquire_timeout(timeout)
+        .await;
+    let took = started.elapsed();
+    ensure!(
+        matches!(leased, Err(Error::Timeout(t)) if t == timeout),
+        "semaphore: {leased:?}"
+    );
+    ensure!(
+        took <= bound,
+        "the semaphore ended after {took:?}, past {bound:?}"
+    );
+    faults.fail_next_creates(0);
+    ConsulLock::new(&s, &lock)?
+        .acquire()
+        .await?
+        .release()
+        .await?;
+    KvSemaphore::new(&s, &sem, 1)?
+        .acquire()
+        .await?
+        .release()
+        .await?;
+    Ok(())
+}
+
+/// A lock key whose create landed unanswered, and could not be read back
+/// (reads failing on a live connection), is ours and is deleted in the
+/// background once reads pass again — not left, held by a live session
+/// with no holder, to block every client of the lock until that session
+/// ends (before, the clean-up tried once and gave up). More reads fail
+/// than the acquire's and one clean-up's retries take together.
+async fn a_lock_key_made_unanswered_and_unread_is_deleted_later(h: &Harness) -> Result<()> {
+    let (s, observer) = (h.impatient_session().await, h.session().await);
+    let faults = s.faults().context("faults")?;
+    let prefix = h.path("/unread");
+    let node = format!("{prefix}/.lock");
+    faults.lose_next_create_reply();
+    faults.fail_next_reads(30);
+    let failed = ConsulLock::new(&s, &prefix)?.acquire().await.map(drop);
+    ensure!(failed == Err(Error::ConnectionLoss), "{failed:?}");
+    ensure!(observer.exists(&node).await?.is_some(), "the create landed");
+    common::await_gone(&observer, &node, WITHIN).await?;
+    let lock = ConsulLock::new(&observer, &prefix)?;
+    lock.acquire_timeout(WITHIN).await?.release().await?;
+    Ok(())
+}
+
 per_backend!(every_backend {
+    a_timed_acquire_stops_retrying_failing_creates_at_its_deadline,
+    a_lock_key_made_unanswered_and_unread_is_deleted_later,
     consul_lock_excludes_and_hands_over,
     consul_lock_takes_over_a_released_key,
     a_consul_lock_never_takes_a_semaphores_record,

@@ -329,6 +329,29 @@ async fn a_member_node_made_again_unanswered_is_deleted_on_close(h: &Harness) ->
     Ok(())
 }
 
+/// A close whose reads keep failing (an overloaded server times them out)
+/// answers the failure, and the member's node goes in the background once
+/// reads pass again: before, it stayed until the session ended, and a
+/// second close did nothing.
+async fn a_close_that_cannot_read_leaves_in_the_background(h: &Harness) -> Result<()> {
+    let (s, observer) = (h.impatient_session().await, h.session().await);
+    let dir = h.path("/g/unread-close");
+    let node = format!("{dir}/a");
+    let member = GroupMember::new(&s, &dir, "a")?;
+    member.start().await?;
+    s.faults().context("faults")?.fail_next_reads(u32::MAX);
+    let closed = member.close().await;
+    ensure!(closed == Err(Error::ConnectionLoss), "{closed:?}");
+    ensure!(
+        observer.exists(&node).await?.is_some(),
+        "the node went unread"
+    );
+    s.faults().context("faults")?.fail_next_reads(0);
+    await_gone(&observer, &node, WITHIN).await?;
+    ensure!(member.close().await.is_ok(), "a second close");
+    Ok(())
+}
+
 /// The cache follows any directory: children appear, change and go as
 /// events; the directory itself may come and go.
 async fn the_cache_follows_a_directory_that_comes_and_goes(h: &Harness) -> Result<()> {
@@ -586,6 +609,7 @@ per_backend!(every_backend {
     a_start_cancelled_after_making_the_node_leaves_it_to_nobody,
     a_member_closed_while_it_joins_leaves_no_node,
     a_member_node_made_again_unanswered_is_deleted_on_close,
+    a_close_that_cannot_read_leaves_in_the_background,
     the_cache_follows_a_directory_that_comes_and_goes,
     dropping_a_member_leaves,
     bad_arguments_are_refused,

@@ -24,6 +24,14 @@
 //! pass a timed enter early on a spurious wake-up, fixed after 5.9); and
 //! leaving waits until no member is left, where a Curator member that is
 //! not the lowest may end once one other member is left.
+//!
+//! As in Curator, one barrier path serves one round at a time: `ready` is
+//! deleted only by a member whose `leave` finds no member left. Members
+//! that drop their `BarrierMember`, time out leaving, or crash leave it
+//! behind, and so does a next round's member that enters before the last
+//! round's members all left: then the next round's `enter` passes at once,
+//! with fewer than `count` in. Use a fresh path per round where rounds can
+//! overlap or members can fail.
 
 use std::time::Duration;
 
@@ -154,7 +162,7 @@ impl DoubleBarrier {
         let pending = PendingNode::new(session, &node);
         let data = &session.options().default_data;
         let opts = CreateOptions::new(CreateMode::Ephemeral).with_parents();
-        let stat = match session.retrying(|| session.create(&node, data, opts)).await {
+        let stat = match session.create_or_undo(&node, data, opts).await {
             Ok(created) => created.stat,
             // A create whose reply was lost, retried.
             Err(Error::NodeExists { .. }) => session.exists(&node).await?.unwrap_or_default(),

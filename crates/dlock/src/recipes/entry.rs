@@ -14,6 +14,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::recipes::deadline::within_this_wait;
 use crate::session::{Session, ANY_CREATION};
 use crate::store::{CreateOptions, Created, SessionId, Stat, Watch};
 
@@ -110,11 +111,14 @@ impl Entry {
         let landing = self.creating.clone().lock_owned().await;
         let (session, path, token) = (self.session.clone(), self.path.clone(), self.token.clone());
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.session.spawn_background(async move {
-            let created = session
+        // Its retries bounded as the timed wait awaiting it bounds its own.
+        let create = within_this_wait(async move {
+            session
                 .retrying(|| session.create(&path, &token, opts))
-                .await;
-            let _ = tx.send(created);
+                .await
+        });
+        self.session.spawn_background(async move {
+            let _ = tx.send(create.await);
             drop(landing);
         });
         rx.await.unwrap_or(Err(Error::Closed))
@@ -126,37 +130,49 @@ impl Entry {
         self.armed = false;
     }
 
-    /// The deletion of the node if it still holds our token, as a future
-    /// of its own.
-    fn removal(&self) -> impl Future<Output = Result<()>> + Send + 'static {
-        let (session, path) = (self.session.clone(), self.path.clone());
-        let (token, creating) = (self.token.clone(), self.creating.clone());
+    /// Deletes the node, in the background, while it holds our token:
+    /// tried again, pausing as the retry policy says, until it is done or
+    /// the session is closed (a node of ours left by one failed delete
+    /// would hold, or wait, for as long as the session lives, with nobody
+    /// to give it up).
+    fn remove_in_background(&self) {
+        let (path, token) = (self.path.clone(), self.token.clone());
+        let creating = self.creating.clone();
         // Our node, whenever its create lands, is on its way out: a claim
         // of this session at the name waits for it rather than taking it
         // for another handle's.
-        let departing = self.session.departing(&self.path, ANY_CREATION);
-        async move {
-            let _departing = departing;
-            let _landed = creating.lock().await;
-            match session.get_data(&path).await {
-                Ok((data, stat)) if data == token => {
+        let departing = Arc::new(self.session.departing(&self.path, ANY_CREATION));
+        self.session.retry_in_background(move |session| {
+            let (path, token) = (path.clone(), token.clone());
+            let (creating, departing) = (creating.clone(), departing.clone());
+            async move {
+                let _departing = departing;
+                let _landed = creating.lock().await;
+                loop {
+                    let (data, stat) = match session.get_data(&path).await {
+                        Ok(read) => read,
+                        Err(Error::NoNode { .. }) => return Ok(()),
+                        Err(e) => return Err(e),
+                    };
+                    if data != token {
+                        return Ok(());
+                    }
                     match session.delete(&path, Some(stat.version)).await {
-                        Ok(()) | Err(Error::NoNode { .. } | Error::BadVersion { .. }) => Ok(()),
-                        Err(e) => Err(e),
+                        Ok(()) | Err(Error::NoNode { .. }) => return Ok(()),
+                        // Written since (a revocation request): read again.
+                        Err(Error::BadVersion { .. }) => {}
+                        Err(e) => return Err(e),
                     }
                 }
-                Ok(_) | Err(Error::NoNode { .. }) => Ok(()),
-                Err(e) => Err(e),
             }
-        }
+        });
     }
 }
 
 impl Drop for Entry {
     fn drop(&mut self) {
         if self.armed {
-            let what = format!("removing the entry {}", self.path);
-            in_background(&self.session, what, self.removal());
+            self.remove_in_background();
         }
     }
 }

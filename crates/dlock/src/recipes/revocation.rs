@@ -166,6 +166,7 @@ pub(crate) fn watch(session: &Session, created: &Created, listener: Listener) {
         // The write of the last request told: a look again after a
         // connection event finds the same one, which is no new request.
         let mut told = None;
+        let mut failed = 0;
         loop {
             match watcher.get_data_watch(&node).await {
                 Ok((_, stat, _)) if stat.czxid != czxid => return,
@@ -178,7 +179,10 @@ pub(crate) fn watch(session: &Session, created: &Created, listener: Listener) {
                         return;
                     }
                 }
-                Err(e) if e.is_retryable() => {}
+                Err(e) if e.is_retryable() => {
+                    watcher.background_pause(failed).await;
+                    failed += 1;
+                }
                 // Gone (released, or its session is over): nothing to revoke.
                 Err(_) => return,
             }

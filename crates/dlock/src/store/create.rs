@@ -47,6 +47,7 @@ pub(crate) async fn run<S: Store + ?Sized>(
     store: &S,
     request: CreateRequest<'_>,
 ) -> Result<(Created, Option<Vec<Child>>)> {
+    store.machine().failing_create()?;
     let done = store.create_in(request).await?;
     store.machine().lost_create_reply()?;
     store.learn_created(&request, &done.0);

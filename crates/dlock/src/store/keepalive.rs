@@ -277,6 +277,10 @@ impl<R: Renewer> Faults for Kept<R> {
     fn fail_next_deletes(&self, n: u32) {
         self.0.machine().lost_replies.fail_deletes(n);
     }
+
+    fn fail_next_creates(&self, n: u32) {
+        self.0.machine().lost_replies.fail_creates(n);
+    }
 }
 
 /// Keeps session `id` alive until it is lost, replaced or closed, or the

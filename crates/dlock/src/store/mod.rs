@@ -336,9 +336,13 @@ pub(crate) fn listing_digest(children: &[Child]) -> u64 {
 pub fn sort_sequenced(children: &mut [Child], lock_names: &[&str]) {
     // A stable sort keeps listing order for equal keys, as Java's
     // Collections.sort does.
+    // A total order even where only some children tell their creation
+    // (sorting panics on one that is not): those that do not come first.
     children.sort_by(|a, b| match (a.created, b.created) {
         (Some(x), Some(y)) => x.cmp(&y).then_with(|| a.name.cmp(&b.name)),
-        _ => sequence_key(&a.name, lock_names).cmp(sequence_key(&b.name, lock_names)),
+        (None, None) => sequence_key(&a.name, lock_names).cmp(sequence_key(&b.name, lock_names)),
+        (None, Some(_)) => std::cmp::Ordering::Less,
+        (Some(_), None) => std::cmp::Ordering::Greater,
     });
 }
 
@@ -856,6 +860,8 @@ pub(crate) struct LostReplies {
     pub sets: std::sync::atomic::AtomicU32,
     /// How many deletes are still to fail ([`Faults::fail_next_deletes`]).
     pub deletes: std::sync::atomic::AtomicU32,
+    /// How many creates are still to fail ([`Faults::fail_next_creates`]).
+    pub creates: std::sync::atomic::AtomicU32,
 }
 
 impl LostReplies {
@@ -872,6 +878,16 @@ impl LostReplies {
     /// `ConnectionLoss` if a delete is still to fail (one fewer then).
     pub fn failing_delete(&self) -> Result<()> {
         Self::failing(&self.deletes)
+    }
+
+    /// `ConnectionLoss` if a create is still to fail (one fewer then).
+    pub fn failing_create(&self) -> Result<()> {
+        Self::failing(&self.creates)
+    }
+
+    /// [`Faults::fail_next_creates`].
+    pub fn fail_creates(&self, n: u32) {
+        self.creates.store(n, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// [`Faults::fail_next_deletes`].
@@ -972,4 +988,12 @@ pub trait Faults: Send + Sync {
     /// time out on a live connection. A guaranteed delete goes on in the
     /// background.
     fn fail_next_deletes(&self, n: u32);
+
+    /// The next `n` creates fail with
+    /// [`Error::ConnectionLoss`](crate::Error::ConnectionLoss) without
+    /// reaching the server, while the connection stays up: as creates that
+    /// time out on a live connection (a cluster without a leader, an
+    /// overloaded one). A timed acquire must not retry them past its
+    /// deadline.
+    fn fail_next_creates(&self, n: u32);
 }

@@ -53,6 +53,10 @@ pub trait SessionMachine: Send + Sync {
     /// `Faults::lose_next_create_reply` was armed (and the status blips
     /// `Suspended` → `Reconnected`).
     fn lost_create_reply(&self) -> Result<()>;
+
+    /// `ConnectionLoss` if a create is still to fail
+    /// ([`Faults::fail_next_creates`](super::Faults::fail_next_creates)).
+    fn failing_create(&self) -> Result<()>;
 }
 
 impl<S: GrantedTimeout> SessionMachine for StatusMachine<S> {
@@ -66,6 +70,10 @@ impl<S: GrantedTimeout> SessionMachine for StatusMachine<S> {
 
     fn lost_create_reply(&self) -> Result<()> {
         self.take_lost_reply(&self.lost_replies.create)
+    }
+
+    fn failing_create(&self) -> Result<()> {
+        self.lost_replies.failing_create()
     }
 }
 

@@ -509,4 +509,8 @@ impl Faults for ZooKeeperStore {
     fn fail_next_deletes(&self, n: u32) {
         self.inner.machine.lost_replies.fail_deletes(n);
     }
+
+    fn fail_next_creates(&self, n: u32) {
+        self.inner.machine.lost_replies.fail_creates(n);
+    }
 }

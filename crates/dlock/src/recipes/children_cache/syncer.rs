@@ -32,6 +32,11 @@ pub(super) struct Syncer {
     /// (a child read again since) is left to fire unheeded.
     armed: HashMap<String, u64>,
     generation: u64,
+    /// Each child's creation as the last listing told it, by the node's
+    /// creation (where the listing tells it): for a child made again at
+    /// its name, whose data watch may be heard after the listing that
+    /// showed it (on etcd a name comes back on a newer node).
+    listed: HashMap<String, (Option<i64>, i64)>,
 }
 
 impl Syncer {
@@ -43,6 +48,7 @@ impl Syncer {
             watches: FuturesUnordered::new(),
             armed: HashMap::new(),
             generation: 0,
+            listed: HashMap::new(),
         }
     }
 
@@ -121,6 +127,8 @@ impl Syncer {
                         children.iter().map(|c| c.name.as_str()).collect();
                     self.shared.retain(&|name| names.contains(name));
                     self.armed.retain(|name, _| names.contains(name.as_str()));
+                    let created = |c: &Child| Some((c.name.clone(), (c.czxid, c.created?)));
+                    self.listed = children.iter().filter_map(created).collect();
                     for child in &children {
                         if self.armed.contains_key(&child.name) {
                             self.shared.listed(child);
@@ -151,13 +159,20 @@ impl Syncer {
         let session = &self.session;
         match session.retrying(|| session.get_data_watch(&node)).await {
             Ok((data, stat, watch)) => {
-                let created = created.or_else(|| {
-                    lock(&self.shared.view)
-                        .children
-                        .get(name)
-                        .filter(|c| c.stat.czxid == stat.czxid)
-                        .and_then(|c| c.created)
-                });
+                let listed = self.listed.get(name);
+                let created = created
+                    .or_else(|| {
+                        lock(&self.shared.view)
+                            .children
+                            .get(name)
+                            .filter(|c| c.stat.czxid == stat.czxid)
+                            .and_then(|c| c.created)
+                    })
+                    .or_else(|| {
+                        listed
+                            .filter(|(czxid, _)| *czxid == Some(stat.czxid))
+                            .map(|(_, created)| *created)
+                    });
                 self.shared.put(CachedChild {
                     name: name.to_string(),
                     path: node,

@@ -28,7 +28,7 @@ pub(super) async fn ensure_node(
         // A NoNode is the container reaper removing an empty parent between
         // its creation and ours.
         let created = session
-            .retrying_reaped(|| session.retrying(|| session.create(node, &data, opts)))
+            .retrying_reaped(|| session.create_or_undo(node, &data, opts))
             .await;
         match created {
             Ok(_) => {

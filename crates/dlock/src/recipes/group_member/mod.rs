@@ -99,19 +99,32 @@ impl Drop for Inner {
     }
 }
 
-/// Leaves in the background (see [`delete_if_ours`]).
+/// Leaves in the background (see [`delete_if_ours`]), until the node is
+/// read and gone or the session ends.
 fn leave_in_background(session: &Session, node: &str) {
-    let (session, node) = (session.clone(), node.to_string());
-    session.clone().spawn_background(async move {
-        let _ = delete_if_ours(&session, &node).await;
+    let node = node.to_string();
+    session.retry_in_background(move |session| {
+        let node = node.clone();
+        async move { delete_once_if_ours(&session, &node).await }
     });
 }
 
 /// Deletes the member's node if this session owns it: a node of the same
 /// id owned by someone else is theirs. Only the node read goes (by its
 /// creation): a delete retried after a lost reply must not take the node
-/// the next member with this id made meanwhile.
+/// the next member with this id made meanwhile. A node that could not be
+/// read through every retry goes in the background, as a delete does: a
+/// close that failed is done all the same (a second one does nothing).
 async fn delete_if_ours(session: &Session, node: &str) -> Result<()> {
+    let deleted = delete_once_if_ours(session, node).await;
+    if deleted.as_ref().is_err_and(Error::is_retryable) {
+        leave_in_background(session, node);
+    }
+    deleted
+}
+
+/// [`delete_if_ours`], through the retry policy once.
+async fn delete_once_if_ours(session: &Session, node: &str) -> Result<()> {
     match session.retrying(|| session.exists(node)).await {
         Ok(Some(stat)) if stat.ephemeral_owner == session.session_id() => {
             session.delete_created(node, stat.czxid).await.map(drop)

@@ -449,4 +449,8 @@ impl Faults for EmbeddedStore {
     fn fail_next_deletes(&self, n: u32) {
         self.machine.lost_replies.fail_deletes(n);
     }
+
+    fn fail_next_creates(&self, n: u32) {
+        self.machine.lost_replies.fail_creates(n);
+    }
 }
