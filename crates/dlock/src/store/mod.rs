@@ -320,7 +320,8 @@ pub(crate) fn listing_digest(children: &[Child]) -> u64 {
 /// - otherwise as Curator 5.4 does: by the part of the name after the *last*
 ///   occurrence of a lock name (the first of `lock_names` found, applied in
 ///   turn: the read-write lock strips `__READ__` then `__WRIT__`), compared as
-///   strings; a name without any lock name is compared whole.
+///   strings; a name without any lock name is compared whole;
+/// - where only some tell their creation, those that do not come first.
 ///
 /// ```
 /// use dlock::store::{sort_sequenced, Child};
