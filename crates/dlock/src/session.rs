@@ -262,7 +262,10 @@ impl Session {
         self.inner.store.session_timeout()
     }
 
-    /// Every status change, as a watch channel.
+    /// The session's status, as a watch channel: it holds the latest
+    /// status, so a change quickly followed by another (a suspension the
+    /// connection recovered from at once) may be seen only as the second;
+    /// [`SessionStatus::changes`] counts every one.
     pub fn watch_status(&self) -> watch::Receiver<SessionStatus> {
         self.inner.store.status()
     }
