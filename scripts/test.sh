@@ -35,7 +35,13 @@ command -v javac >/dev/null || missing+=(default-jdk-headless)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "test.sh: installing ${missing[*]}"
   sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || {
+      echo "test.sh: ${missing[*]} must be installed, and without root that needs sudo, which is missing" >&2
+      exit 1
+    }
+    sudo_cmd="sudo"
+  fi
   # Through sudo's environment reset too.
   $sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get update -q
   $sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
@@ -83,8 +89,9 @@ for ex in $examples; do
 done
 if [ "$long" -eq 1 ]; then
   zk=$(mktemp -d)
-  endpoint=$(scripts/zookeeper.sh start --dir "$zk/server" | sed -n 's/.*endpoint=\([^ ]*\).*/\1/p')
+  # Set first: a start that fails leaves nothing behind either.
   trap 'scripts/zookeeper.sh stop --dir "$zk/server" >/dev/null 2>&1; rm -rf "$zk"' EXIT
+  endpoint=$(scripts/zookeeper.sh start --dir "$zk/server" | sed -n 's/.*endpoint=\([^ ]*\).*/\1/p')
   for ex in $examples; do
     echo "example $ex (zookeeper)"
     cargo run -q -p dlock --example "$ex" -- --endpoint "zk://$endpoint"

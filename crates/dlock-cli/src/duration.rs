@@ -30,6 +30,16 @@ pub fn parse(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(seconds).map_err(|_| format!("{text:?} is too long a duration"))
 }
 
+/// [`parse`], refusing zero: for a limit that zero would make end before
+/// it began (`--max-hold 0` would stop CMD as it starts).
+pub fn parse_positive(text: &str) -> Result<Duration, String> {
+    let duration = parse(text)?;
+    match duration.is_zero() {
+        true => Err(format!("{text:?}: must be more than zero")),
+        false => Ok(duration),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -49,5 +59,7 @@ mod tests {
         assert!(parse(&"9".repeat(30)).unwrap_err().contains("too long"));
         // Longer than any wait, yet countable: for ever, as Duration::MAX.
         assert!(parse("100000000000h").is_ok());
+        assert!(parse_positive("0s").unwrap_err().contains("more than zero"));
+        assert_eq!(parse_positive("1ms"), Ok(Duration::from_millis(1)));
     }
 }

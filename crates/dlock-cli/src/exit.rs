@@ -65,7 +65,7 @@ impl Exit {
                 "usage error: a bad flag or path, a missing `--`, an endpoint the command cannot use"
             }
             Exit::Timeout => "the lock, leases or leadership could not be had within --timeout",
-            Exit::Lost => "what dlock held was lost while CMD ran; CMD was stopped",
+            Exit::Lost => "what dlock held was lost while CMD ran; CMD was stopped (or had just ended)",
             Exit::Unreachable => "no server of the endpoint could be reached",
             Exit::Revoked => {
                 "a revocation was requested (--revocable); CMD was stopped, the hold released"

@@ -219,7 +219,11 @@ fn print_leader(leader: &Option<LeaderParticipant>, json: bool) {
             serde_json::json!({ "leader": l.id, "node": l.node, "epoch": l.epoch.0 })
         ),
         (None, true) => println!("{}", serde_json::json!({ "leader": null })),
-        (Some(l), false) => println!("leader {} {} {}", l.id, l.node, l.epoch),
+        // The id is any client's data: a newline in it must not make a line.
+        (Some(l), false) => {
+            let id = crate::commands::printable(l.id.as_bytes());
+            println!("leader {id} {} {}", l.node, l.epoch)
+        }
         (None, false) => println!("no leader"),
     }
 }

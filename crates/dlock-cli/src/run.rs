@@ -133,7 +133,7 @@ pub struct HoldOptions {
     /// Hold at most this long: then the library itself releases (even if
     /// dlock is stuck), CMD is stopped as on a loss (SIGTERM, SIGKILL after
     /// --grace) and dlock exits 66; a waiter gets in at once.
-    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse_positive)]
     pub max_hold: Option<Duration>,
 }
 
@@ -288,11 +288,11 @@ impl<'a> Runner<'a> {
             futures::FutureExt::now_or_never(requested.notified()).is_some()
         }) {
             eprintln!("dlock: revocation requested for {nodes} before CMD ran — not running it");
-            give_back(holding.release, &nodes).await;
-            return Ok(Ran {
-                code: Exit::Revoked as u8,
-                last: true,
-            });
+            let code = match self.give_back(holding.release, &nodes).await {
+                GaveBack::Interrupted(signal) => 128u8.saturating_add(signal as u8),
+                _ => Exit::Revoked as u8,
+            };
+            return Ok(Ran { code, last: true });
         }
         let token = holding.token().to_string();
         let env = [
@@ -342,7 +342,8 @@ impl<'a> Runner<'a> {
                 }
             }
         };
-        let ran = match outcome {
+        let exited = matches!(outcome, Outcome::Exited(_));
+        let mut ran = match outcome {
             Outcome::Exited(status) => Ran {
                 code: exit_code(status),
                 last: forwarded,
@@ -373,18 +374,61 @@ impl<'a> Runner<'a> {
                 }
             }
         };
-        give_back(holding.release, &nodes).await;
+        match self.give_back(holding.release, &nodes).await {
+            // Lost while CMD ran, unseen until it ended (the two raced, or
+            // the server ended the session before this client knew): its
+            // run was not protected, whatever it answered.
+            GaveBack::Lost if exited => {
+                eprintln!(
+                    "dlock: {nodes} was lost before the command ended — its run was not protected"
+                );
+                ran = Ran {
+                    code: Exit::Lost as u8,
+                    last: true,
+                };
+            }
+            GaveBack::Interrupted(signal) => {
+                ran = Ran {
+                    code: 128u8.saturating_add(signal as u8),
+                    last: true,
+                };
+            }
+            _ => {}
+        }
         Ok(ran)
+    }
+
+    /// Gives back what was held, saying why if it fails (a hold already
+    /// lost was said to be, or is the caller's to say). A signal meanwhile
+    /// (a double barrier's leave waiting on a hung peer, a release on an
+    /// unreachable server) gives up: the session's close takes the rest.
+    async fn give_back(&mut self, release: Release, nodes: &str) -> GaveBack {
+        let released = tokio::select! {
+            released = release => released,
+            signal = self.signals.next() => {
+                eprintln!("dlock: {} while giving back {nodes} — leaving it to the session's close", signal_name(signal));
+                return GaveBack::Interrupted(signal);
+            }
+        };
+        match released {
+            Ok(()) => GaveBack::Released,
+            Err(dlock::Error::Lost { .. }) => GaveBack::Lost,
+            Err(e) => {
+                eprintln!("dlock: releasing {nodes}: {e}");
+                GaveBack::Failed
+            }
+        }
     }
 }
 
-/// Gives back what was held, saying why if it fails (a hold already lost
-/// was said to be).
-async fn give_back(release: Release, nodes: &str) {
-    match release.await {
-        Ok(()) | Err(dlock::Error::Lost { .. }) => {}
-        Err(e) => eprintln!("dlock: releasing {nodes}: {e}"),
-    }
+/// How giving back what was held went.
+enum GaveBack {
+    Released,
+    /// It had been lost.
+    Lost,
+    Failed,
+    /// A signal came first.
+    Interrupted(libc::c_int),
 }
 
 /// Whom CMD's signals reach. Without a controlling terminal (a service,
@@ -494,6 +538,8 @@ pub(crate) fn exit_code(status: ExitStatus) -> u8 {
 /// gets the rest of the grace, then SIGKILL.
 pub(crate) async fn stop(child: &mut tokio::process::Child, cmd: Target, grace: Duration) {
     if !grace.is_zero() {
+        // A grace too long to count is for ever, in effect.
+        let grace = grace.min(Duration::from_secs(100 * 365 * 24 * 3600));
         let deadline = tokio::time::Instant::now() + grace;
         cmd.signal(libc::SIGTERM);
         let exited = tokio::time::timeout_at(deadline, child.wait())
@@ -525,7 +571,11 @@ pub async fn lost(
         }
         match (now.state, suspend_grace) {
             (SessionState::Suspended, Some(grace)) => {
-                if tokio::time::timeout(grace, status.changed()).await.is_err() {
+                // Past the grace, or the session gone with its channel.
+                if !matches!(
+                    tokio::time::timeout(grace, status.changed()).await,
+                    Ok(Ok(()))
+                ) {
                     return;
                 }
             }

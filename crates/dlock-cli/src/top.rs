@@ -788,11 +788,12 @@ async fn live_loop(
             model.update_under(&root, &found, Instant::now());
             for a in found.watches {
                 let tx = fired_tx.clone();
+                let (rescan, depth, watch) = (a.rescan.clone(), a.depth, a.watch);
                 let task = tokio::spawn(async move {
-                    a.watch.changed().await;
-                    let _ = tx.send((a.rescan, a.depth));
+                    watch.changed().await;
+                    let _ = tx.send((rescan, depth));
                 });
-                armed.insert(a.watched, task);
+                armed.insert(a.watched, a.rescan, task);
             }
         }
         loop {
@@ -822,21 +823,23 @@ async fn live_loop(
     }
 }
 
-/// The armed watches' tasks, by what they watch; dropping one (or all)
+/// The armed watches' tasks, by what they watch and what they rescan (one
+/// node can be watched for two: a kazoo semaphore's `-__lock__` sibling,
+/// for its semaphore and as a directory of its own); dropping one (or all)
 /// drops its watch.
 #[derive(Default)]
-struct Watches(HashMap<String, tokio::task::JoinHandle<()>>);
+struct Watches(HashMap<(String, String), tokio::task::JoinHandle<()>>);
 
 impl Watches {
-    fn insert(&mut self, watched: String, task: tokio::task::JoinHandle<()>) {
-        if let Some(old) = self.0.insert(watched, task) {
+    fn insert(&mut self, watched: String, rescan: String, task: tokio::task::JoinHandle<()>) {
+        if let Some(old) = self.0.insert((watched, rescan), task) {
             old.abort();
         }
     }
 
     /// Drops the watches on `root` and below it.
     fn drop_under(&mut self, root: &str) {
-        self.0.retain(|watched, task| {
+        self.0.retain(|(watched, _), task| {
             let node = match watched.trim_end_matches('/') {
                 "" => "/",
                 node => node,

@@ -3,10 +3,10 @@
 
 use std::process::{Command, Output};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 mod common;
-use common::{dlock_on, unique, zk_endpoint};
+use common::{await_line, dlock_on, spawn_sh, unique, zk_endpoint};
 
 fn dlock() -> Command {
     dlock_on(&zk_endpoint())
@@ -117,4 +117,58 @@ fn double_barrier_runs_members_together() {
         nodes.iter().all(|n| n.starts_with(&format!("{path}/"))),
         "{log}"
     );
+}
+
+/// Whether process `pid` has a child (its CMD) not yet reaped.
+fn has_children(pid: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // `pid (comm) state ppid ...`: the comm may hold spaces.
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        after.split_whitespace().nth(1) == Some(pid.to_string().as_str())
+    })
+}
+
+/// A member whose CMD ended, waiting to leave for a member whose step
+/// hangs, ends on SIGTERM with 128 + 15, leaving the rest to its session's
+/// close: before, nothing read signals once CMD had ended, and only
+/// SIGKILL ended it.
+#[test]
+fn a_member_waiting_to_leave_ends_on_a_signal() {
+    let (endpoint, path) = (zk_endpoint(), unique("double-signal"));
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let args = ["double-barrier", path.as_str(), "--count", "2"];
+    let quick = spawn_sh(
+        &endpoint,
+        &args,
+        &format!("echo quick >> {}", log.display()),
+    );
+    let mut slow = spawn_sh(
+        &endpoint,
+        &args,
+        &format!("echo slow >> {}; exec sleep 60", log.display()),
+    );
+    assert!(await_line(&log, "quick", WITHIN), "the members entered");
+    // Its CMD reaped: it is giving back (leaving), not running CMD.
+    let ended = Instant::now() + WITHIN;
+    while has_children(quick.id()) {
+        assert!(Instant::now() < ended, "the quick member's CMD never ended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(quick.id() as libc::pid_t, libc::SIGTERM) };
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(quick.wait_with_output());
+    });
+    let out = rx.recv_timeout(WITHIN).expect("the quick member ended");
+    assert_eq!(out.unwrap().status.code(), Some(128 + libc::SIGTERM));
+    // SAFETY: as above.
+    unsafe { libc::kill(slow.id() as libc::pid_t, libc::SIGTERM) };
+    let slow = slow.wait().unwrap();
+    assert_eq!(slow.code(), Some(128 + libc::SIGTERM), "sleep's SIGTERM");
 }

@@ -80,14 +80,18 @@ impl History {
         self.entries.lock().unwrap().clone()
     }
 
-    /// Checks a semaphore: never more than `limit` clients inside at once.
+    /// Checks a semaphore: never more than `limit` clients inside at once,
+    /// and no client leaves more often than it entered (an unmatched exit
+    /// would hide an entry too many).
     pub fn check_at_most(&self, limit: usize) -> Result<usize, String> {
         let entries = self.entries();
         let mut inside = 0usize;
         let mut max = 0usize;
+        let mut held_by: std::collections::HashMap<usize, usize> = Default::default();
         for (i, e) in entries.iter().enumerate() {
             match e.event {
                 Event::Enter(_) => {
+                    *held_by.entry(e.client).or_default() += 1;
                     inside += 1;
                     max = max.max(inside);
                     if inside > limit {
@@ -98,7 +102,18 @@ impl History {
                         ));
                     }
                 }
-                Event::Exit(_) => inside = inside.saturating_sub(1),
+                Event::Exit(_) => {
+                    let held = held_by.entry(e.client).or_default();
+                    if *held == 0 {
+                        return Err(violation(
+                            &entries,
+                            i,
+                            &format!("client {} leaves without having entered", e.client),
+                        ));
+                    }
+                    *held -= 1;
+                    inside -= 1;
+                }
                 _ => {}
             }
         }
@@ -238,5 +253,11 @@ mod tests {
         l.record(0, Event::Exit(4));
         l.record(1, Event::Enter(3));
         assert!(l.check_leaders().unwrap_err().contains("epochs must grow"));
+        // A stray exit (client 2 never entered) hides no third holder.
+        let s = History::new();
+        s.record(0, Event::Enter(1));
+        s.record(2, Event::Exit(0));
+        s.record(1, Event::Enter(2));
+        assert!(s.check_at_most(1).unwrap_err().contains("client 2 leaves"));
     }
 }

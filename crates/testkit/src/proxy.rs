@@ -70,6 +70,13 @@ impl TcpProxy {
                     let _ = server.set_nodelay(true);
                     {
                         let mut conns = accept.connections.lock().unwrap();
+                        // Cut while this pair was being set up (after the
+                        // check above): it is cut too, not left live.
+                        if accept.refusing.load(Ordering::SeqCst) {
+                            let _ = client.shutdown(Shutdown::Both);
+                            let _ = server.shutdown(Shutdown::Both);
+                            continue;
+                        }
                         conns.push(client.try_clone().expect("clone socket"));
                         conns.push(server.try_clone().expect("clone socket"));
                     }
@@ -126,8 +133,11 @@ impl TcpProxy {
 
     /// Closes every connection and refuses new ones until [`restore`](Self::restore).
     pub fn cut(&self) {
+        // Set under the lock the accept loop registers pairs under: a pair
+        // registered after this sees it.
+        let mut connections = self.shared.connections.lock().unwrap();
         self.shared.refusing.store(true, Ordering::SeqCst);
-        for c in self.shared.connections.lock().unwrap().drain(..) {
+        for c in connections.drain(..) {
             let _ = c.shutdown(Shutdown::Both);
         }
     }
@@ -156,12 +166,6 @@ fn pump(shared: Arc<Shared>, mut from: TcpStream, mut to: TcpStream, client_to_s
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            {
-                let mut paused = shared.paused.lock().unwrap();
-                while *paused {
-                    paused = shared.resumed.wait(paused).unwrap();
-                }
-            }
             if client_to_server {
                 if shared.answered.swap(false, Ordering::SeqCst) {
                     shared.flights.fetch_add(1, Ordering::SeqCst);
@@ -173,6 +177,11 @@ fn pump(shared: Arc<Shared>, mut from: TcpStream, mut to: TcpStream, client_to_s
                 }
                 shared.answered.store(true, Ordering::SeqCst);
             }
+            // Checked last, right before the write (after a reply's delay):
+            // nothing read before a pause goes through after it.
+            let paused = shared.paused.lock().unwrap();
+            let paused = shared.resumed.wait_while(paused, |paused| *paused).unwrap();
+            drop(paused);
             if to.write_all(&buf[..n]).is_err() {
                 break;
             }
