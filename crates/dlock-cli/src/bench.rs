@@ -97,10 +97,8 @@ pub async fn run(global: &Global, args: Bench) -> Result<()> {
         .unwrap_or_else(|| format!("/bench/{name}"));
     dlock::path::validate(&path)?;
     // Checked as a Duration, which the runs below make of it.
-    // At most a century: the clock's instants end not far beyond.
-    let century = Duration::from_secs(100 * 365 * 24 * 3600);
     let seconds = Duration::try_from_secs_f64(args.seconds).ok();
-    if seconds.is_none_or(|s| s.is_zero() || s > century) {
+    if seconds.is_none_or(|s| s.is_zero() || s > crate::duration::CENTURY) {
         let why = format!(
             "--seconds must be a positive number of at most 100 years, got {}",
             args.seconds

@@ -2,6 +2,10 @@
 
 use std::time::Duration;
 
+/// A century: longer than any wait, and as far as the clock's instants are
+/// sure to reach.
+pub const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// Parses `<number><unit>` with unit `ms`, `s`, `m` or `h` (a bare number is
 /// seconds).
 pub fn parse(text: &str) -> Result<Duration, String> {

@@ -539,7 +539,7 @@ pub(crate) fn exit_code(status: ExitStatus) -> u8 {
 pub(crate) async fn stop(child: &mut tokio::process::Child, cmd: Target, grace: Duration) {
     if !grace.is_zero() {
         // A grace too long to count is for ever, in effect.
-        let grace = grace.min(Duration::from_secs(100 * 365 * 24 * 3600));
+        let grace = grace.min(crate::duration::CENTURY);
         let deadline = tokio::time::Instant::now() + grace;
         cmd.signal(libc::SIGTERM);
         let exited = tokio::time::timeout_at(deadline, child.wait())

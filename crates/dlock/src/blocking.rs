@@ -7,8 +7,11 @@
 //! (its clones, and the recipes and guards made from it), it finishes the
 //! deletes that dropped guards left, and closes the session: so a guard
 //! dropped with its session frees the lock at once, not at the session's
-//! timeout. Do not call these from inside an async runtime; use the async
-//! API there.
+//! timeout. (A last handle dropped inside an async runtime — by a task,
+//! or in `spawn_blocking` — may not wait there: a thread of its own
+//! finishes the clean-up, which a process that exits at once cuts short;
+//! then the session's nodes go at its timeout.) Do not call these from
+//! inside an async runtime; use the async API there.
 //!
 //! ```
 //! let session = dlock::blocking::connect("embedded")?;

@@ -350,15 +350,29 @@ impl Session {
             let created = session
                 .retrying(|| session.create(&path, &data, opts))
                 .await;
-            (session, created)
+            (session, path, created)
         });
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.spawn_background(async move {
-            let (session, created) = create.await;
-            if let Err(Ok(orphan)) = tx.send(created) {
-                let (path, czxid) = (&orphan.path, orphan.stat.czxid);
-                if let Err(e) = session.delete_created(path, czxid).await {
-                    tracing::warn!(%path, error = %e, "deleting a node made for a cancelled caller failed");
+            let (session, path, created) = create.await;
+            let Err(created) = tx.send(created) else {
+                return;
+            };
+            // The caller is gone: what this create may have made goes — the
+            // node made, or (a reply lost) one of ours found at the name.
+            let czxid = match created {
+                Ok(orphan) => Some(orphan.stat.czxid),
+                Err(Error::NodeExists { .. } | Error::ConnectionLoss) => {
+                    let ours = session.session_id();
+                    let found = session.retrying(|| session.exists(&path)).await;
+                    found.ok().flatten().filter(|s| s.ephemeral_owner == ours).map(|s| s.czxid)
+                }
+                Err(_) => None,
+            };
+            if let Some(czxid) = czxid {
+                match session.delete_created(&path, czxid).await {
+                    Ok(_) | Err(Error::Closed) => {}
+                    Err(e) => tracing::warn!(%path, error = %e, "deleting a node made for a cancelled caller failed"),
                 }
             }
         });

@@ -217,9 +217,10 @@ async fn a_consul_lock_never_takes_a_semaphores_record(h: &Harness) -> Result<()
 
 /// A timed acquire whose creates keep failing on a live connection (a
 /// cluster without a leader, an overloaded one) ends within the clean-up
-/// grace of its deadline with `Timeout`, leaving nothing: the create of its
-/// key, run as a task of its own, is not retried past the deadline (before,
-/// with the default policy, it went on for about 11 s).
+/// grace of its deadline with `Timeout`: the create of its key, run as a
+/// task of its own, is not retried past the deadline (before, with the
+/// default policy, it went on for about 11 s). Once creates pass again,
+/// the same session takes both at once.
 async fn a_timed_acquire_stops_retrying_failing_creates_at_its_deadline(h: &Harness) -> Result<()> {
     let s = h.session().await;
     let faults = s.faults().context("faults")?;

@@ -148,22 +148,18 @@ impl Entry {
             async move {
                 let _departing = departing;
                 let _landed = creating.lock().await;
-                loop {
-                    let (data, stat) = match session.get_data(&path).await {
-                        Ok(read) => read,
-                        Err(Error::NoNode { .. }) => return Ok(()),
-                        Err(e) => return Err(e),
-                    };
-                    if data != token {
-                        return Ok(());
-                    }
-                    match session.delete(&path, Some(stat.version)).await {
-                        Ok(()) | Err(Error::NoNode { .. }) => return Ok(()),
-                        // Written since (a revocation request): read again.
-                        Err(Error::BadVersion { .. }) => {}
-                        Err(e) => return Err(e),
-                    }
+                let (data, stat) = match session.get_data(&path).await {
+                    Ok(read) => read,
+                    Err(Error::NoNode { .. }) => return Ok(()),
+                    Err(e) => return Err(e),
+                };
+                if data != token {
+                    return Ok(());
                 }
+                // Ours: deleted by its creation, written since (a revocation
+                // request) or not, and guaranteed (a failure goes on in the
+                // background).
+                session.delete_created(&path, stat.czxid).await.map(drop)
             }
         });
     }

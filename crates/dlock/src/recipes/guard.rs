@@ -56,8 +56,8 @@ impl Acquisition {
         Acquisition { node, token }
     }
 
-    /// An acquisition fenced by another write than its node's creation (the
-    /// KV semaphore's admitting record write).
+    /// An acquisition fenced by another token than its node's creation: the
+    /// KV semaphore's admitting record write, a downgraded write hold's.
     pub(crate) fn with_token(node: Arc<HeldNode>, token: FencingToken) -> Self {
         Acquisition { node, token }
     }

@@ -171,6 +171,7 @@ pub(crate) fn watch(session: &Session, created: &Created, listener: Listener) {
             match watcher.get_data_watch(&node).await {
                 Ok((_, stat, _)) if stat.czxid != czxid => return,
                 Ok((data, stat, watch)) => {
+                    failed = 0;
                     if data == REVOKE_MESSAGE && told != Some(stat.mzxid) {
                         told = Some(stat.mzxid);
                         (listener.0)(&node);

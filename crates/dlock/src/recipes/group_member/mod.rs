@@ -40,7 +40,7 @@ use super::lifecycle::{lock, Lifecycle, State};
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
-use crate::store::SessionState;
+use crate::store::{SessionState, Stat};
 
 /// One member of a group (Curator's `GroupMember`): see the [module
 /// docs](self) for the layout.
@@ -99,33 +99,41 @@ impl Drop for Inner {
     }
 }
 
-/// Leaves in the background (see [`delete_if_ours`]), until the node is
-/// read and gone or the session ends.
+/// Leaves in the background (see [`delete_if_ours`]), reading the node
+/// again until it is read or the session ends.
 fn leave_in_background(session: &Session, node: &str) {
     let node = node.to_string();
     session.retry_in_background(move |session| {
         let node = node.clone();
-        async move { delete_once_if_ours(&session, &node).await }
+        async move {
+            let read = session.exists(&node).await;
+            delete_read_if_ours(&session, &node, read).await
+        }
     });
 }
 
 /// Deletes the member's node if this session owns it: a node of the same
 /// id owned by someone else is theirs. Only the node read goes (by its
 /// creation): a delete retried after a lost reply must not take the node
-/// the next member with this id made meanwhile. A node that could not be
-/// read through every retry goes in the background, as a delete does: a
-/// close that failed is done all the same (a second one does nothing).
+/// the next member with this id made meanwhile. The delete is guaranteed
+/// (it goes on in the background if it fails on the connection); so is
+/// the read before it: a close that failed is done all the same (a second
+/// one does nothing).
 async fn delete_if_ours(session: &Session, node: &str) -> Result<()> {
-    let deleted = delete_once_if_ours(session, node).await;
-    if deleted.as_ref().is_err_and(Error::is_retryable) {
+    let read = session.retrying(|| session.exists(node)).await;
+    if read.as_ref().is_err_and(Error::is_retryable) {
         leave_in_background(session, node);
     }
-    deleted
+    delete_read_if_ours(session, node, read).await
 }
 
-/// [`delete_if_ours`], through the retry policy once.
-async fn delete_once_if_ours(session: &Session, node: &str) -> Result<()> {
-    match session.retrying(|| session.exists(node)).await {
+/// [`delete_if_ours`], with the node `read`.
+async fn delete_read_if_ours(
+    session: &Session,
+    node: &str,
+    read: Result<Option<Stat>>,
+) -> Result<()> {
+    match read {
         Ok(Some(stat)) if stat.ephemeral_owner == session.session_id() => {
             session.delete_created(node, stat.czxid).await.map(drop)
         }

@@ -405,8 +405,14 @@ impl KvLease {
         } = self;
         contender.let_go();
         let lost = acquisition.is_lost();
-        // Our entry gone before we deleted it: the slot was taken away.
-        let Gone(gone) = contender.leave().await?;
+        // Our entry gone before we deleted it: the slot was taken away. A
+        // slot lost before is reported so when leaving failed on the
+        // connection (its delete goes on in the background), as a lock's.
+        let gone = match contender.leave().await {
+            Ok(Gone(gone)) => gone,
+            Err(e) if lost && e.is_retryable() => true,
+            Err(e) => return Err(e),
+        };
         match lost || gone {
             true => Err(acquisition.lost_error()),
             false => Ok(()),

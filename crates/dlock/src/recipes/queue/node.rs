@@ -389,13 +389,14 @@ impl HeldNode {
             _ if self.shared_name => self.session.delete_protected_created(path, czxid).await,
             _ => self.session.delete_protected(path).await,
         };
-        // A hold lost before is reported so whatever the delete says (one
-        // that failed goes on in the background): the outage that failed
-        // it is likely the one that lost the hold, and the caller must
-        // learn that its work was unprotected.
+        // A hold lost before is reported so when its delete failed on the
+        // connection (it goes on in the background): the outage that
+        // failed it is likely the one that lost the hold, and the caller
+        // must learn that its work was unprotected. (A closed session is
+        // `Closed`, as ever.)
         let gone = match deleted {
             Ok(Gone(gone)) => gone,
-            Err(_) if lost => true,
+            Err(e) if lost && e.is_retryable() => true,
             Err(e) => return Err(e),
         };
         // Gone before our delete, in a live session: taken away by someone
