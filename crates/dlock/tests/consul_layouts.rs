@@ -279,7 +279,7 @@ async fn a_lock_key_made_unanswered_and_unread_is_deleted_later(h: &Harness) -> 
     let prefix = h.path("/unread");
     let node = format!("{prefix}/.lock");
     faults.lose_next_create_reply();
-    faults.fail_next_reads(30);
+    faults.fail_next_reads(60);
     let failed = ConsulLock::new(&s, &prefix)?.acquire().await.map(drop);
     ensure!(failed == Err(Error::ConnectionLoss), "{failed:?}");
     ensure!(observer.exists(&node).await?.is_some(), "the create landed");
