@@ -65,6 +65,13 @@ async fn versioned_bytes_across_sessions(h: &Harness) -> Result<()> {
         .await
         .unwrap_err();
     ensure!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    // Another negative version is one ZooKeeper's wrap to (CURATOR-688): a
+    // stale one here, not refused.
+    let wrapped = VersionedValue::new(-2, b"x".to_vec());
+    ensure!(
+        !v1.try_set(&wrapped, b"y".to_vec()).await?,
+        "a stale version"
+    );
     v1.close().await;
     v2.close().await;
     // What it had not yet delivered, then the end.

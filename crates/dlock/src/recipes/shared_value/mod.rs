@@ -304,9 +304,10 @@ impl<T: ValueCodec> SharedValue<T> {
     /// ```
     pub async fn try_set(&self, previous: &VersionedValue<T>, value: T) -> Result<bool> {
         self.ensure_started()?;
-        if previous.version < 0 {
-            // A version of -1 would make the write unconditional
-            // (ZOOKEEPER-4743).
+        // Only -1: other negative versions are ZooKeeper's past 2^31 writes
+        // (CURATOR-688), and -1 would make the write unconditional
+        // (ZOOKEEPER-4743).
+        if previous.version == -1 {
             return Err(Error::InvalidArgument(format!(
                 "try_set at {} needs a value that was read (version {})",
                 self.inner.path, previous.version
