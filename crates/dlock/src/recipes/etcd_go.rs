@@ -18,7 +18,16 @@
 //! [`LeaderSelector`](crate::LeaderSelector) candidates take turns. Go has
 //! no read-write lock: the [`ReadWriteLock`](crate::ReadWriteLock) counts a
 //! Go contender as a writer, so a dlock reader waits for a Go holder, and a
-//! Go `Mutex` already waits for every earlier key, readers included.
+//! Go `Mutex` already waits for every earlier key, readers included —
+//! except the read node of a downgrade ([`WriteGuard::read`]), which takes
+//! the write node's place in dlock's queue but is newer than a Go key
+//! queued meanwhile: do not downgrade where Go contenders wait.
+//!
+//! The prefix is the key as given: `etcdctl lock /jobs/nightly` shares a
+//! lock with a dlock `Mutex` at `/jobs/nightly` (dlock's keys are its
+//! paths), `etcdctl lock jobs/nightly` does not (a key without the `/`).
+//!
+//! [`WriteGuard::read`]: crate::recipes::rwlock::WriteGuard::read
 //!
 //! A queue listing tells a child's name and creation order, not its owner,
 //! so a queue recognises a Go contender by its name alone: a name of hex

@@ -19,10 +19,11 @@
 //!   a session (Consul's sessions may leave the key behind without a
 //!   session, so a listed name is not enough: each key's owner is read); on
 //!   Consul, dlock and `consul lock -n N` on one prefix then never hold more
-//!   than N slots together. Unlike `api.Semaphore`, a contender that loses a
-//!   compare-and-set race looks again at once (Consul's sleeps 5 s,
-//!   hashicorp/consul#2767) and waits on watches of the record and the keys
-//!   (blocking queries on Consul), never by polling.
+//!   than N slots together. A contender that loses a compare-and-set race
+//!   looks again at once, as `api.Semaphore`'s does (it is `api.Lock` that
+//!   sleeps 5 s after a failed acquire, hashicorp/consul#2767), and waits
+//!   on watches of the record and the keys (blocking queries on Consul),
+//!   never by polling.
 //!
 //! Consul's tools refuse keys without their flag values
 //! (`ErrLockConflict`, `ErrSemaphoreConflict`), so these nodes are created
@@ -52,8 +53,14 @@
 //!   Curator-layout node `_c_<uuid>-lock-<seq>` only with
 //!   `extra_lock_patterns=["-lock-"]`.
 //! - **`ReadLock`** names its nodes `<uuid4 hex>__rlock__<seq>` and is
-//!   excluded by `__lock__` nodes only; **`WriteLock`** names its nodes like
-//!   a `Lock` and is excluded by `__lock__` and `__rlock__` nodes.
+//!   meant to be excluded by the `__lock__` nodes ahead of it only;
+//!   **`WriteLock`** names its nodes like a `Lock` and is excluded by
+//!   `__lock__` and `__rlock__` nodes. But kazoo 2.8's `ReadLock` does not
+//!   find its own node among the contenders, so it waits on the *last*
+//!   `__lock__` node, even one queued after it (fixed in kazoo 2.9.0,
+//!   python-zk/kazoo#649): a writer — kazoo's own `WriteLock`, or any dlock
+//!   contender — queued behind a waiting 2.8 reader deadlocks with it. Use
+//!   kazoo 2.9 or later where its readers share a path with writers.
 //! - **`Election(client, path, identifier)`** is a `Lock(client, path,
 //!   identifier)` (no extra patterns possible): the holder leads; its
 //!   `contenders()` are the identifiers in queue order.
@@ -80,7 +87,14 @@
 //!   own; so a kazoo holder or reader keeps dlock out, and a dlock waiter
 //!   queues behind it. A kazoo `Lock` sees dlock's Curator-layout nodes only
 //!   with `extra_lock_patterns=["-lock-"]`, and a kazoo `Election` (which
-//!   cannot be given patterns) not at all.
+//!   cannot be given patterns) not at all. The default layout makes a
+//!   missing lock directory a container, as Curator does, which ZooKeeper
+//!   removes once empty: a kazoo `Lock` or `Election` object that made (or
+//!   found) the path once then fails its next acquire with `NoNodeError`
+//!   (kazoo checks the path once per object). Where kazoo clients live
+//!   long on a path, create it first as a persistent node (kazoo's
+//!   `ensure_path`, or [`Layout::Kazoo`], which keeps a directory that
+//!   exists as it is — a container made earlier stays one).
 //! - **[`Layout::Kazoo`]** makes dlock *write* kazoo's names,
 //!   `<uuid hex>__lock__<seq>` with the data it would store anyway, and
 //!   create the lock's directory as a persistent node (as kazoo's
