@@ -3,7 +3,8 @@
 use std::fmt;
 
 /// Why dlock ended, as an exit code. Commands that run a CMD otherwise exit
-/// with CMD's own code (128 + N if a signal N ended it).
+/// with CMD's own code (128 + N if a signal N ended it, or ended dlock
+/// while it waited or gave back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Exit {
@@ -14,7 +15,8 @@ pub enum Exit {
     Usage = 64,
     /// The lock, leases or leadership could not be had within `--timeout`.
     Timeout = 65,
-    /// What we held was lost while CMD ran; CMD was stopped.
+    /// What we held was lost while CMD ran; CMD was stopped (or had just
+    /// ended).
     Lost = 66,
     /// No server of the endpoint could be reached.
     Unreachable = 67,
@@ -112,7 +114,7 @@ pub const OWN_CODES: [(&str, &str); 3] = [
     ("0", "success (with CMD: CMD exited 0)"),
     (
         "CMD's",
-        "commands that run CMD exit with its code (128+N if signal N ended it)",
+        "commands that run CMD exit with its code (128+N if signal N ended it, or ended dlock while it waited or gave back)",
     ),
     (
         "1",

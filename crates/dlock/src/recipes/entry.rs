@@ -157,9 +157,13 @@ impl Entry {
                     return Ok(());
                 }
                 // Ours: deleted by its creation, written since (a revocation
-                // request) or not, and guaranteed (a failure goes on in the
-                // background).
-                session.delete_created(&path, stat.czxid).await.map(drop)
+                // request) or not, and guaranteed: a failure on the
+                // connection goes on in a loop of its own, not this one.
+                match session.delete_created(&path, stat.czxid).await {
+                    Ok(_) => Ok(()),
+                    Err(e) if e.is_retryable() => Ok(()),
+                    Err(e) => Err(e),
+                }
             }
         });
     }

@@ -25,7 +25,8 @@
 //!
 //! The prefix is the key as given: `etcdctl lock /jobs/nightly` shares a
 //! lock with a dlock `Mutex` at `/jobs/nightly` (dlock's keys are its
-//! paths), `etcdctl lock jobs/nightly` does not (a key without the `/`).
+//! paths, under the endpoint's namespace if it names one), `etcdctl lock
+//! jobs/nightly` does not (a key without the `/`).
 //!
 //! [`WriteGuard::read`]: crate::recipes::rwlock::WriteGuard::read
 //!

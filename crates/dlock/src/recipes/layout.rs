@@ -58,8 +58,9 @@
 //!   `__lock__` and `__rlock__` nodes. But kazoo 2.8's `ReadLock` does not
 //!   find its own node among the contenders, so it waits on the *last*
 //!   `__lock__` node, even one queued after it (fixed in kazoo 2.9.0,
-//!   python-zk/kazoo#649): a writer — kazoo's own `WriteLock`, or any dlock
-//!   contender — queued behind a waiting 2.8 reader deadlocks with it. Use
+//!   python-zk/kazoo#649): a writer it sees — kazoo's own `WriteLock`, or a
+//!   dlock contender in [`Layout::Kazoo`] (or with a pattern the reader was
+//!   given) — queued behind a waiting 2.8 reader deadlocks with it. Use
 //!   kazoo 2.9 or later where its readers share a path with writers.
 //! - **`Election(client, path, identifier)`** is a `Lock(client, path,
 //!   identifier)` (no extra patterns possible): the holder leads; its

@@ -187,9 +187,11 @@ impl CreateOptions {
     }
 }
 
-/// A fencing token: a number that only ever grows for later acquisitions in
-/// the whole store. Pass it to the resource you protect and let it reject
-/// writes that carry a smaller token than one it has seen.
+/// A fencing token: a number that only ever grows for later exclusive
+/// holds of one lock (a store-wide transaction id: ZooKeeper's `czxid`,
+/// etcd's create revision). Pass it to the resource you protect and let it
+/// reject writes that carry a smaller token than one it has seen. (A read
+/// hold made by downgrading a write hold keeps the write hold's token.)
 ///
 /// ```
 /// use dlock::FencingToken;

@@ -106,8 +106,12 @@ fn leave_in_background(session: &Session, node: &str) {
     session.retry_in_background(move |session| {
         let node = node.clone();
         async move {
-            let read = session.exists(&node).await;
-            delete_read_if_ours(&session, &node, read).await
+            let read = session.exists(&node).await?;
+            match delete_read_if_ours(&session, &node, Ok(read)).await {
+                // Guaranteed: it goes on in a loop of its own.
+                Err(e) if e.is_retryable() => Ok(()),
+                deleted => deleted,
+            }
         }
     });
 }
