@@ -114,7 +114,7 @@ pub const OWN_CODES: [(&str, &str); 3] = [
     ("0", "success (with CMD: CMD exited 0)"),
     (
         "CMD's",
-        "commands that run CMD exit with its code (128+N if signal N ended it, or ended dlock while it waited or gave back)",
+        "commands that run CMD exit with its code (128+N: signal N ended it, or dlock)",
     ),
     (
         "1",
