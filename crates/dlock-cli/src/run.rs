@@ -411,22 +411,22 @@ impl<'a> Runner<'a> {
             }
         };
         match released {
-            Ok(()) => GaveBack::Released,
             Err(dlock::Error::Lost { .. }) => GaveBack::Lost,
             Err(e) => {
                 eprintln!("dlock: releasing {nodes}: {e}");
-                GaveBack::Failed
+                GaveBack::Done
             }
+            Ok(()) => GaveBack::Done,
         }
     }
 }
 
 /// How giving back what was held went.
 enum GaveBack {
-    Released,
+    /// Released, or failing otherwise than lost (said so).
+    Done,
     /// It had been lost.
     Lost,
-    Failed,
     /// A signal came first.
     Interrupted(libc::c_int),
 }

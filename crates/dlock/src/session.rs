@@ -828,6 +828,16 @@ impl Session {
         }
     }
 
+    /// [`delete_created`](Self::delete_created) for a caller that needs it
+    /// only done, not answered: a failure on the connection is `Ok`, the
+    /// delete going on in the background.
+    pub(crate) async fn delete_created_eventually(&self, path: &str, czxid: i64) -> Result<()> {
+        match self.delete_created(path, czxid).await {
+            Err(e) if !e.is_retryable() => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// [`delete_created`](Self::delete_created) of a node just read, at
     /// `version`, on a store that does not fence deletes by creation: the
     /// first delete goes on that version, without reading it again.

@@ -157,13 +157,9 @@ impl Entry {
                     return Ok(());
                 }
                 // Ours: deleted by its creation, written since (a revocation
-                // request) or not, and guaranteed: a failure on the
-                // connection goes on in a loop of its own, not this one.
-                match session.delete_created(&path, stat.czxid).await {
-                    Ok(_) => Ok(()),
-                    Err(e) if e.is_retryable() => Ok(()),
-                    Err(e) => Err(e),
-                }
+                // request) or not; a failure on the connection goes on in a
+                // loop of its own, not this one.
+                session.delete_created_eventually(&path, stat.czxid).await
             }
         });
     }

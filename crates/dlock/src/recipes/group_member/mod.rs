@@ -40,7 +40,7 @@ use super::lifecycle::{lock, Lifecycle, State};
 use crate::error::{Error, Result};
 use crate::path;
 use crate::session::Session;
-use crate::store::{SessionState, Stat};
+use crate::store::SessionState;
 
 /// One member of a group (Curator's `GroupMember`): see the [module
 /// docs](self) for the layout.
@@ -106,11 +106,11 @@ fn leave_in_background(session: &Session, node: &str) {
     session.retry_in_background(move |session| {
         let node = node.clone();
         async move {
-            let read = session.exists(&node).await?;
-            match delete_read_if_ours(&session, &node, Ok(read)).await {
-                // Guaranteed: it goes on in a loop of its own.
-                Err(e) if e.is_retryable() => Ok(()),
-                deleted => deleted,
+            match session.exists(&node).await? {
+                Some(stat) if stat.ephemeral_owner == session.session_id() => {
+                    session.delete_created_eventually(&node, stat.czxid).await
+                }
+                _ => Ok(()),
             }
         }
     });
@@ -124,25 +124,17 @@ fn leave_in_background(session: &Session, node: &str) {
 /// the read before it: a close that failed is done all the same (a second
 /// one does nothing).
 async fn delete_if_ours(session: &Session, node: &str) -> Result<()> {
-    let read = session.retrying(|| session.exists(node)).await;
-    if read.as_ref().is_err_and(Error::is_retryable) {
-        leave_in_background(session, node);
-    }
-    delete_read_if_ours(session, node, read).await
-}
-
-/// [`delete_if_ours`], with the node `read`.
-async fn delete_read_if_ours(
-    session: &Session,
-    node: &str,
-    read: Result<Option<Stat>>,
-) -> Result<()> {
-    match read {
+    match session.retrying(|| session.exists(node)).await {
         Ok(Some(stat)) if stat.ephemeral_owner == session.session_id() => {
             session.delete_created(node, stat.czxid).await.map(drop)
         }
         Ok(_) | Err(Error::Closed) => Ok(()),
-        Err(e) => Err(e),
+        Err(e) => {
+            if e.is_retryable() {
+                leave_in_background(session, node);
+            }
+            Err(e)
+        }
     }
 }
 

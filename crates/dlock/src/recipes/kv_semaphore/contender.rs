@@ -12,7 +12,7 @@ use crate::recipes::deadline::Deadline;
 use crate::recipes::entry::{in_background, Claim, Entry};
 use crate::recipes::guard::{deref_hold, Acquisition};
 use crate::recipes::layout::{Layout, CONSUL_SEMAPHORE_FLAGS};
-use crate::recipes::queue::HeldNode;
+use crate::recipes::queue::{lost_by_release, HeldNode};
 use crate::session::Gone;
 use crate::store::{CreateMode, CreateOptions, Created, FencingToken, Stat, Watch};
 
@@ -405,15 +405,7 @@ impl KvLease {
         } = self;
         contender.let_go();
         let lost = acquisition.is_lost();
-        // Our entry gone before we deleted it: the slot was taken away. A
-        // slot lost before is reported so when leaving failed on the
-        // connection (its delete goes on in the background), as a lock's.
-        let gone = match contender.leave().await {
-            Ok(Gone(gone)) => gone,
-            Err(e) if lost && e.is_retryable() => true,
-            Err(e) => return Err(e),
-        };
-        match lost || gone {
+        match lost_by_release(lost, contender.leave().await)? {
             true => Err(acquisition.lost_error()),
             false => Ok(()),
         }

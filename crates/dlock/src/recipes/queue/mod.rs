@@ -16,7 +16,7 @@ use tracing::Instrument;
 pub(crate) use self::names::{
     is_kazoo_node, is_sequenced, NodeNames, CURATOR_LOCK, KAZOO_READ_LOCK, MUTEX_SORT_NAMES,
 };
-pub(crate) use self::node::{HeldNode, PendingNode};
+pub(crate) use self::node::{lost_by_release, HeldNode, PendingNode};
 pub(crate) use self::predicate::{position, FirstN, Predicate, Verdict};
 pub(crate) use self::wait::Stop;
 use super::deadline::Deadline;

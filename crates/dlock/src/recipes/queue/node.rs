@@ -366,7 +366,8 @@ impl HeldNode {
         }
     }
 
-    /// Deletes the node; reports [`Error::Lost`] if it was lost before.
+    /// Deletes the node; reports [`Error::Lost`] if it was lost before
+    /// (see [`lost_by_release`]).
     pub async fn release(&self) -> Result<()> {
         let fate = self.let_go();
         let lost = self.session_over() || fate.taken();
@@ -389,23 +390,27 @@ impl HeldNode {
             _ if self.shared_name => self.session.delete_protected_created(path, czxid).await,
             _ => self.session.delete_protected(path).await,
         };
-        // A hold lost before is reported so when its delete failed on the
-        // connection (it goes on in the background): the outage that
-        // failed it is likely the one that lost the hold, and the caller
-        // must learn that its work was unprotected. (A closed session is
-        // `Closed`, as ever.)
-        let gone = match deleted {
-            Ok(Gone(gone)) => gone,
-            Err(e) if lost && e.is_retryable() => true,
-            Err(e) => return Err(e),
-        };
-        // Gone before our delete, in a live session: taken away by someone
-        // else (revoked by force) while nobody watched for it.
-        if lost || gone {
+        if lost_by_release(lost, deleted)? {
             metrics::counter!("dlock_losses_total", &labels).increment(1);
             Err(self.lost_error())
         } else {
             Ok(())
         }
+    }
+}
+
+/// Whether a hold was lost, as its release tells: `lost` before, or its
+/// node found gone by the release's delete (`deleted`) — in a live
+/// session, taken away by someone else (revoked by force) while nobody
+/// watched for it. A hold lost before is reported so when its delete
+/// failed on the connection (it goes on in the background): the outage
+/// that failed it is likely the one that lost the hold, and the caller
+/// must learn that its work was unprotected. (A closed session is
+/// `Closed`, as ever.)
+pub(crate) fn lost_by_release(lost: bool, deleted: Result<Gone>) -> Result<bool> {
+    match deleted {
+        Ok(Gone(gone)) => Ok(lost || gone),
+        Err(e) if lost && e.is_retryable() => Ok(true),
+        Err(e) => Err(e),
     }
 }

@@ -25,10 +25,10 @@ use std::time::Duration;
 use super::deadline::{timed_acquire, Deadline};
 use super::etcd_go;
 use super::guard::{deref_hold, Acquisition, LockGuard};
-use super::queue::{position, FirstN, HeldNode, Participant, Predicate, Verdict, WaitQueue};
+use super::queue::{position, FirstN, Participant, Predicate, Verdict, WaitQueue};
 use crate::error::{Error, Result};
 use crate::session::Session;
-use crate::store::{sequence_key, Child, CreateMode, FencingToken};
+use crate::store::{sequence_key, Child, CreateMode};
 
 use self::owners::{Half, Holds};
 
@@ -252,21 +252,14 @@ impl ReadWriteLock {
                 None,
             )
             .await?;
-        Ok(created.map(|created| self.read_guard(q.hold(self.path(), "read lock", created))))
+        let hold = |created| Acquisition::new(q.hold(self.path(), "read lock", created));
+        Ok(created.map(|created| self.read_guard(hold(created))))
     }
 
-    fn read_guard(&self, node: Arc<HeldNode>) -> ReadGuard {
-        self.holds.note(Half::Read, &node);
+    fn read_guard(&self, acquisition: Acquisition) -> ReadGuard {
+        self.holds.note(Half::Read, acquisition.held_node());
         ReadGuard {
-            guard: LockGuard::new(node),
-        }
-    }
-
-    /// The read guard of a downgrade, fenced by the write hold's `token`.
-    fn downgraded(&self, node: Arc<HeldNode>, token: FencingToken) -> ReadGuard {
-        self.holds.note(Half::Read, &node);
-        ReadGuard {
-            guard: LockGuard::of(Acquisition::with_token(node, token)),
+            guard: LockGuard::of(acquisition),
         }
     }
 
@@ -328,7 +321,10 @@ impl WriteGuard {
         // Ours from here: dropped (this future cancelled), it goes in the
         // background.
         let node = q.hold(q.dir.as_str(), "read lock", created.clone());
-        let guard = self.lock.downgraded(node, self.guard.token());
+        // Fenced by the write hold's token (see `Acquisition::token`).
+        let guard = self
+            .lock
+            .read_guard(Acquisition::with_token(node, self.guard.token()));
         // The read node has taken the write node's place only if that node
         // was still there when it was made, so still there after: deleted
         // before (revoked by force, or at its hold limit), a writer queued
