@@ -345,8 +345,17 @@ async fn look(
         Kind::Implicit if key.is_some() => Some(WatchEvent::DataChanged),
         Kind::Implicit => (below_count == 0).then_some(WatchEvent::NodeDeleted),
         Kind::Children => {
-            let children = keys::children(&armed.path, below.map_or(&[][..], |g| g.kvs()));
-            (keys::digest(&children) != armed.digest).then_some(WatchEvent::ChildrenChanged)
+            let below = below.map_or(&[][..], |g| g.kvs());
+            let children = keys::children(&armed.path, below);
+            if keys::digest(&children) != armed.digest {
+                Some(WatchEvent::ChildrenChanged)
+            } else if key.is_none() && below.is_empty() && !armed.keyless {
+                // The node itself gone, its children as they were (none):
+                // what the stream would have told as its deletion.
+                Some(WatchEvent::NodeDeleted)
+            } else {
+                None
+            }
         }
     };
     Ok((revision, changed))
